@@ -1,0 +1,1 @@
+"""Data shipped with gpucert: hardware profiles and run configs (YAML). Holds no code."""

@@ -1,0 +1,144 @@
+"""Per-GPU-model hardware profiles: what a healthy node of that model looks like, in named units.
+
+Profiles are data (`configs/profiles/*.yaml`), chosen by matching the NVML GPU name against each profile's
+`match` patterns, or named with `--profile`. Every threshold a check uses comes from here and is printed next
+to the measured value with its profile field as the source.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gpucert.config.loader import ConfigError, build, load_yaml
+
+
+@dataclass(frozen=True)
+class GpuExpectations:
+    # GPUs per node for this platform (8 on HGX); None leaves the count unchecked unless the run config sets it.
+    gpus_per_node: int | None = None
+    memory_gib_min: float | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    # Active NVLink links per GPU (18 on H100/H200 SXM); None when the model has no NVLink.
+    nvlink_links: int | None = None
+    ecc_enabled: bool = True
+    mig_enabled: bool = False
+    persistence_mode: bool = True
+    temperature_c_warn: float = 80.0
+    temperature_c_fail: float = 90.0
+    # An enforced power limit below this means someone capped the GPU: WARN.
+    power_limit_w_min: float | None = None
+    # Row-remapping counts above these are WARN (the GPU still works; plan an RMA if they grow).
+    remapped_rows_correctable_warn: int = 8
+    remapped_rows_uncorrectable_warn: int = 1
+
+
+@dataclass(frozen=True)
+class SoftwareExpectations:
+    driver_min: str | None = None
+    cuda_driver_min: str | None = None
+    nccl_min: str | None = None
+
+
+@dataclass(frozen=True)
+class NetworkExpectations:
+    # Active InfiniBand (link layer InfiniBand) ports a node must have; None leaves IB unchecked.
+    ib_ports: int | None = None
+    ib_rate_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    # Regular expressions tried against the NVML device name; empty for profiles picked only by name.
+    match: list[str] = field(default_factory=list)
+    # Dense BF16 tensor peak for MFU and % of peak; None on the CPU profile.
+    bf16_peak_tflops: float | None = None
+    gpu: GpuExpectations = field(default_factory=GpuExpectations)
+    software: SoftwareExpectations = field(default_factory=SoftwareExpectations)
+    network: NetworkExpectations = field(default_factory=NetworkExpectations)
+    # Where the file came from, filled on load (for threshold sources in reports).
+    source: str = ""
+
+
+def profile_dir() -> Path:
+    return Path(str(resources.files("gpucert.configs").joinpath("profiles")))
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in profile_dir().glob("*.yaml"))
+
+
+def _profile_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    path = profile_dir() / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ConfigError(
+            f"unknown profile {name_or_path!r}; built-in profiles: {', '.join(available_profiles())} "
+            "(or pass a path to a profile YAML)"
+        )
+    return path
+
+
+def _load_profile_data(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Raw profile mapping with `extends: <profile>` resolved, so a site profile states only what differs."""
+    if path in seen:
+        raise ConfigError(f"{path}: extends loops back on itself ({' -> '.join(map(str, seen))})")
+    data = load_yaml(path)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: expected a profile name or path, found {base!r}")
+    base_path = _profile_path(base if not base.endswith((".yaml", ".yml")) else str(path.parent / base))
+    return _merge(_load_profile_data(base_path, (*seen, path)), data)
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name (`h100-sxm`) or any profile YAML by path (which may `extends:` another)."""
+    path = _profile_path(name_or_path)
+    data = _load_profile_data(path)
+    data.pop("source", None)
+    profile = build(Profile, data, str(path))
+    for pattern in profile.match:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{path}: match: {pattern!r} is not a regular expression: {exc}") from exc
+    return Profile(**{**profile.__dict__, "source": str(path)})
+
+
+def select_profile(gpu_names: list[str]) -> Profile:
+    """The one built-in profile whose patterns match the node's GPUs; `cpu` when there are none."""
+    if not gpu_names:
+        return load_profile("cpu")
+    name = gpu_names[0]
+    matches = [
+        profile
+        for profile in (load_profile(n) for n in available_profiles())
+        if any(re.search(p, name, re.IGNORECASE) for p in profile.match)
+    ]
+    if len(matches) != 1:
+        found = ", ".join(p.name for p in matches) or "none"
+        raise ConfigError(
+            f"GPU {name!r} matches {found} of the built-in profiles; name one with --profile "
+            f"({', '.join(available_profiles())}) or a profile YAML"
+        )
+    return matches[0]

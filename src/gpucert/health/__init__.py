@@ -1,0 +1,1 @@
+"""GPU and node health checks: judges of the inventory against a profile."""

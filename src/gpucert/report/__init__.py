@@ -1,0 +1,1 @@
+"""One JSON report per run and its renderings (terminal table, Markdown)."""

@@ -1,0 +1,42 @@
+"""Where reports live: one directory per run, `runs/<UTC timestamp>-<host>/report.json` (+ report.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from gpucert.report.markdown import render_markdown
+from gpucert.report.schema import Report
+
+
+def default_run_dir(runs_dir: Path, host: str, started: datetime) -> Path:
+    return runs_dir / f"{started.strftime('%Y%m%dT%H%M%SZ')}-{host}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # A report half-written by a killed run must never be read as a whole one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def write_report(report: Report, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "report.json"
+    _write_atomic(path, json.dumps(report.to_dict(), indent=1) + "\n")
+    _write_atomic(directory / "report.md", render_markdown(report))
+    return path
+
+
+def load_report(path: Path) -> Report:
+    """A report from its JSON file or its run directory; errors name the file."""
+    if path.is_dir():
+        path = path / "report.json"
+    try:
+        return Report.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a readable gpucert report: {exc}") from exc

@@ -1,0 +1,208 @@
+"""Terminal rendering (rich) of a report: the inventory for `discover`, the judged results for the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpucert.report.schema import Report, Result
+from gpucert.status import Status
+
+STATUS_STYLE = {
+    Status.SKIP: "dim",
+    Status.PASS: "green",
+    Status.WARN: "yellow",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold magenta",
+}
+
+
+def format_value(result: Result) -> str:
+    if result.value is None:
+        return "-"
+    if isinstance(result.value, bool):
+        return "on" if result.value else "off"
+    text = f"{result.value:.4g}" if isinstance(result.value, float) else str(result.value)
+    return f"{text} {result.unit}" if result.unit and not isinstance(result.value, bool) else text
+
+
+def gpu_matrix(results: list[Result]) -> Table | None:
+    """Per-GPU checks as a check x GPU grid of values coloured by status: a bad GPU stands out as a column."""
+    per_gpu = [r for r in results if r.gpu_index is not None]
+    if not per_gpu:
+        return None
+    gpus = sorted({r.gpu_index for r in per_gpu if r.gpu_index is not None})
+    checks = list(dict.fromkeys(r.name for r in per_gpu))
+    cells = {(r.name, r.gpu_index): r for r in per_gpu}
+    table = Table(title="per-GPU checks")
+    table.add_column("check", no_wrap=True)
+    for index in gpus:
+        table.add_column(f"GPU{index}", overflow="fold")
+    for check in checks:
+        row: list[Text | str] = [check]
+        for index in gpus:
+            r = cells.get((check, index))
+            row.append(Text(format_value(r), style=STATUS_STYLE[r.status]) if r else "")
+        table.add_row(*row)
+    return table
+
+
+def node_table(results: list[Result]) -> Table | None:
+    node = [r for r in results if r.gpu_index is None]
+    if not node:
+        return None
+    table = Table(title="node checks", expand=True)
+    table.add_column("status", no_wrap=True, min_width=5)
+    table.add_column("check", overflow="fold", max_width=24)
+    table.add_column("subject", overflow="fold", max_width=20)
+    table.add_column("value", overflow="fold", max_width=16)
+    table.add_column("message", overflow="fold", min_width=30, ratio=1)
+    for r in node:
+        table.add_row(Text(r.status.value, style=STATUS_STYLE[r.status]), r.name, r.subject, format_value(r), r.message)
+    return table
+
+
+def problem_lines(results: list[Result]) -> list[Text]:
+    """Every WARN, FAIL and ERROR in full: what was expected, what was found, where, and what to do."""
+    lines = []
+    for r in sorted((r for r in results if r.status >= Status.WARN), key=lambda r: r.status, reverse=True):
+        line = Text.assemble((f"{r.status.value:5} ", STATUS_STYLE[r.status]), (r.name, "bold"), f"  {r.message}")
+        if r.threshold_source:
+            line.append(f" [threshold: {r.threshold_source}]", style="dim")
+        if r.remediation:
+            line.append(f"\n      → {r.remediation}")
+        lines.append(line)
+    return lines
+
+
+def _yes_no(value: Any) -> str:
+    return "-" if value is None else "on" if value else "off"
+
+
+def inventory_tables(inv: dict[str, Any]) -> list[Table | Text]:
+    if not inv["gpus"]:
+        tables: list[Table | Text] = [Text(f"No NVIDIA GPU found ({inv.get('nvml_error')}).", style="yellow")]
+    else:
+        tables = [_gpu_table(inv)]
+    tables += _topology_and_fabric(inv)
+    tables.append(_host_table(inv))
+    return tables
+
+
+def _gpu_table(inv: dict[str, Any]) -> Table:
+    gpus = Table(title=f"GPUs (driver {inv.get('driver_version')}, CUDA {inv.get('cuda_driver_version')})")
+    for column in ("#", "name", "bus id", "memory", "PCIe now (max)", "NVLink", "ECC", "MIG", "power cap", "temp"):
+        gpus.add_column(column)
+    for g in inv["gpus"]:
+        links = g["nvlinks"]
+        gpus.add_row(
+            str(g["index"]),
+            g["name"].removeprefix("NVIDIA "),
+            # NVML pads the PCI domain to 8 hex digits; the usual 4 are enough to find the slot.
+            str(g["bus_id"])[4:] if str(g["bus_id"]).startswith("0000") else str(g["bus_id"]),
+            f"{g['memory_total_gib']:.0f} GiB" if g["memory_total_gib"] else "-",
+            f"Gen{g['pcie_gen_current']} x{g['pcie_width_current']} (Gen{g['pcie_gen_max']} x{g['pcie_width_max']})",
+            f"{sum(link['active'] for link in links)}/{len(links)}" if links else "-",
+            _yes_no(g["ecc_enabled"]),
+            _yes_no(g["mig_enabled"]),
+            f"{g['power_enforced_limit_w']:.0f} W" if g["power_enforced_limit_w"] else "-",
+            f"{g['temperature_c']:.0f} C" if g["temperature_c"] is not None else "-",
+        )
+    return gpus
+
+
+def _topology_and_fabric(inv: dict[str, Any]) -> list[Table | Text]:
+    tables: list[Table | Text] = []
+    matrix = inv["topology"]["matrix"]
+    if len(matrix) > 1:
+        topo = Table(title=f"GPU topology: {inv['topology']['summary']}")
+        topo.add_column("")
+        for i in range(len(matrix)):
+            topo.add_column(f"GPU{i}")
+        topo.add_column("CPU affinity")
+        for i, row in enumerate(matrix):
+            topo.add_row(f"GPU{i}", *row, str(inv["gpus"][i]["cpu_affinity"]))
+        tables.append(topo)
+    if inv.get("infiniband"):
+        ib = Table(title="InfiniBand / RoCE")
+        for column in ("HCA", "port", "state", "rate", "link layer", "firmware", "netdev"):
+            ib.add_column(column)
+        for dev in inv["infiniband"]:
+            for port in dev["ports"]:
+                ib.add_row(
+                    dev["name"],
+                    str(port["port"]),
+                    str(port["state"]),
+                    str(port["rate_text"]),
+                    str(port["link_layer"]),
+                    str(dev["fw_ver"]),
+                    ", ".join(dev["netdevs"]),
+                )
+        tables.append(ib)
+    return tables
+
+
+def _host_table(inv: dict[str, Any]) -> Table:
+    host = Table(title="Host", show_header=False)
+    host.add_column("what")
+    host.add_column("value", overflow="fold")
+    cpu, mem, sw, env = inv.get("cpu") or {}, inv.get("memory") or {}, inv["software"], inv["environment"]
+    host.add_row(
+        "CPU",
+        f"{cpu.get('sockets')}x {cpu.get('model')}, {cpu.get('logical_cpus')} logical CPUs, "
+        f"SMT {_yes_no(cpu.get('smt_enabled'))}, {len(cpu.get('numa_nodes') or [])} NUMA nodes",
+    )
+    host.add_row("memory", f"{mem['total_gib']:.0f} GiB" if mem.get("total_gib") else "-")
+    nets = [f"{n['name']} {n['operstate']} {n['speed_mbps'] or '?'} Mb/s" for n in inv.get("network", [])]
+    host.add_row("network", ", ".join(nets) or "-")
+    shared = [f"{m['target']} ({m['fstype']})" for m in inv.get("mounts", []) if m["shared_candidate"]]
+    host.add_row("shared filesystems", ", ".join(shared) or "none found")
+    host.add_row("software", ", ".join(f"{k} {v}" for k, v in sw.items() if v))
+    slurm = env.get("slurm")
+    host.add_row(
+        "scheduler",
+        f"Slurm job {slurm['job_id']} on {slurm['nodelist']}"
+        if slurm
+        else "Kubernetes pod"
+        if env.get("kubernetes")
+        else "none detected",
+    )
+    virt = env.get("virtualization") or {}
+    host.add_row(
+        "virtualization",
+        ", ".join(str(v) for v in (virt.get("container"), virt.get("hypervisor")) if v) or "bare metal (no hint found)",
+    )
+    return host
+
+
+def print_report(report: Report, console: Console, show_inventory: bool, report_path: str | None) -> None:
+    inv = report.inventory
+    console.print(Text(f"{inv['hostname']}: {inv['summary']}", style="bold"))
+    if inv.get("replayed_from"):
+        console.print(Text(f"(replayed from {inv['replayed_from']})", style="dim"))
+    if show_inventory:
+        for table in inventory_tables(inv):
+            console.print(table)
+    if report.results:
+        console.print(Text(f"gpucert {report.meta.verb}, profile {report.meta.profile}", style="bold"))
+        for section in (gpu_matrix(report.results), node_table(report.results)):
+            if section is not None:
+                console.print(section)
+        problems = problem_lines(report.results)
+        if problems:
+            console.print(Text("problems:", style="bold"))
+            for line in problems:
+                console.print(line)
+        counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
+        console.print(
+            Text.assemble(
+                ("verdict: ", "bold"),
+                (report.status.value, STATUS_STYLE[report.status]),
+                f"  ({counts}; exit code {report.status.exit_code})",
+            )
+        )
+    if report_path:
+        console.print(Text(f"report: {report_path}", style="dim"))

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpucert.hardware.software import (
+    collect_software,
+    format_cudnn_version,
+    format_nccl_version,
+    parse_os_release,
+)
+
+INSTALLED = {"torch": "2.6.0+cu124", "nvidia-ml-py": "12.570.86", "transformers": "4.51.3"}
+
+
+@pytest.fixture
+def fake_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    def version(name: str) -> str:
+        if name not in INSTALLED:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return INSTALLED[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+def _fake_torch(cuda: str | None, cudnn: int | None, nccl: object) -> SimpleNamespace:
+    """Stands in for the torch module: `import torch` returns whatever sys.modules holds."""
+
+    def nccl_version() -> object:
+        if isinstance(nccl, Exception):
+            raise nccl
+        return nccl
+
+    return SimpleNamespace(
+        version=SimpleNamespace(cuda=cuda),
+        backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: cudnn)),
+        cuda=SimpleNamespace(nccl=SimpleNamespace(version=nccl_version)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('PRETTY_NAME="Ubuntu 22.04.4 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\n', "Ubuntu 22.04.4 LTS"),
+        ("NAME='Rocky Linux'\nVERSION_ID=\"9.3\"\n", "Rocky Linux 9.3"),
+        (
+            '# comment\nPRETTY_NAME="Red Hat Enterprise Linux 9.4 (Plow)"\n',
+            "Red Hat Enterprise Linux 9.4 (Plow)",
+        ),
+        ("", None),
+    ],
+)
+def test_parse_os_release(text: str, expected: str | None) -> None:
+    assert parse_os_release(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"), [(90100, "9.1.0"), (91000, "9.10.0"), (8902, "8.9.2"), (None, None)]
+)
+def test_format_cudnn_version(code: int | None, expected: str | None) -> None:
+    assert format_cudnn_version(code) == expected
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ((2, 28, 3), "2.28.3"),
+        ((2, 21, 5, "+cuda12.4"), "2.21.5+cuda12.4"),
+        (21803, "2.18.3"),
+        (2708, "2.7.8"),
+        ("2.18.3", None),
+    ],
+)
+def test_format_nccl_version(version: object, expected: str | None) -> None:
+    assert format_nccl_version(version) == expected
+
+
+@pytest.mark.usefixtures("fake_metadata")
+def test_hgx_versions_with_cuda_torch(hgx_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch("12.4", 90100, (2, 21, 5)))
+    versions = collect_software(hgx_root)
+    assert (versions.torch, versions.torch_cuda, versions.cudnn, versions.nccl) == (
+        "2.6.0+cu124",
+        "12.4",
+        "9.1.0",
+        "2.21.5",
+    )
+    assert (versions.transformers, versions.peft, versions.nvidia_ml_py) == ("4.51.3", None, "12.570.86")
+    assert (versions.kernel, versions.os) == ("5.15.0-105-generic", "Ubuntu 22.04.4 LTS")
+    assert versions.python == platform.python_version()
+
+
+@pytest.mark.usefixtures("fake_metadata")
+def test_cpu_torch_build_reports_no_gpu_libraries(hgx_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    no_nccl = AttributeError("module 'torch._C' has no attribute '_nccl_version'")
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(None, None, no_nccl))
+    versions = collect_software(hgx_root)
+    assert (versions.torch_cuda, versions.cudnn, versions.nccl) == (None, None, None)
+
+
+@pytest.mark.usefixtures("fake_metadata")
+def test_gpucert_version_falls_back_to_package_attribute(tmp_path: Path) -> None:
+    gpucert = pytest.importorskip("gpucert")
+    assert collect_software(tmp_path, probe_torch=False).gpucert == gpucert.__version__
+
+
+def test_real_vm_os_and_kernel(docker_vm_root: Path) -> None:
+    versions = collect_software(docker_vm_root, probe_torch=False)
+    assert versions.os == "Debian GNU/Linux 12 (bookworm)"
+    assert versions.kernel == "6.18.44-fc-v657"
+    assert (versions.torch_cuda, versions.cudnn, versions.nccl) == (None, None, None)
+
+
+def test_os_release_falls_back_to_usr_lib(make_tree: Callable[..., Path]) -> None:
+    root = make_tree({"usr/lib/os-release": 'PRETTY_NAME="Rocky Linux 9.3 (Blue Onyx)"\n'})
+    assert collect_software(root, probe_torch=False).os == "Rocky Linux 9.3 (Blue Onyx)"
+
+
+def test_missing_tree_yields_none(tmp_path: Path) -> None:
+    versions = collect_software(tmp_path, probe_torch=False)
+    assert (versions.os, versions.kernel) == (None, None)
+    assert json.loads(json.dumps(asdict(versions)))["python"] == platform.python_version()
