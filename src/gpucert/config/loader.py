@@ -49,7 +49,7 @@ def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") 
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key in data:
         if key not in fields:
-            raise ConfigError(f"{source}: unknown key {prefix}{key!r}; expected one of: {', '.join(sorted(fields))}")
+            raise ConfigError(f"{source}: unknown key '{prefix}{key}'; expected one of: {', '.join(sorted(fields))}")
     hints = typing.get_type_hints(cls)
     kwargs = {name: _coerce(hints[name], value, source, f"{prefix}{name}") for name, value in data.items()}
     missing = [
@@ -166,6 +166,9 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
 def load_config(cls: type[T], path: Path | None, overrides: Sequence[str] = ()) -> T:
     """defaults < file < overrides, each error naming where the bad value came from."""
     data = load_yaml(path) if path else {}
-    source = str(path) if path else "defaults"
-    build(cls, data, source)  # report file errors against the file before overrides mix in
-    return build(cls, apply_overrides(data, cls, overrides), f"{source} with --set overrides")
+    config = build(cls, data, str(path) if path else "defaults")
+    for item in overrides:
+        # One override at a time, so a bad value is blamed on its own --set argument.
+        data = apply_overrides(data, cls, [item])
+        config = build(cls, data, f"--set {item}")
+    return config

@@ -656,6 +656,10 @@ def check_infiniband(devices: list[IbDevice], profile: Profile, hostname: str) -
                 message=f"{active} active InfiniBand ports"
                 if ok
                 else f"expected {want_ports} active InfiniBand ports, found {active} on {hostname}",
+                remediation=None
+                if ok
+                else "see the failing ib.port results: reseat or replace the cable, check "
+                "the switch port, and `ibstat` for the port's physical state",
             )
         )
     return results
