@@ -72,7 +72,10 @@ def test_replayed_h200x4_reports_the_captured_node(tmp_path: Path, capsys) -> No
     ("argv", "fragments"),
     [
         (["--set", "health.bogus=1"], ["--set health.bogus=1", "unknown key 'health.bogus'"]),
-        (["--set", "health.expected_gpus=eight"], ["--set health.expected_gpus=eight", "health.expected_gpus: expected int", "'eight'"]),
+        (
+            ["--set", "health.expected_gpus=eight"],
+            ["--set health.expected_gpus=eight", "health.expected_gpus: expected int", "'eight'"],
+        ),
         (["--profile", "nope"], ["unknown profile 'nope'", "h100-sxm"]),
     ],
 )

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
 
@@ -13,7 +14,7 @@ ORDER = [Status.SKIP, Status.PASS, Status.WARN, Status.FAIL, Status.ERROR]
 def test_statuses_are_ordered_skip_pass_warn_fail_error() -> None:
     assert sorted(reversed(ORDER)) == ORDER
     assert sorted([Status.FAIL, Status.SKIP, Status.ERROR, Status.PASS, Status.WARN]) == ORDER
-    for lower, higher in zip(ORDER, ORDER[1:]):
+    for lower, higher in itertools.pairwise(ORDER):
         assert lower < higher
         assert lower <= higher
         assert higher > lower

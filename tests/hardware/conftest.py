@@ -201,9 +201,7 @@ def hgx_h100_files() -> dict[str, str]:
         )
     for i, netdev in enumerate(HGX_ROCE_NETDEVS):
         files.update(
-            _ib_device(
-                f"mlx5_{8 + i}", f"946d:ae03:00f2:8a{i:02x}", netdev, "Ethernet", "200 Gb/sec (2X NDR)", "0x0"
-            )
+            _ib_device(f"mlx5_{8 + i}", f"946d:ae03:00f2:8a{i:02x}", netdev, "Ethernet", "200 Gb/sec (2X NDR)", "0x0")
         )
         files.update(_net_interface(netdev, "up", 9000, f"94:6d:ae:f2:8a:{i:02x}", "200000"))
     files.update(_net_interface("eno1", "up", 1500, "3c:ec:ef:a1:b2:c4", "10000"))

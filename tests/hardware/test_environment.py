@@ -60,9 +60,7 @@ def test_no_slurm_without_job_id() -> None:
 
 def test_parse_kubernetes_env() -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "HOSTNAME": "gpucert-node-check-7x2kq"}
-    assert parse_kubernetes_env(env, "gpu-burnin\n") == KubernetesContext(
-        "gpu-burnin", "gpucert-node-check-7x2kq"
-    )
+    assert parse_kubernetes_env(env, "gpu-burnin\n") == KubernetesContext("gpu-burnin", "gpucert-node-check-7x2kq")
     env |= {"POD_NAME": "gpucert-0", "POD_NAMESPACE": "acceptance"}
     assert parse_kubernetes_env(env, "gpu-burnin\n") == KubernetesContext("acceptance", "gpucert-0")
     assert parse_kubernetes_env({"HOSTNAME": "hgx-017"}) is None
@@ -99,9 +97,7 @@ def test_hgx_bare_metal_in_slurm(hgx_root: Path) -> None:
         ("NVIDIA", "P3880", "processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\n", None),
     ],
 )
-def test_hypervisor_from_dmi_and_cpu_flag(
-    vendor: str, product: str, cpuinfo: str, expected: str | None
-) -> None:
+def test_hypervisor_from_dmi_and_cpu_flag(vendor: str, product: str, cpuinfo: str, expected: str | None) -> None:
     files = {
         "sys/class/dmi/id/sys_vendor": f"{vendor}\n",
         "sys/class/dmi/id/product_name": f"{product}\n",

@@ -7,6 +7,7 @@ import re
 
 import pynvml
 import pytest
+from tests.conftest import NODE_BUNDLES
 
 from gpucert.hardware.gpus import (
     clock_event_names,
@@ -16,7 +17,6 @@ from gpucert.hardware.gpus import (
     summarize_topology,
 )
 from gpucert.hardware.nvml import SNAPSHOT_FORMAT, SnapshotNvml, collect_nvml_snapshot
-from tests.conftest import NODE_BUNDLES
 
 NODES = ["h100", "h200x4"]
 

@@ -120,9 +120,7 @@ def test_real_vm_memory(docker_vm_root: Path) -> None:
 
 def test_meminfo_without_available_or_hugepages() -> None:
     memory = parse_meminfo("MemTotal:       16384000 kB\nSwapTotal:     2097152 kB\n")
-    assert memory == MemoryInfo(
-        total_gib=15.625, available_gib=None, hugepages_total=None, swap_total_gib=2.0
-    )
+    assert memory == MemoryInfo(total_gib=15.625, available_gib=None, hugepages_total=None, swap_total_gib=2.0)
 
 
 def test_missing_tree_yields_none(tmp_path: Path) -> None:

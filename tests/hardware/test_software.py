@@ -62,9 +62,7 @@ def test_parse_os_release(text: str, expected: str | None) -> None:
     assert parse_os_release(text) == expected
 
 
-@pytest.mark.parametrize(
-    ("code", "expected"), [(90100, "9.1.0"), (91000, "9.10.0"), (8902, "8.9.2"), (None, None)]
-)
+@pytest.mark.parametrize(("code", "expected"), [(90100, "9.1.0"), (91000, "9.10.0"), (8902, "8.9.2"), (None, None)])
 def test_format_cudnn_version(code: int | None, expected: str | None) -> None:
     assert format_cudnn_version(code) == expected
 

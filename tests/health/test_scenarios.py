@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.conftest import FIXTURES
 
 from gpucert.cli import main
-from tests.conftest import FIXTURES
 
 SCENARIOS = sorted(p for p in (FIXTURES / "scenarios").glob("*.yaml") if "expect" in yaml.safe_load(p.read_text()))
 

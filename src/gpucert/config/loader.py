@@ -81,7 +81,8 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
             raise errors[0]
         raise ConfigError(f"{source}: {key}: expected {_describe(tp)}, found {value!r}")
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return build(tp, value, source, f"{key}.")
+        # `health:` with nothing under it is YAML null: an empty section, all defaults.
+        return build(tp, {} if value is None else value, source, f"{key}.")
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{source}: {key}: expected one of {list(typing.get_args(tp))}, found {value!r}")

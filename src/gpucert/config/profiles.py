@@ -97,7 +97,10 @@ def _load_profile_data(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any
         return data
     if not isinstance(base, str):
         raise ConfigError(f"{path}: extends: expected a profile name or path, found {base!r}")
-    base_path = _profile_path(base if not base.endswith((".yaml", ".yml")) else str(path.parent / base))
+    try:
+        base_path = _profile_path(base if not base.endswith((".yaml", ".yml")) else str(path.parent / base))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: extends: {exc}") from exc
     return _merge(_load_profile_data(base_path, (*seen, path)), data)
 
 
@@ -129,6 +132,10 @@ def select_profile(gpu_names: list[str]) -> Profile:
     """The one built-in profile whose patterns match the node's GPUs; `cpu` when there are none."""
     if not gpu_names:
         return load_profile("cpu")
+    if len(set(gpu_names)) > 1:
+        raise ConfigError(
+            f"this node mixes GPU models ({', '.join(sorted(set(gpu_names)))}); name a profile with --profile"
+        )
     name = gpu_names[0]
     matches = [
         profile

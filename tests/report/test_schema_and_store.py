@@ -1,0 +1,327 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+import gpucert.report
+from gpucert.report.markdown import render_markdown
+from gpucert.report.schema import SCHEMA_VERSION, Report, Result, RunMeta
+from gpucert.report.store import load_report, write_report
+from gpucert.status import Status
+
+SCHEMA = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json").read_text())
+VALIDATOR = Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+INVENTORY: dict[str, Any] = {
+    "hostname": "n1",
+    "summary": "s",
+    "gpus": [],
+    "topology": {"matrix": [], "nvlink_counts": [], "summary": "no GPUs"},
+}
+
+META = RunMeta(
+    tool_version="0.1.0",
+    method_version="1",
+    verb="health",
+    command=["gpucert", "health", "--set", "health.expected_gpus=8"],
+    host="n1",
+    started_at="2026-11-21T18:50:00+00:00",
+    finished_at="2026-11-21T18:50:12+00:00",
+    duration_s=12.34,
+    profile="h100-sxm",
+    config={"profile": "auto", "runs_dir": "runs", "health": {"expected_gpus": 8, "liveness": True}},
+    software={"driver": "580.159.04", "torch": "2.6.0"},
+)
+
+PASS_RESULT = Result(
+    name="gpu.count",
+    subject="node",
+    status=Status.PASS,
+    message="expected 8 GPUs, found 8",
+    value=8,
+    unit="GPUs",
+    expected="8",
+    threshold_source="config health.expected_gpus",
+    # Shown only for problems: a PASS must not tell anyone to act.
+    remediation="nothing to do",
+)
+WARN_RESULT = Result(
+    name="gpu.temperature",
+    subject="GPU 3",
+    status=Status.WARN,
+    message="expected below 80 C, found 83 C | hot aisle?",
+    value=83.0,
+    unit="C",
+    expected="< 80 C",
+    threshold_source="profile h100-sxm: gpu.temperature_c_warn",
+    remediation="check the airflow",
+    gpu_index=3,
+)
+FAIL_RESULT = Result(
+    name="gpu.ecc",
+    subject="GPU 5",
+    status=Status.FAIL,
+    message="expected 0 uncorrectable ECC errors, found 3\non GPU 5",
+    value=3,
+    expected="0",
+    threshold_source="fixed: any uncorrectable error",
+    remediation="drain the node | RMA GPU 5",
+    gpu_index=5,
+    details={"volatile": {"dram": 3, "sram": 0}},
+)
+
+
+def make_report(results: list[Result] | None = None) -> Report:
+    return Report(
+        meta=META,
+        inventory=INVENTORY,
+        results=[PASS_RESULT, WARN_RESULT, FAIL_RESULT] if results is None else results,
+    )
+
+
+def schema_errors(data: dict[str, Any]) -> list[str]:
+    return sorted(error.message for error in VALIDATOR.iter_errors(data))
+
+
+# schema
+
+
+def test_report_dict_validates_against_the_json_schema() -> None:
+    assert schema_errors(make_report().to_dict()) == []
+
+
+def test_the_json_schema_rejects_what_it_should() -> None:
+    data = make_report().to_dict()
+    data["status"] = "OK"
+    data["results"][0]["extra"] = 1
+    data["results"][1]["gpu_index"] = -1
+    data["meta"]["started_at"] = "yesterday"
+    data["schema_version"] = "2.0"
+    assert schema_errors(data) == [
+        "'2.0' does not match '^1\\\\.[0-9]+$'",
+        "'OK' is not one of ['SKIP', 'PASS', 'WARN', 'FAIL', 'ERROR']",
+        "'yesterday' is not a 'date-time'",
+        "-1 is less than the minimum of 0",
+        "Additional properties are not allowed ('extra' was unexpected)",
+    ]
+
+
+def test_report_status_exit_code_and_counts() -> None:
+    report = make_report()
+    assert report.status is Status.FAIL
+    data = report.to_dict()
+    assert data["schema_version"] == SCHEMA_VERSION == "1.0"
+    assert data["status"] == "FAIL"
+    assert data["exit_code"] == 2
+    assert data["counts"] == {"SKIP": 0, "PASS": 1, "WARN": 1, "FAIL": 1, "ERROR": 0}
+    assert data["meta"]["tool"] == "gpucert"
+    assert data["inventory"] == INVENTORY
+
+
+def test_result_dict_carries_every_field_with_the_status_as_text() -> None:
+    assert FAIL_RESULT.to_dict() == {
+        "name": "gpu.ecc",
+        "subject": "GPU 5",
+        "status": "FAIL",
+        "message": "expected 0 uncorrectable ECC errors, found 3\non GPU 5",
+        "value": 3,
+        "unit": None,
+        "expected": "0",
+        "threshold_source": "fixed: any uncorrectable error",
+        "remediation": "drain the node | RMA GPU 5",
+        "category": "health",
+        "gpu_index": 5,
+        "details": {"volatile": {"dram": 3, "sram": 0}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("statuses", "status", "exit_code"),
+    [
+        ([], "SKIP", 0),
+        ([Status.PASS, Status.SKIP], "PASS", 0),
+        ([Status.PASS, Status.WARN], "WARN", 1),
+        ([Status.ERROR, Status.FAIL, Status.PASS], "ERROR", 3),
+    ],
+)
+def test_report_status_is_the_worst_result(statuses: list[Status], status: str, exit_code: int) -> None:
+    results = [dataclasses.replace(PASS_RESULT, status=s) for s in statuses]
+    data = make_report(results).to_dict()
+    assert (data["status"], data["exit_code"]) == (status, exit_code)
+    assert sum(data["counts"].values()) == len(statuses)
+    assert schema_errors(data) == []
+
+
+def test_from_dict_round_trips() -> None:
+    report = make_report()
+    assert Report.from_dict(report.to_dict()) == report
+    again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again == report
+    assert again.results[1].status is Status.WARN
+
+
+def test_from_dict_reads_a_newer_minor_version() -> None:
+    data = make_report().to_dict()
+    data["schema_version"] = "1.7"
+    assert Report.from_dict(data).schema_version == "1.7"
+
+
+@pytest.mark.parametrize(("version", "shown"), [("2.0", "'2.0'"), ("10.0", "'10.0'"), (None, "None")])
+def test_from_dict_rejects_another_major_version(version: str | None, shown: str) -> None:
+    data = make_report().to_dict()
+    data["schema_version"] = version
+    with pytest.raises(ValueError) as info:
+        Report.from_dict(data)
+    assert str(info.value) == f"report schema {shown} is not readable by this gpucert (reads 1.x)"
+
+
+# store
+
+
+def test_write_report_writes_json_and_markdown(tmp_path: Path) -> None:
+    report = make_report()
+    directory = tmp_path / "runs" / "20261121T185000Z-n1"
+    path = write_report(report, directory)
+    assert path == directory / "report.json"
+    # No temporary files left behind by the atomic writes.
+    assert sorted(p.name for p in directory.iterdir()) == ["report.json", "report.md"]
+    assert json.loads(path.read_text()) == report.to_dict()
+    assert (directory / "report.md").read_text() == render_markdown(report)
+
+
+def test_write_report_replaces_an_earlier_report(tmp_path: Path) -> None:
+    write_report(make_report(), tmp_path)
+    write_report(make_report([PASS_RESULT]), tmp_path)
+    assert load_report(tmp_path).status is Status.PASS
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]
+
+
+def test_load_report_from_directory_and_from_file(tmp_path: Path) -> None:
+    report = make_report()
+    path = write_report(report, tmp_path / "run")
+    assert load_report(tmp_path / "run") == report
+    assert load_report(path) == report
+
+
+def test_written_report_files_follow_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        write_report(make_report(), tmp_path)
+    finally:
+        os.umask(old)
+    modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("report.json", "report.md")}
+    assert modes == {"report.json": 0o644, "report.md": 0o644}
+
+
+def test_corrupt_report_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    path.write_text('{"schema_version": "1.0",')
+    with pytest.raises(ValueError) as info:
+        load_report(tmp_path)
+    assert str(info.value) == (
+        f"{path}: not a readable gpucert report: Expecting property name enclosed in double quotes: "
+        "line 1 column 26 (char 25)"
+    )
+
+
+def test_report_missing_a_section_names_the_path(tmp_path: Path) -> None:
+    data = make_report().to_dict()
+    del data["meta"]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as info:
+        load_report(path)
+    assert str(info.value) == f"{path}: not a readable gpucert report: 'meta'"
+
+
+def test_report_of_another_major_version_names_the_path(tmp_path: Path) -> None:
+    data = make_report().to_dict()
+    data["schema_version"] = "2.0"
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as info:
+        load_report(path)
+    assert str(info.value) == (
+        f"{path}: not a readable gpucert report: report schema '2.0' is not readable by this gpucert (reads 1.x)"
+    )
+
+
+def test_missing_report_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    with pytest.raises(ValueError) as info:
+        load_report(tmp_path)
+    assert str(info.value) == (f"{path}: not a readable gpucert report: [Errno 2] No such file or directory: '{path}'")
+
+
+# markdown
+
+EXPECTED_MARKDOWN = "\n".join(
+    [
+        "# gpucert health: FAIL on n1",
+        "",
+        "- **Node:** s",
+        "- **Profile:** h100-sxm",
+        "- **When:** 2026-11-21T18:50:00+00:00 (12.3 s)",
+        "- **Tool:** gpucert 0.1.0, method 1, schema 1.0",
+        "- **Command:** `gpucert health --set health.expected_gpus=8`",
+        "- **Verdict:** FAIL (exit code 2); 1 PASS, 1 WARN, 1 FAIL",
+        "",
+        "## Results",
+        "",
+        "| status | check | subject | value | expected | message |",
+        "|---|---|---|---|---|---|",
+        "| PASS | gpu.count | node | 8 GPUs | 8 | expected 8 GPUs, found 8 |",
+        "| WARN | gpu.temperature | GPU 3 | 83 C | < 80 C | expected below 80 C, found 83 C \\| hot aisle? "
+        "→ check the airflow |",
+        "| FAIL | gpu.ecc | GPU 5 | 3 | 0 | expected 0 uncorrectable ECC errors, found 3<br>on GPU 5 → drain the node "
+        "\\| RMA GPU 5 |",
+        "",
+    ]
+)
+
+
+def test_markdown_matches_the_golden_rendering() -> None:
+    assert render_markdown(make_report()) == EXPECTED_MARKDOWN
+
+
+def test_markdown_has_the_verdict_and_one_row_per_result() -> None:
+    lines = render_markdown(make_report()).splitlines()
+    assert "- **Verdict:** FAIL (exit code 2); 1 PASS, 1 WARN, 1 FAIL" in lines
+    rows = [line for line in lines if line.startswith(("| PASS ", "| WARN ", "| FAIL "))]
+    assert [row.split(" | ")[1] for row in rows] == ["gpu.count", "gpu.temperature", "gpu.ecc"]
+    # Escaped pipes keep every row at the header's six columns.
+    assert {row.replace("\\|", "").count("|") for row in rows} == {7}
+
+
+def test_markdown_without_results_has_no_results_table() -> None:
+    text = render_markdown(make_report([]))
+    assert "- **Verdict:** SKIP (exit code 0); " in text
+    assert "## Results" not in text
+    assert "## GPUs" not in text
+
+
+def test_markdown_lists_gpus_when_the_inventory_has_them() -> None:
+    gpu = {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": "GPU-0",
+        "bus_id": "00000000:19:00.0",
+        "memory_total_gib": 79.6,
+        "pcie_gen_current": 5,
+        "pcie_width_current": 16,
+        "nvlinks": [{"active": True}] * 17 + [{"active": False}],
+        "vbios": "96.00.74.00.01",
+    }
+    inventory = {**INVENTORY, "gpus": [gpu], "topology": {"matrix": [["X"]], "summary": "1 GPU"}}
+    report = Report(meta=META, inventory=inventory, results=[PASS_RESULT])
+    assert schema_errors(report.to_dict()) == []
+    lines = render_markdown(report).splitlines()
+    assert "| 0 | NVIDIA H100 80GB HBM3 | 00000000:19:00.0 | 79.6 GiB | Gen5 x16 | 17 | 96.00.74.00.01 |" in lines
+    assert "Topology: 1 GPU" in lines
