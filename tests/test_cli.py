@@ -129,3 +129,8 @@ def test_console_script_exit_code_follows_worst_status(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stdout + done.stderr  # the h200 profile expects 8 GPUs; the bundle has 4
     assert "expected 8 GPUs, found 4 on h200x4" in done.stdout
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "docs/examples").glob("*.json")), ids=str)
+def test_example_reports_in_docs_still_match_the_schema(path: Path) -> None:
+    validate(json.loads(path.read_text()))

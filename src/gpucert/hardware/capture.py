@@ -8,6 +8,7 @@ can re-read the node anywhere. Our test fixtures are bundles captured this way o
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import socket
@@ -25,7 +26,8 @@ COMMANDS = {
     "dmesg.txt": ["dmesg", "--time-format", "iso"],
 }
 
-# Files and trees (glob patterns) the host collectors read, copied relative to the root.
+# Exactly the files the host collectors read (glob patterns relative to the root): a bundle stays small
+# (sysfs trees hold thousands of counters and GIDs) and holds nothing the parsers would not look at.
 HOST_PATHS = (
     "proc/cpuinfo",
     "proc/meminfo",
@@ -37,16 +39,19 @@ HOST_PATHS = (
     ".dockerenv",
     "run/.containerenv",
     "var/run/secrets/kubernetes.io/serviceaccount/namespace",
-    "sys/class/infiniband",
-    "sys/class/net",
+    "sys/class/dmi/id/sys_vendor",
+    "sys/class/dmi/id/product_name",
     "sys/devices/system/node/online",
     "sys/devices/system/node/node*/cpulist",
     "sys/devices/system/node/node*/meminfo",
     "sys/devices/system/node/node*/distance",
     "sys/devices/system/cpu/cpu*/topology/physical_package_id",
     "sys/devices/system/cpu/cpu*/topology/core_id",
-    "sys/class/dmi/id/sys_vendor",
-    "sys/class/dmi/id/product_name",
+    *(f"sys/class/infiniband/*/{name}" for name in ("fw_ver", "board_id", "hca_type", "node_guid")),
+    *(f"sys/class/infiniband/*/ports/*/{name}" for name in ("state", "phys_state", "rate", "link_layer", "lid")),
+    "sys/class/infiniband/*/device/net/*/operstate",
+    *(f"sys/class/net/*/{name}" for name in ("operstate", "mtu", "speed", "address", "type", "carrier")),
+    "sys/class/net/*/device/driver",
 )
 
 
@@ -82,26 +87,16 @@ def capture_node(out_dir: Path, timeout_s: float = 60.0) -> list[str]:
     return problems
 
 
-def _copy_readable(src: Path, dst: Path, problems: list[str], depth: int = 0) -> None:
-    """Copy a file or a sysfs tree as plain text, following sysfs' symlinked device dirs a few levels."""
+def _copy_readable(src: Path, dst: Path, problems: list[str]) -> None:
+    """Copy one file; a symlink (a NIC's `device/driver`) is kept as a link, since its target names the driver."""
     try:
-        if src.is_dir():
-            if depth > 4:
-                return
-            dst.mkdir(parents=True, exist_ok=True)
-            for child in sorted(src.iterdir()):
-                if child.is_symlink() and child.is_dir() and depth >= 1 and child.name not in ("device", "net"):
-                    # Keep the link itself (a driver is known by its target's name) without walking the tree
-                    # behind it; in the bundle it dangles, which is all the parsers need.
-                    (dst / child.name).symlink_to(os.readlink(child))
-                    continue
-                _copy_readable(child, dst / child.name, problems, depth + 1)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink() and src.is_dir():
+            dst.symlink_to(os.readlink(src))
         elif src.is_file():
-            dst.parent.mkdir(parents=True, exist_ok=True)
             with open(src, "rb") as fh:
-                data = fh.read(1 << 20)
-            dst.write_bytes(data)
-    except OSError:
-        # sysfs has many write-only or EINVAL-on-read attributes; skipping them is the norm, not a problem.
-        if depth == 0:
-            problems.append(f"{src}: not readable")
+                dst.write_bytes(fh.read(1 << 20))
+    except OSError as exc:
+        # Some sysfs attributes refuse reads (speed of a down link gives EINVAL): the parsers expect gaps.
+        if exc.errno not in (errno.EINVAL, errno.ENODEV, errno.EACCES, errno.EPERM):
+            problems.append(f"{src}: {exc.strerror}")
