@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucert.hardware.sysfs import read_text
+
 _VIRTUALIZATION_FILES = (
     ".dockerenv",
     "run/.containerenv",
@@ -177,19 +179,12 @@ def parse_virtualization(files: Mapping[str, str], env: Mapping[str, str]) -> Vi
     return VirtualizationHints(container, hypervisor, tuple(container_notes + hypervisor_notes))
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def collect_environment(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> RuntimeEnvironment:
     """``env`` defaults to os.environ; pass a mapping to describe another process."""
     env = os.environ if env is None else env
-    files = {rel: text for rel in _VIRTUALIZATION_FILES if (text := _read_text(root / rel)) is not None}
+    files = {rel: text for rel in _VIRTUALIZATION_FILES if (text := read_text(root / rel)) is not None}
     return RuntimeEnvironment(
         slurm=parse_slurm_env(env),
-        kubernetes=parse_kubernetes_env(env, _read_text(root / _K8S_NAMESPACE_FILE)),
+        kubernetes=parse_kubernetes_env(env, read_text(root / _K8S_NAMESPACE_FILE)),
         virtualization=parse_virtualization(files, env),
     )

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucert.hardware.sysfs import read_text
+
 _KIB_PER_GIB = 1024 * 1024
 
 # aarch64 /proc/cpuinfo has no "model name"; lscpu names the core from implementer and part
@@ -164,13 +166,6 @@ def parse_meminfo(text: str) -> MemoryInfo:
     )
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def _numbered_dirs(parent: Path, prefix: str) -> list[tuple[int, Path]]:
     try:
         entries = list(parent.iterdir())
@@ -187,11 +182,11 @@ def _numbered_dirs(parent: Path, prefix: str) -> list[tuple[int, Path]]:
 def collect_numa_nodes(root: Path = Path("/")) -> tuple[NumaNode, ...]:
     nodes = []
     for node_id, path in _numbered_dirs(root / "sys/devices/system/node", "node"):
-        cpulist = _read_text(path / "cpulist")
+        cpulist = read_text(path / "cpulist")
         if cpulist is None:
             continue
         try:
-            nodes.append(parse_numa_node(node_id, cpulist, _read_text(path / "meminfo")))
+            nodes.append(parse_numa_node(node_id, cpulist, read_text(path / "meminfo")))
         except ValueError:
             continue
     return tuple(nodes)
@@ -200,8 +195,8 @@ def collect_numa_nodes(root: Path = Path("/")) -> tuple[NumaNode, ...]:
 def _collect_topology(root: Path) -> dict[int, tuple[int, int]]:
     topology = {}
     for cpu, path in _numbered_dirs(root / "sys/devices/system/cpu", "cpu"):
-        package = _read_text(path / "topology/physical_package_id")
-        core = _read_text(path / "topology/core_id")
+        package = read_text(path / "topology/physical_package_id")
+        core = read_text(path / "topology/core_id")
         if package is not None and core is not None:
             try:
                 topology[cpu] = (int(package), int(core))
@@ -211,12 +206,12 @@ def _collect_topology(root: Path) -> dict[int, tuple[int, int]]:
 
 
 def collect_cpu(root: Path = Path("/")) -> CpuInfo | None:
-    text = _read_text(root / "proc/cpuinfo")
+    text = read_text(root / "proc/cpuinfo")
     if text is None:
         return None
     return parse_cpuinfo(text, _collect_topology(root), collect_numa_nodes(root))
 
 
 def collect_memory(root: Path = Path("/")) -> MemoryInfo | None:
-    text = _read_text(root / "proc/meminfo")
+    text = read_text(root / "proc/meminfo")
     return None if text is None else parse_meminfo(text)

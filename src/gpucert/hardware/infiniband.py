@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucert.hardware.sysfs import read_text
+
 _DEVICE_FILES = ("fw_ver", "board_id", "hca_type", "node_guid")
 _PORT_FILES = ("state", "phys_state", "rate", "link_layer", "lid")
 
@@ -99,13 +101,6 @@ def parse_ib_device(name: str, files: Mapping[str, str]) -> IbDevice:
     )
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def _list_dir(path: Path) -> list[str]:
     try:
         return sorted((p.name for p in path.iterdir()), key=_natural_key)
@@ -119,7 +114,7 @@ def _read_device_files(path: Path) -> dict[str, str]:
     for port in _list_dir(path / "ports"):
         keys.extend(f"ports/{port}/{leaf}" for leaf in _PORT_FILES)
     for key in keys:
-        value = _read_text(path / key)
+        value = read_text(path / key)
         if value is not None:
             files[key] = value
     for iface in _list_dir(path / "device/net"):

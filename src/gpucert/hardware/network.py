@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from gpucert.hardware.sysfs import read_text
+
 _ATTRIBUTE_FILES = ("operstate", "mtu", "speed", "address")
 # Kernels before 4.x printed SPEED_UNKNOWN as an unsigned 32-bit -1.
 _SPEED_UNKNOWN = {-1, 0xFFFFFFFF}
@@ -57,14 +59,6 @@ def parse_net_interface(name: str, files: Mapping[str, str]) -> NetInterface:
     )
 
 
-def _read_text(path: Path) -> str | None:
-    # Reading "speed" of a link that is down fails with EINVAL, which is an OSError like a missing file.
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def _read_link(path: Path) -> str | None:
     try:
         return os.readlink(path)
@@ -80,7 +74,7 @@ def _read_link(path: Path) -> str | None:
 def _read_interface_files(path: Path) -> dict[str, str]:
     files: dict[str, str] = {}
     for key in _ATTRIBUTE_FILES:
-        value = _read_text(path / key)
+        value = read_text(path / key)
         if value is not None:
             files[key] = value
     for key in ("device", "device/driver"):

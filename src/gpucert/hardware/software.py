@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucert.hardware.sysfs import read_text
+
 
 @dataclass(frozen=True)
 class SoftwareVersions:
@@ -106,17 +108,10 @@ def _torch_build_versions() -> tuple[str | None, str | None, str | None]:
     return (str(cuda) if cuda else None), cudnn, nccl
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def collect_os_name(root: Path = Path("/")) -> str | None:
     # os-release(5): /etc/os-release wins, /usr/lib/os-release is the fallback.
     for relative in ("etc/os-release", "usr/lib/os-release"):
-        text = _read_text(root / relative)
+        text = read_text(root / relative)
         if text is not None:
             return parse_os_release(text)
     return None
@@ -127,7 +122,7 @@ def collect_software(root: Path = Path("/"), probe_torch: bool = True) -> Softwa
     filesystem) and is not needed when only package versions matter."""
     cuda, cudnn, nccl = _torch_build_versions() if probe_torch else (None, None, None)
     # /proc/sys/kernel/osrelease holds the same string as uname -r, and can be faked under root.
-    kernel = _read_text(root / "proc/sys/kernel/osrelease")
+    kernel = read_text(root / "proc/sys/kernel/osrelease")
     return SoftwareVersions(
         python=platform.python_version(),
         gpucert=_gpucert_version(),
