@@ -164,12 +164,25 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
 
 
-def load_config(cls: type[T], path: Path | None, overrides: Sequence[str] = ()) -> T:
-    """defaults < file < overrides, each error naming where the bad value came from."""
-    data = load_yaml(path) if path else {}
+def load_config(
+    cls: type[T], path: Path | None, overrides: Sequence[str] = (), base: Mapping[str, Any] | None = None
+) -> T:
+    """base (e.g. a profile's run_defaults) < file < overrides, each error naming where the bad value came from."""
+    data = merge_mappings(base or {}, load_yaml(path) if path else {})
     config = build(cls, data, str(path) if path else "defaults")
     for item in overrides:
         # One override at a time, so a bad value is blamed on its own --set argument.
         data = apply_overrides(data, cls, [item])
         config = build(cls, data, f"--set {item}")
     return config
+
+
+def merge_mappings(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested mappings merged key by key; anything else in override replaces what base had."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_mappings(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpucert.config.loader import ConfigError, build, load_yaml
+from gpucert.config.loader import ConfigError, build, load_yaml, merge_mappings
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,25 @@ class NetworkExpectations:
 
 
 @dataclass(frozen=True)
+class BenchmarkExpectations:
+    """Floors for measured numbers (../shared/reference/acceptance-testing.md §4), per GPU unless named."""
+
+    matmul_bf16_tflops_min: float | None = None
+    # A GPU this far below the node's median matmul is FAIL even above the floor (gpu-fryer's rule).
+    matmul_node_deviation_pct: float = 10.0
+    hbm_copy_tbps_min: float | None = None
+    pcie_h2d_gbps_min: float | None = None
+    pcie_d2h_gbps_min: float | None = None
+    p2p_gbps_min: float | None = None
+    # A GPU pair this far below the median of all pairs names a weak link.
+    p2p_pair_deviation_pct: float = 15.0
+    # Bus bandwidth floors per collective, judged at bench.collectives.gate_bytes.
+    busbw_gbps_min: dict[str, float] = field(default_factory=dict)
+    train_mfu_min: float | None = None
+    train_scaling_efficiency_min: float = 0.9
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -62,6 +81,10 @@ class Profile:
     gpu: GpuExpectations = field(default_factory=GpuExpectations)
     software: SoftwareExpectations = field(default_factory=SoftwareExpectations)
     network: NetworkExpectations = field(default_factory=NetworkExpectations)
+    benchmarks: BenchmarkExpectations = field(default_factory=BenchmarkExpectations)
+    # Run-config values this hardware needs by default (the cpu profile shrinks benchmark sizes); a config
+    # file and --set still override them.
+    run_defaults: dict[str, Any] = field(default_factory=dict)
     # Where the file came from, filled on load (for threshold sources in reports).
     source: str = ""
 
@@ -101,17 +124,7 @@ def _load_profile_data(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any
         base_path = _profile_path(base if not base.endswith((".yaml", ".yml")) else str(path.parent / base))
     except ConfigError as exc:
         raise ConfigError(f"{path}: extends: {exc}") from exc
-    return _merge(_load_profile_data(base_path, (*seen, path)), data)
-
-
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return merge_mappings(_load_profile_data(base_path, (*seen, path)), data)
 
 
 def load_profile(name_or_path: str) -> Profile:

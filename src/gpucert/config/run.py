@@ -21,6 +21,77 @@ class HealthConfig:
     command_timeout_s: float = 20.0
 
 
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MatmulBenchConfig:
+    # Square seed sizes (M = N = K) timed per dtype; dtypes a GPU cannot run (fp8 before Hopper) are SKIP.
+    dtypes: list[str] = field(default_factory=lambda: ["bf16", "fp16", "tf32", "fp8"])
+    sizes: list[int] = field(default_factory=lambda: [4096, 8192, 16384])
+    # Seconds for the max-achievable (MAMF-style) shape sweep per GPU, bf16 only; 0 turns it off.
+    sweep_budget_s: float = 60.0
+    # The GPU runs this long before anything is timed: a cold H100 reports clocks it cannot sustain.
+    warmup_s: float = 10.0
+    repeats: int = 30
+
+
+@dataclass(frozen=True)
+class MemoryBenchConfig:
+    # Each device buffer; far above L2 (50-60 MB on H100/H200) so the cache cannot flatter.
+    size_mib: int = 2048
+    pcie_size_mib: int = 512
+    warmup: int = 5
+    repeats: int = 30
+
+
+@dataclass(frozen=True)
+class CollectivesBenchConfig:
+    ops: list[str] = field(
+        default_factory=lambda: ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"]
+    )
+    dtype: str = "bf16"
+    min_bytes: int = 1024
+    max_bytes: int = 4 * GIB
+    # Judged at this size (or the largest measured below it); gate on big messages only, never the sweep average.
+    gate_bytes: int = 4 * GIB
+    warmup: int = 5
+    repeats: int = 20
+    # NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0, for network gates comparable across sites.
+    force_ring: bool = False
+
+
+@dataclass(frozen=True)
+class P2pBenchConfig:
+    size_mib: int = 1024
+    warmup: int = 5
+    repeats: int = 20
+
+
+@dataclass(frozen=True)
+class TrainBenchConfig:
+    # "1b" (a ~1B-parameter Llama-style model, GPUs) or "tiny" (CPU CI).
+    model: str = "1b"
+    seq_len: int = 2048
+    micro_batch: int = 4
+    steps: int = 30
+    # Steps excluded from throughput (compilation, allocator warm-up).
+    warmup_steps: int = 5
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    # Processes per node; None: one per visible GPU (two gloo processes on a CPU machine).
+    nproc: int | None = None
+    # A benchmark that gives no answer within this is ERROR (a hung collective must not hang the suite).
+    timeout_s: float = 900.0
+    matmul: MatmulBenchConfig = field(default_factory=MatmulBenchConfig)
+    memory: MemoryBenchConfig = field(default_factory=MemoryBenchConfig)
+    collectives: CollectivesBenchConfig = field(default_factory=CollectivesBenchConfig)
+    p2p: P2pBenchConfig = field(default_factory=P2pBenchConfig)
+    train: TrainBenchConfig = field(default_factory=TrainBenchConfig)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     # A profile name from configs/profiles/ or a path to a profile YAML; "auto" picks by GPU name.
@@ -28,3 +99,4 @@ class RunConfig:
     # Reports go to <runs_dir>/<timestamp>-<host>/ unless --output names a directory.
     runs_dir: str = "runs"
     health: HealthConfig = field(default_factory=HealthConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
