@@ -160,6 +160,7 @@ def test_site_profile_extends_a_built_in_and_keeps_its_thresholds(tmp_path: Path
         gpu=base.gpu,
         software=base.software,
         network=NetworkExpectations(ib_ports=8, ib_rate_gbps=None),
+        benchmarks=base.benchmarks,
         source=str(path),
     )
     assert site.gpu.gpus_per_node == 8
@@ -216,7 +217,7 @@ def test_unknown_top_level_key_in_profile_names_key_and_file(tmp_path: Path) -> 
     path = write(tmp_path, "site.yaml", "extends: h100-sxm\nname: site\nthresholds: {}\n")
     assert config_error(str(path)) == (
         f"{path}: unknown key 'thresholds'; expected one of: "
-        "bf16_peak_tflops, description, gpu, match, name, network, software, source"
+        "benchmarks, bf16_peak_tflops, description, gpu, match, name, network, run_defaults, software, source"
     )
 
 
