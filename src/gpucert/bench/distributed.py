@@ -117,8 +117,17 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
-def launch_local(nproc: int, spec: dict[str, Any], workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """Run `gpucert.bench.worker` in nproc processes under torchrun --standalone; rank 0's result back."""
+def launch_local(
+    nproc: int,
+    spec: dict[str, Any],
+    workdir: Path,
+    timeout_s: float,
+    env_overrides: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run `gpucert.bench.worker` in nproc processes under torchrun --standalone; rank 0's result back.
+
+    env_overrides reach the workers before their process group exists (NCCL reads NCCL_ALGO at init).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = workdir / "spec.json", workdir / "result.json"
     spec_path.write_text(json.dumps(spec))
@@ -136,6 +145,7 @@ def launch_local(nproc: int, spec: dict[str, Any], workdir: Path, timeout_s: flo
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(env_overrides or {})
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     except subprocess.TimeoutExpired as exc:

@@ -1,40 +1,25 @@
 """One rank of a benchmark: `python -m gpucert.bench.worker SPEC.json OUT.json` (torchrun starts us).
 
-SPEC names the benchmark and its config; every rank measures, rank 0 gathers and writes OUT.json. The
-benchmarks are listed here explicitly: a name maps to the function that measures it.
+SPEC names the benchmark (see catalog.py) and its config; every rank measures, rank 0 gathers and writes
+OUT.json.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpucert.bench.distributed import DistEnv, cleanup, init_distributed
-
-Measure = Callable[[DistEnv, dict[str, Any]], dict[str, Any] | None]
-
-
-def measures() -> dict[str, Measure]:
-    # Imported here so a worker loads only the benchmark it runs.
-    from gpucert.bench import collectives, matmul, memory, p2p, train_proxy
-
-    return {
-        "matmul": matmul.measure,
-        "memory": memory.measure,
-        "collectives": collectives.measure,
-        "p2p": p2p.measure,
-        "train": train_proxy.measure,
-    }
+from gpucert.bench import catalog
+from gpucert.bench.distributed import cleanup, init_distributed
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Measure in this process (a torchrun worker, or an outside torchrun/srun rank); rank 0's result."""
     env = init_distributed()
     try:
-        return measures()[spec["benchmark"]](env, spec["config"])
+        return catalog.load(spec["benchmark"]).measure(env, spec["config"])
     finally:
         cleanup()
 

@@ -28,11 +28,22 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_report(report: Report, directory: Path) -> Path:
+def write_report(report: Report, directory: Path, html: bool = False) -> Path:
+    """report.json and report.md, and report.html when asked (plots take a few seconds)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "report.json"
     _write_atomic(path, json.dumps(report.to_dict(), indent=1) + "\n")
     _write_atomic(directory / "report.md", render_markdown(report))
+    if html:
+        write_html(report, directory)
+    return path
+
+
+def write_html(report: Report, directory: Path) -> Path:
+    from gpucert.report.html import render_html  # matplotlib loads only when a page is drawn
+
+    path = directory / "report.html"
+    _write_atomic(path, render_html(report))
     return path
 
 

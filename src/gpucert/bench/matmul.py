@@ -1,0 +1,271 @@
+"""Matmul throughput per GPU: fixed seed sizes per dtype and a bounded max-achievable (MAMF) shape sweep.
+
+Every GPU runs at once (one process each), as in production, so power and cooling limits show. Inputs are
+normal random numbers (predictable data draws less power and flatters the result), buffers rotate so no
+shape is served from L2, and the GPU is kept busy for `warmup_s` first: a cold H100 reports clocks it
+cannot sustain (ml-engineering#59). TFLOP/s = 2*M*N*K / median time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from gpucert.bench.distributed import DistEnv, gather_to_main
+from gpucert.bench.timing import time_repeats
+from gpucert.config.profiles import Profile
+from gpucert.config.run import MatmulBenchConfig
+from gpucert.report.schema import Result
+from gpucert.status import Status
+
+# Dense tensor-core peak of a dtype relative to the profile's BF16 peak (Hopper datasheet ratios).
+PEAK_RATIO = {"bf16": 1.0, "fp16": 1.0, "tf32": 0.5, "fp8": 2.0, "fp32": None}
+# Rotate through enough buffers that the working set is > 3x a 60 MB L2.
+L2_FLUSH_BYTES = 192 << 20
+# MAMF-style sweep: dimensions that are multiples of 256 around the shapes that peak on Hopper
+# (stas00/ml-engineering mamf-finder: best H100 shape 2048x2048x13312).
+SWEEP_DIMS = (1024, 2048, 3072, 4096, 6144, 8192, 12288, 13312, 16384)
+SWEEP_REPEATS = 10
+
+
+def _dtype_support(dtype: str, device: torch.device) -> str | None:
+    """None when this device can run dtype, else why not."""
+    if device.type != "cuda":
+        return None if dtype == "fp32" else f"{dtype} matmul is a GPU measurement (CPU runs fp32)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if dtype == "fp8" and (major, minor) < (8, 9):
+        return f"fp8 needs compute capability 8.9+, this GPU is {major}.{minor}"
+    if dtype == "fp8" and not hasattr(torch, "_scaled_mm"):
+        return "this torch has no _scaled_mm for fp8"
+    return None
+
+
+def _operands(dtype: str, m: int, n: int, k: int, device: torch.device, count: int) -> list[tuple[Any, ...]]:
+    gen = torch.Generator(device=device).manual_seed(1234)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    operands: list[tuple[Any, ...]] = []
+    for _ in range(count):
+        a = torch.randn(m, k, device=device, generator=gen, dtype=torch.float32)
+        b = torch.randn(n, k, device=device, generator=gen, dtype=torch.float32)
+        if dtype == "fp8":
+            # _scaled_mm wants A row-major and B column-major; unit scales keep N(0,1) data in e4m3 range.
+            scale = torch.ones((), device=device)
+            operands.append((a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t(), scale, scale))
+        else:
+            operands.append((a.to(torch_dtype), b.to(torch_dtype).t()))
+    return operands
+
+
+def _matmul_fn(dtype: str, operands: list[tuple[Any, ...]]) -> Callable[[int], object]:
+    if dtype == "fp8":
+
+        def fp8(i: int) -> object:
+            a, b, sa, sb = operands[i % len(operands)]
+            return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+        return fp8
+
+    def mm(i: int) -> object:
+        a, b = operands[i % len(operands)]
+        return a @ b
+
+    return mm
+
+
+def time_matmul(dtype: str, m: int, n: int, k: int, device: torch.device, warmup: int, repeats: int) -> dict:
+    element = 1 if dtype == "fp8" else 2 if dtype in ("bf16", "fp16") else 4
+    count = max(2, min(8, -(-L2_FLUSH_BYTES // ((m * k + n * k) * element))))
+    operands = _operands(dtype, m, n, k, device, count)
+    timing = time_repeats(_matmul_fn(dtype, operands), device, warmup, repeats)
+    del operands
+    return {
+        "dtype": dtype,
+        "m": m,
+        "n": n,
+        "k": k,
+        "tflops": 2 * m * n * k / timing.median_s / 1e12,
+        "timing": timing.summary(),
+    }
+
+
+def _keep_busy(device: torch.device, seconds: float) -> None:
+    if seconds <= 0:
+        return
+    size = 8192 if device.type == "cuda" else 256
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(20):
+            a @ a
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+def sweep_max(device: torch.device, budget_s: float, dtype: str) -> dict | None:
+    """Best TFLOP/s over shapes tried within budget_s, in a seeded order so reruns try the same shapes."""
+    if budget_s <= 0:
+        return None
+    dims = SWEEP_DIMS if device.type == "cuda" else (64, 128, 256)
+    shapes = list(itertools.product(dims, repeat=3))
+    random.Random(0).shuffle(shapes)
+    end = time.monotonic() + budget_s
+    tried = []
+    for m, n, k in shapes:
+        if time.monotonic() > end:
+            break
+        point = time_matmul(dtype, m, n, k, device, warmup=3, repeats=SWEEP_REPEATS)
+        tried.append({"m": m, "n": n, "k": k, "tflops": round(point["tflops"], 2)})
+    if not tried:
+        return None
+    best = max(tried, key=lambda p: p["tflops"])
+    return {"dtype": dtype, "best": best, "shapes_tried": len(tried), "of": len(shapes), "sweep": tried}
+
+
+def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    config = MatmulBenchConfig(**cfg)
+    device = env.device
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # "tf32" rows only: other dtypes are unaffected
+    _keep_busy(device, config.warmup_s)
+    points, skipped = [], {}
+    for dtype in config.dtypes:
+        why = _dtype_support(dtype, device)
+        if why:
+            skipped[dtype] = why
+            continue
+        for size in config.sizes:
+            points.append(time_matmul(dtype, size, size, size, device, warmup=5, repeats=config.repeats))
+    sweep_dtype = "bf16" if device.type == "cuda" else "fp32"
+    sweep = sweep_max(device, config.sweep_budget_s, sweep_dtype)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None
+    mine = {
+        "rank": env.rank,
+        "local_rank": env.local_rank,
+        "device": name,
+        "uuid": uuid,
+        "points": points,
+        "skipped": skipped,
+        "sweep": sweep,
+    }
+    ranks = gather_to_main(env, mine)
+    return None if ranks is None else {"ranks": ranks, "config": asdict(config)}
+
+
+def _peak(profile: Profile, dtype: str) -> float | None:
+    ratio = PEAK_RATIO.get(dtype)
+    return None if ratio is None or profile.bf16_peak_tflops is None else ratio * profile.bf16_peak_tflops
+
+
+def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> list[Result]:
+    del cfg
+    floors = profile.benchmarks
+    results: list[Result] = []
+    # A GPU's max-achievable is its best figure anywhere: the sweep's best shape or a seed size that beat it.
+    best_by_rank: dict[int, dict[str, Any]] = {}
+    for rank in data["ranks"]:
+        sweep = rank["sweep"]
+        candidates = [
+            {k: p[k] for k in ("m", "n", "k", "tflops")}
+            for p in rank["points"]
+            if sweep and p["dtype"] == sweep["dtype"]
+        ]
+        if sweep:
+            candidates.append(sweep["best"])
+        if candidates:
+            best_by_rank[rank["local_rank"]] = max(candidates, key=lambda c: c["tflops"])
+    node_median = statistics.median(c["tflops"] for c in best_by_rank.values()) if best_by_rank else None
+    for rank in data["ranks"]:
+        gpu = rank["local_rank"]
+        subject = f"GPU {gpu} ({rank['device']})"
+        for p in rank["points"]:
+            peak = _peak(profile, p["dtype"])
+            share = f", {100 * p['tflops'] / peak:.1f} % of the {peak:g} TFLOP/s peak" if peak else ""
+            results.append(
+                Result(
+                    name=f"matmul.{p['dtype']}.{p['m']}",
+                    subject=subject,
+                    status=Status.PASS,
+                    category="benchmark",
+                    value=round(p["tflops"], 2),
+                    unit="TFLOP/s",
+                    gpu_index=gpu,
+                    message=f"{p['m']}^3 {p['dtype']}: {p['tflops']:.1f} TFLOP/s{share} (cv {p['timing']['cv']:.3f})",
+                    details=p,
+                )
+            )
+        for dtype, why in rank["skipped"].items():
+            results.append(
+                Result(
+                    name=f"matmul.{dtype}",
+                    subject=subject,
+                    status=Status.SKIP,
+                    category="benchmark",
+                    gpu_index=gpu,
+                    message=why,
+                )
+            )
+        sweep = rank["sweep"]
+        if sweep:
+            results.append(_judge_max(best_by_rank[gpu], sweep, subject, gpu, profile, node_median))
+        elif floors.matmul_bf16_tflops_min is not None:
+            results.append(
+                Result(
+                    name="matmul.bf16.max",
+                    subject=subject,
+                    status=Status.ERROR,
+                    category="benchmark",
+                    gpu_index=gpu,
+                    message="the max-achievable sweep did not run (sweep_budget_s 0?), "
+                    f"so the {floors.matmul_bf16_tflops_min:g} TFLOP/s floor was not checked",
+                )
+            )
+    return results
+
+
+def _judge_max(best: dict, sweep: dict, subject: str, gpu: int, profile: Profile, node_median: float | None) -> Result:
+    floors = profile.benchmarks
+    floor = floors.matmul_bf16_tflops_min if sweep["dtype"] == "bf16" else None
+    shape = f"{best['m']}x{best['n']}x{best['k']}"
+    problems, sources, expected = [], [], []
+    if floor is not None:
+        expected.append(f">= {floor:g}")
+        sources.append(f"profile {profile.name}: benchmarks.matmul_bf16_tflops_min")
+        if best["tflops"] < floor:
+            problems.append(f"expected >= {floor:g} TFLOP/s, found {best['tflops']:.1f} on {subject}")
+    if node_median:
+        allowed = node_median * (1 - floors.matmul_node_deviation_pct / 100)
+        expected.append(f"within {floors.matmul_node_deviation_pct:g} % of node median {node_median:.1f}")
+        sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")
+        if best["tflops"] < allowed:
+            problems.append(
+                f"{subject} is {100 * (1 - best['tflops'] / node_median):.1f} % below the node median "
+                f"{node_median:.1f} TFLOP/s"
+            )
+    return Result(
+        name=f"matmul.{sweep['dtype']}.max",
+        subject=subject,
+        status=Status.FAIL if problems else Status.PASS,
+        category="benchmark",
+        value=best["tflops"],
+        unit="TFLOP/s",
+        gpu_index=gpu,
+        expected="; ".join(expected) or None,
+        threshold_source="; ".join(sources) or None,
+        message="; ".join(problems)
+        if problems
+        else f"max achievable {best['tflops']:.1f} TFLOP/s at {shape} "
+        f"({sweep['shapes_tried']} of {sweep['of']} sweep shapes tried, seed sizes included)",
+        remediation="check clocks and power in the telemetry; reseat or RMA a GPU slower than its peers"
+        if problems
+        else None,
+        details=sweep,
+    )

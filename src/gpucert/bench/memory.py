@@ -1,0 +1,120 @@
+"""Memory bandwidth per GPU: device copy/read/write/triad and pinned host<->device (PCIe) transfers.
+
+Bytes counted are the bytes that cross the memory bus: copy reads and writes (2x the buffer), read 1x,
+write 1x, triad (a = b + s*c) 3x, as BabelStream counts them. Note that nvbandwidth's `device_local_copy`
+prints the buffer size over time, half of what we report for copy (nvbandwidth#48). Buffers are 2 GiB by
+default, far beyond L2, and the host side of PCIe copies is pinned memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from gpucert.bench.distributed import DistEnv, gather_to_main
+from gpucert.bench.timing import time_repeats
+from gpucert.config.profiles import Profile
+from gpucert.config.run import MemoryBenchConfig
+from gpucert.report.schema import Result
+from gpucert.status import Status
+
+# kernel -> bytes moved per element of one buffer
+TRAFFIC = {"copy": 2, "read": 1, "write": 1, "triad": 3}
+LABELS = {
+    "copy": "copy (read + write counted)",
+    "read": "read",
+    "write": "write",
+    "triad": "triad (2 reads + 1 write counted)",
+}
+
+
+def _device_kernels(n: int, device: torch.device) -> dict[str, Callable[[int], object]]:
+    gen = torch.Generator(device=device).manual_seed(7)
+    a = torch.randn(n, device=device, generator=gen)
+    b = torch.randn(n, device=device, generator=gen)
+    c = torch.randn(n, device=device, generator=gen)
+    partial = torch.empty((), device=device)
+    return {
+        "copy": lambda i: b.copy_(a),
+        # A sum reads every element once; its one-value output costs nothing.
+        "read": lambda i: torch.sum(a, dim=0, out=partial),
+        # A different value each repeat, so no layer can skip a write that changes nothing.
+        "write": lambda i: c.fill_(float(i)),
+        "triad": lambda i: torch.add(b, c, alpha=0.5, out=a),
+    }
+
+
+def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    config = MemoryBenchConfig(**cfg)
+    device = env.device
+    n = config.size_mib * (1 << 20) // 4
+    rows: dict[str, Any] = {}
+    for kernel, fn in _device_kernels(n, device).items():
+        timing = time_repeats(fn, device, config.warmup, config.repeats)
+        rows[kernel] = {
+            "bytes": TRAFFIC[kernel] * n * 4,
+            "tbps": TRAFFIC[kernel] * n * 4 / timing.median_s / 1e12,
+            "timing": timing.summary(),
+        }
+    if device.type == "cuda":
+        size = config.pcie_size_mib << 20
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True).random_(0, 255)
+        dev = torch.empty(size, dtype=torch.uint8, device=device)
+        for direction, fn in (
+            ("h2d", lambda i: dev.copy_(host, non_blocking=True)),
+            ("d2h", lambda i: host.copy_(dev, non_blocking=True)),
+        ):
+            timing = time_repeats(fn, device, config.warmup, config.repeats)
+            rows[direction] = {"bytes": size, "gbps": size / timing.median_s / 1e9, "timing": timing.summary()}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    ranks = gather_to_main(env, {"rank": env.rank, "local_rank": env.local_rank, "device": name, "rows": rows})
+    return None if ranks is None else {"ranks": ranks, "config": asdict(config)}
+
+
+def judge(data: dict[str, Any], profile: Profile, cfg: MemoryBenchConfig) -> list[Result]:
+    del cfg
+    floors = profile.benchmarks
+    results = []
+    for rank in data["ranks"]:
+        gpu, subject = rank["local_rank"], f"GPU {rank['local_rank']} ({rank['device']})"
+        for kernel, row in rank["rows"].items():
+            if kernel in TRAFFIC:
+                value, unit = row["tbps"], "TB/s"
+                floor = floors.hbm_copy_tbps_min if kernel == "copy" else None
+                key = "benchmarks.hbm_copy_tbps_min"
+                label = LABELS[kernel]
+            else:
+                value, unit = row["gbps"], "GB/s"
+                floor = floors.pcie_h2d_gbps_min if kernel == "h2d" else floors.pcie_d2h_gbps_min
+                key = f"benchmarks.pcie_{kernel}_gbps_min"
+                label = "host to device (pinned)" if kernel == "h2d" else "device to host (pinned)"
+            low = floor is not None and value < floor
+            results.append(
+                Result(
+                    name=f"memory.{kernel}",
+                    subject=subject,
+                    category="benchmark",
+                    gpu_index=gpu,
+                    status=Status.FAIL if low else Status.PASS,
+                    value=round(value, 3),
+                    unit=unit,
+                    expected=f">= {floor:g}" if floor is not None else None,
+                    threshold_source=f"profile {profile.name}: {key}" if floor is not None else None,
+                    message=f"expected {label} >= {floor:g} {unit}, found {value:.3g} {unit} on {subject}"
+                    if low
+                    else f"{label}: {value:.3g} {unit} (cv {row['timing']['cv']:.3f})",
+                    remediation=(
+                        "PCIe below floor: check the link (gpu.pcie_link), NUMA placement of the process "
+                        "and IOMMU settings"
+                        if kernel in ("h2d", "d2h")
+                        else "HBM below floor: check clocks in telemetry; RMA if it persists"
+                    )
+                    if low
+                    else None,
+                    details=row,
+                )
+            )
+    return results

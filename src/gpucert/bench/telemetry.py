@@ -1,0 +1,116 @@
+"""GPU telemetry sampled while a benchmark runs: SM clock, power, temperature, clock-event reasons.
+
+The launcher samples NVML from a thread of the parent process while the workers measure, so the numbers
+in the report sit next to the clocks and temperatures they were measured at (a throttling GPU explains a
+low TFLOP/s; a cold GPU explains a suspiciously high one).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gpucert.hardware.gpus import clock_event_names
+from gpucert.hardware.nvml import CLOCK_SM, TEMPERATURE_GPU
+from gpucert.report.schema import Result
+from gpucert.status import Status
+
+# More samples than this are thinned for the report (a 15-minute run at 5 Hz would be 4,500 per GPU).
+MAX_SAMPLES = 600
+_HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
+
+
+class TelemetrySampler:
+    """Samples every GPU every interval_s on a daemon thread between start() and stop()."""
+
+    def __init__(self, api: Any, interval_s: float = 0.2):
+        self.api, self.interval_s = api, interval_s
+        self.samples: dict[str, list[Any]] = {"t_s": []}
+        self.gpus: dict[str, dict[str, list[Any]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> TelemetrySampler:
+        self.api.nvmlInit()
+        handles = [self.api.nvmlDeviceGetHandleByIndex(i) for i in range(self.api.nvmlDeviceGetCount())]
+        self.gpus = {
+            str(i): {"sm_clock_mhz": [], "power_w": [], "temperature_c": [], "clock_events": []}
+            for i in range(len(handles))
+        }
+        t0 = time.monotonic()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.samples["t_s"].append(round(time.monotonic() - t0, 3))
+                for i, handle in enumerate(handles):
+                    series = self.gpus[str(i)]
+                    series["sm_clock_mhz"].append(self._ask("nvmlDeviceGetClockInfo", handle, CLOCK_SM))
+                    power = self._ask("nvmlDeviceGetPowerUsage", handle)
+                    series["power_w"].append(None if power is None else power / 1000)
+                    series["temperature_c"].append(self._ask("nvmlDeviceGetTemperature", handle, TEMPERATURE_GPU))
+                    series["clock_events"].append(self._ask("nvmlDeviceGetCurrentClocksEventReasons", handle))
+                self._stop.wait(self.interval_s)
+
+        self._thread = threading.Thread(target=loop, name="gpucert-telemetry", daemon=True)
+        self._thread.start()
+        return self
+
+    def _ask(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self.api, fn)(*args)
+        except Exception:  # a missed sample is a gap in the plot, not a failed benchmark
+            return None
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        self.api.nvmlShutdown()
+        return thin({"t_s": self.samples["t_s"], "gpus": self.gpus})
+
+
+def thin(series: dict[str, Any]) -> dict[str, Any]:
+    n = len(series["t_s"])
+    step = max(1, -(-n // MAX_SAMPLES))
+    return {
+        "t_s": series["t_s"][::step],
+        "gpus": {gpu: {k: v[::step] for k, v in values.items()} for gpu, values in series["gpus"].items()},
+    }
+
+
+def judge_telemetry(benchmark: str, telemetry: dict[str, Any] | None, hostname: str) -> list[Result]:
+    """FAIL when any GPU hit a hardware slowdown under load (gpu-fryer's rule); the series go in details."""
+    if not telemetry or not telemetry.get("gpus"):
+        return []
+    hot = {}
+    for gpu, series in telemetry["gpus"].items():
+        masks = [m for m in series["clock_events"] if m]
+        bits = 0
+        for mask in masks:
+            bits |= mask
+        if bits & _HW_SLOWDOWN_BITS:
+            hot[gpu] = clock_event_names(bits & _HW_SLOWDOWN_BITS)
+    temps = [t for s in telemetry["gpus"].values() for t in s["temperature_c"] if t is not None]
+    clocks = [c for s in telemetry["gpus"].values() for c in s["sm_clock_mhz"] if c is not None]
+    summary = f"max {max(temps, default=0):g} C, SM clock {min(clocks, default=0)}-{max(clocks, default=0)} MHz"
+    base: dict[str, Any] = dict(
+        name=f"telemetry.{benchmark}",
+        subject=hostname,
+        category="telemetry",
+        value=max(temps) if temps else None,
+        unit="C",
+        expected="no HW slowdown during the benchmark",
+        details=telemetry,
+    )
+    if hot:
+        listed = "; ".join(f"GPU {gpu}: {', '.join(names)}" for gpu, names in hot.items())
+        return [
+            Result(
+                **base,
+                status=Status.FAIL,
+                message=f"expected no hardware slowdown under load during {benchmark}, found {listed} ({summary})",
+                remediation="check cooling and power delivery; a GPU that throttles under load fails acceptance",
+            )
+        ]
+    return [Result(**base, status=Status.PASS, message=f"no hardware slowdown during {benchmark} ({summary})")]

@@ -1,0 +1,115 @@
+"""Matmul and memory benchmarks: judges on synthetic measurements, and one real run on this CPU."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from gpucert.bench import matmul, memory
+from gpucert.bench.distributed import launch_local
+from gpucert.config.profiles import load_profile
+from gpucert.config.run import MatmulBenchConfig, MemoryBenchConfig
+from gpucert.status import Status
+
+H200 = load_profile("h200")
+
+
+def matmul_rank(gpu: int, best: float, seed_tflops: float = 780.0) -> dict:
+    timing = {"median_s": 0.0014, "min_s": 0.0014, "max_s": 0.0015, "mean_s": 0.0014, "cv": 0.01, "repeats": 30}
+    point = {"dtype": "bf16", "m": 8192, "n": 8192, "k": 8192, "tflops": seed_tflops, "timing": timing}
+    sweep = {
+        "dtype": "bf16",
+        "best": {"m": 2048, "n": 2048, "k": 13312, "tflops": best},
+        "shapes_tried": 40,
+        "of": 729,
+        "sweep": [],
+    }
+    return {
+        "rank": gpu,
+        "local_rank": gpu,
+        "device": "NVIDIA H200",
+        "uuid": None,
+        "points": [point],
+        "skipped": {"fp8": "example"},
+        "sweep": sweep,
+    }
+
+
+def by_name(results, name):
+    return {r.gpu_index: r for r in results if r.name == name}
+
+
+def test_matmul_floor_and_node_median() -> None:
+    data = {
+        "ranks": [
+            matmul_rank(0, 795.0),
+            matmul_rank(1, 790.0),
+            matmul_rank(2, 690.0, 680.0),
+            matmul_rank(3, 600.0, 590.0),
+        ]
+    }
+    results = matmul.judge(data, H200, MatmulBenchConfig())
+    best = by_name(results, "matmul.bf16.max")
+    assert best[0].status is Status.PASS and best[1].status is Status.PASS
+    assert best[0].expected == ">= 700; within 10 % of node median 740.0"
+    # 690 is below the 700 floor but within 10 % of the median (740, between 690 and 790).
+    assert best[2].status is Status.FAIL
+    assert best[2].message == "expected >= 700 TFLOP/s, found 690.0 on GPU 2 (NVIDIA H200)"
+    assert best[3].status is Status.FAIL and best[3].remediation
+    assert "GPU 3 (NVIDIA H200) is 18.9 % below the node median 740.0 TFLOP/s" in best[3].message
+    assert by_name(results, "matmul.bf16.8192")[0].message.startswith("8192^3 bf16: 780.0 TFLOP/s, 78.9 % of")
+    assert by_name(results, "matmul.fp8")[0].status is Status.SKIP
+
+
+def test_matmul_above_floor_but_far_below_peers_fails() -> None:
+    data = {"ranks": [matmul_rank(i, 795.0) for i in range(7)] + [matmul_rank(7, 710.0, 700.0)]}
+    worst = by_name(matmul.judge(data, H200, MatmulBenchConfig()), "matmul.bf16.max")[7]
+    assert worst.status is Status.FAIL
+    assert "10.7 % below the node median" in worst.message
+
+
+def test_missing_sweep_with_a_floor_is_an_error_not_a_pass() -> None:
+    rank = matmul_rank(0, 795.0)
+    rank["sweep"] = None
+    (err,) = [r for r in matmul.judge({"ranks": [rank]}, H200, MatmulBenchConfig()) if r.name == "matmul.bf16.max"]
+    assert err.status is Status.ERROR
+
+
+def memory_rank(gpu: int, copy_tbps: float, h2d: float) -> dict:
+    timing = {"median_s": 0.001, "min_s": 0.001, "max_s": 0.001, "mean_s": 0.001, "cv": 0.01, "repeats": 30}
+    rows = {k: {"bytes": 1, "tbps": copy_tbps, "timing": timing} for k in ("copy", "read", "write", "triad")}
+    rows["h2d"] = {"bytes": 1, "gbps": h2d, "timing": timing}
+    rows["d2h"] = {"bytes": 1, "gbps": 53.0, "timing": timing}
+    return {"rank": gpu, "local_rank": gpu, "device": "NVIDIA H200", "rows": rows}
+
+
+def test_memory_floors() -> None:
+    results = memory.judge({"ranks": [memory_rank(0, 4.2, 53.0), memory_rank(1, 3.1, 21.0)]}, H200, None)
+    copy, h2d = by_name(results, "memory.copy"), by_name(results, "memory.h2d")
+    assert copy[0].status is Status.PASS and copy[0].message.startswith("copy (read + write counted): 4.2 TB/s")
+    assert copy[1].status is Status.FAIL
+    assert copy[1].message == (
+        "expected copy (read + write counted) >= 3.8 TB/s, found 3.1 TB/s on GPU 1 (NVIDIA H200)"
+    )
+    assert h2d[1].status is Status.FAIL and "NUMA" in h2d[1].remediation
+    assert h2d[0].threshold_source == "profile h200: benchmarks.pcie_h2d_gbps_min"
+    # read/write/triad have no floor: reported, not judged against an invented number.
+    assert by_name(results, "memory.triad")[1].status is Status.PASS
+    assert by_name(results, "memory.triad")[1].expected is None
+
+
+def test_real_run_on_this_cpu_with_two_ranks(tmp_path: Path) -> None:
+    cfg = MatmulBenchConfig(dtypes=["fp32", "bf16"], sizes=[128], sweep_budget_s=0.5, warmup_s=0.1, repeats=3)
+    data = launch_local(2, {"benchmark": "matmul", "config": asdict(cfg)}, tmp_path / "mm", timeout_s=120)
+    assert [r["local_rank"] for r in data["ranks"]] == [0, 1]
+    for rank in data["ranks"]:
+        (point,) = rank["points"]
+        assert point["dtype"] == "fp32" and point["tflops"] > 0 and point["timing"]["repeats"] == 3
+        assert "bf16" in rank["skipped"]
+        assert rank["sweep"]["best"]["tflops"] > 0
+    mem_cfg = MemoryBenchConfig(size_mib=8, warmup=1, repeats=3)
+    data = launch_local(2, {"benchmark": "memory", "config": asdict(mem_cfg)}, tmp_path / "mem", timeout_s=120)
+    for rank in data["ranks"]:
+        assert set(rank["rows"]) == {"copy", "read", "write", "triad"}  # no PCIe without a GPU
+        assert rank["rows"]["copy"]["bytes"] == 2 * 8 * (1 << 20)
+        assert all(row["tbps"] > 0 for row in rank["rows"].values())
