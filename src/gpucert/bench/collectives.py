@@ -1,0 +1,485 @@
+"""Collective bandwidth and correctness, the torch.distributed counterpart of nccl-tests.
+
+Every rank runs `measure` (through `gpucert bench collectives`, or `launch_local`): per op and per message
+size S (a power of two from min_bytes to max_bytes, sized as nccl-tests sizes it) it times warmup + repeats
+calls with CUDA events (perf_counter on gloo), takes each rank's median and keeps the slowest rank's, since a
+collective is as slow as its slowest rank. Then it runs the op once more on freshly filled buffers and counts
+the output elements that differ from the exactly known answer (`wrong`, summed over ranks).
+
+Reading the output: `busbw_gbps` is comparable across ops and GPU counts (nccl-tests doc/PERFORMANCE.md); small
+sizes measure latency (`time_us`), the gate size measures bandwidth. Under NVLS, Tree or SHARP, busbw can
+exceed the wire rate; network gates therefore force Ring with `ring_env()`, which the launcher must set, since
+NCCL reads it when the process group is created.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpucert.bench.distributed import DistEnv, gather_to_main
+from gpucert.bench.timing import time_repeats
+from gpucert.config.profiles import Profile
+from gpucert.config.run import CollectivesBenchConfig
+from gpucert.report.schema import Result
+from gpucert.status import Status
+
+# busbw = algbw * factor(n), with n ranks (NVIDIA/nccl-tests doc/PERFORMANCE.md and src/*.cu). S is the
+# per-rank buffer for all_reduce, broadcast, all_to_all and send_recv, the gathered buffer for the other two.
+BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+REDUCING_OPS = ("all_reduce", "reduce_scatter")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Every integer up to this is exact in the dtype (mantissa bits + 1), so sums of small integers stay exact.
+EXACT_INTEGER_MAX = {"bf16": 2**8, "fp16": 2**11, "fp32": 2**24}
+# nccl-tests' analyzer warns when repeats spread more than this (stdev / mean).
+CV_WARN = 0.05
+RING_ENV = {"NCCL_ALGO": "Ring", "NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0"}
+# Output buffers start at this value, which no pattern produces, so an element the op never wrote is counted.
+SENTINEL = -1.0
+
+
+def ring_env() -> dict[str, str]:
+    """The environment that forces NCCL's Ring algorithm (config bench.collectives.force_ring).
+
+    NCCL reads these when a communicator is created, before `measure` runs, so the launcher sets them:
+    `launch_local(..., env_overrides=ring_env())` (the suite does), or export them in the job script under
+    srun or an outside torchrun. `measure` records whether they were in effect; `judge` is ERROR if not.
+    """
+    return dict(RING_ENV)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factor of op over n ranks (all_reduce, n=4: 1.5)."""
+    if op not in BUSBW_FACTORS:
+        raise ValueError(f"unknown collective {op!r}; known: {', '.join(BUSBW_FACTORS)}")
+    return BUSBW_FACTORS[op](n)
+
+
+def bus_bandwidth(op: str, size_bytes: int, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 B/s) of one op moving size_bytes (S as nccl-tests counts it) in seconds."""
+    algbw = size_bytes / seconds / 1e9
+    return algbw, algbw * busbw_factor(op, n)
+
+
+def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """min_bytes, 2*min_bytes, ... up to max_bytes (nccl-tests -b/-e/-f 2)."""
+    if min_bytes <= 0 or max_bytes < min_bytes:
+        raise ValueError(f"need 0 < min_bytes <= max_bytes, found {min_bytes} and {max_bytes}")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def element_counts(op: str, size_bytes: int, n: int, element_size: int) -> tuple[int, int, int]:
+    """(input elements per rank, output elements per rank, S actually moved) for a nominal S.
+
+    Ops that split a buffer into n chunks round the element count down to a multiple of n, as nccl-tests does.
+    """
+    count = size_bytes // element_size
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        count -= count % n
+    if op == "all_gather":
+        return count // n, count, count * element_size
+    if op == "reduce_scatter":
+        return count, count // n, count * element_size
+    return count, count, count * element_size
+
+
+# --- the data pattern and its exact expected outputs ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Rank r's input element i is (i mod period) + (r mod ranks_encoded) * period.
+
+    It varies with the index and the rank (never all zeros, never a constant), repeats every `period` elements, and
+    keeps every partial sum an integer no larger than the dtype represents exactly, so the answer of every op
+    is known exactly and a single wrong element is counted.
+    """
+
+    period: int
+    ranks_encoded: int
+
+    def table(self, rank: int) -> list[float]:
+        """One period of rank's input."""
+        return [float(k + (rank % self.ranks_encoded) * self.period) for k in range(self.period)]
+
+    def sum_table(self, n: int) -> list[float]:
+        """One period of the element-wise sum of all n ranks' inputs."""
+        rank_part = sum(rank % self.ranks_encoded for rank in range(n)) * self.period
+        return [float(n * k + rank_part) for k in range(self.period)]
+
+
+def choose_pattern(op: str, dtype: str, n: int) -> Pattern | None:
+    """The widest pattern whose sums over n ranks stay exact in dtype; None if no useful one fits."""
+    # Values are 0..levels-1. A reduction adds n of them, so n * (levels - 1) stays within the exact range;
+    # other ops only move values.
+    levels = min(256, EXACT_INTEGER_MAX[dtype] // n + 1 if op in REDUCING_OPS else EXACT_INTEGER_MAX[dtype])
+    if levels < 2:
+        return None
+    period = min(8, levels)
+    return Pattern(period=period, ranks_encoded=levels // period)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Output elements [offset, offset + length) must equal table[(start + j) % len(table)]."""
+
+    offset: int
+    length: int
+    table: list[float]
+    start: int
+
+
+def input_segment(pattern: Pattern, rank: int, count: int) -> Segment:
+    return Segment(0, count, pattern.table(rank), 0)
+
+
+def expected_segments(op: str, pattern: Pattern, rank: int, n: int, count_in: int) -> list[Segment]:
+    """What rank's output of op must hold, when every rank's input is `pattern` of count_in elements."""
+    if op == "all_reduce":
+        return [Segment(0, count_in, pattern.sum_table(n), 0)]
+    if op == "broadcast":
+        return [Segment(0, count_in, pattern.table(0), 0)]
+    if op == "all_gather":
+        return [Segment(src * count_in, count_in, pattern.table(src), 0) for src in range(n)]
+    if op == "reduce_scatter":
+        chunk = count_in // n
+        return [Segment(0, chunk, pattern.sum_table(n), rank * chunk)]
+    if op == "all_to_all":
+        chunk = count_in // n
+        return [Segment(src * chunk, chunk, pattern.table(src), rank * chunk) for src in range(n)]
+    if op == "send_recv":
+        partner = send_recv_partner(rank, n)
+        return [] if partner is None else [Segment(0, count_in, pattern.table(partner), 0)]
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def send_recv_partner(rank: int, n: int) -> int | None:
+    """Ranks pair up 0<->1, 2<->3, ...; with an odd count the last rank idles."""
+    partner = rank ^ 1
+    return partner if partner < n else None
+
+
+def fill_segment(buf: torch.Tensor, segment: Segment) -> None:
+    """Write segment's values into buf in place, a period at a time (no index tensor of buf's size)."""
+    for view, row in _periodic_views(buf, segment):
+        view.copy_(row.expand_as(view))
+
+
+def count_wrong(out: torch.Tensor, segments: list[Segment]) -> int:
+    """Elements of out that differ from the segments' values (exact comparison)."""
+    wrong = 0
+    for segment in segments:
+        for view, row in _periodic_views(out, segment):
+            wrong += int((view != row).sum().item())
+    return wrong
+
+
+# Rows of one period compared or written at once; bounds the temporary bool tensor of a comparison.
+_ROWS_PER_CHUNK = 1 << 22
+
+
+def _periodic_views(buf: torch.Tensor, segment: Segment) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(view of buf, one period of values, broadcastable against the view) covering the segment."""
+    period = len(segment.table)
+    phase = segment.start % period
+    row = torch.tensor(segment.table[phase:] + segment.table[:phase], dtype=buf.dtype, device=buf.device)
+    part = buf[segment.offset : segment.offset + segment.length]
+    rows = segment.length // period
+    views = []
+    for first in range(0, rows, _ROWS_PER_CHUNK):
+        last = min(rows, first + _ROWS_PER_CHUNK)
+        views.append((part[first * period : last * period].view(last - first, period), row.unsqueeze(0)))
+    tail = segment.length - rows * period
+    if tail:
+        views.append((part[rows * period :], row[:tail]))
+    return views
+
+
+# --- running the ops --------------------------------------------------------------------------------------
+
+
+def _collective(name: str, fallback: str) -> Any:
+    """The new torch name of a collective where this torch has it (2.13 deprecates *_into_tensor)."""
+    return getattr(dist, name, None) or getattr(dist, fallback)
+
+
+def make_call(op: str, inp: torch.Tensor, out: torch.Tensor, env: DistEnv) -> Callable[[int], object]:
+    """One blocking call of op (its argument, the repeat index, is unused); all_reduce and broadcast work in
+    place on inp."""
+    if op == "all_reduce":
+        return lambda _i: dist.all_reduce(inp)
+    if op == "broadcast":
+        return lambda _i: dist.broadcast(inp, src=0)
+    if op == "all_gather":
+        gather = _collective("all_gather_single", "all_gather_into_tensor")
+        return lambda _i: gather(out, inp)
+    if op == "reduce_scatter":
+        scatter = _collective("reduce_scatter_single", "reduce_scatter_tensor")
+        return lambda _i: scatter(out, inp)
+    if op == "all_to_all":
+        return lambda _i: dist.all_to_all_single(out, inp)
+    if op == "send_recv":
+        partner = send_recv_partner(env.rank, env.world_size)
+        if partner is None:
+            return lambda _i: None
+
+        def exchange(_i: int) -> None:
+            ops = [dist.P2POp(dist.isend, inp, partner), dist.P2POp(dist.irecv, out, partner)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        return exchange
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def _buffers(
+    op: str, count_in: int, count_out: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inp = torch.empty(count_in, dtype=dtype, device=device)
+    out = inp if op in ("all_reduce", "broadcast") else torch.empty(count_out, dtype=dtype, device=device)
+    return inp, out
+
+
+def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern, env: DistEnv) -> None:
+    """Inputs get the pattern; outputs (and broadcast receivers) the sentinel, so unwritten elements show."""
+    if op == "broadcast" and env.rank != 0:
+        inp.fill_(SENTINEL)
+    else:
+        fill_segment(inp, input_segment(pattern, env.rank, inp.numel()))
+    if out is not inp:
+        out.fill_(SENTINEL)
+
+
+def check_once(op: str, size_bytes: int, dtype: str, env: DistEnv) -> int:
+    """Run op once on freshly filled buffers; this rank's count of wrong output elements."""
+    pattern = choose_pattern(op, dtype, env.world_size)
+    if pattern is None:
+        # Too many ranks for exact sums in this dtype: check the same sizes in fp32 instead.
+        dtype = "fp32"
+        pattern = choose_pattern(op, dtype, env.world_size)
+        assert pattern is not None
+    torch_dtype = DTYPES[dtype]
+    count_in, count_out, _ = element_counts(op, size_bytes, env.world_size, torch_dtype.itemsize)
+    inp, out = _buffers(op, count_in, count_out, torch_dtype, env.device)
+    _fill_inputs(op, inp, out, pattern, env)
+    make_call(op, inp, out, env)(0)
+    return count_wrong(out, expected_segments(op, pattern, env.rank, env.world_size, count_in))
+
+
+def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env: DistEnv) -> dict[str, Any]:
+    """This rank's numbers for op: per size, S moved, median seconds, cv and wrong elements."""
+    torch_dtype = DTYPES[dtype]
+    pattern = choose_pattern(op, dtype, env.world_size) or choose_pattern(op, "fp32", env.world_size)
+    assert pattern is not None
+    rows: dict[str, list[Any]] = {"sizes_bytes": [], "median_s": [], "cv": [], "wrong": []}
+    for size in sizes:
+        count_in, count_out, moved = element_counts(op, size, env.world_size, torch_dtype.itemsize)
+        if count_out == 0:
+            continue
+        inp, out = _buffers(op, count_in, count_out, torch_dtype, env.device)
+        _fill_inputs(op, inp, out, pattern, env)
+        call = make_call(op, inp, out, env)
+        timing = time_repeats(call, env.device, cfg["warmup"], cfg["repeats"])
+        # Free the timed buffers before the check allocates its own (4 GiB messages on 80 GB GPUs).
+        del inp, out, call
+        rows["sizes_bytes"].append(moved)
+        rows["median_s"].append(timing.median_s)
+        rows["cv"].append(timing.cv)
+        rows["wrong"].append(check_once(op, size, dtype, env))
+    return rows
+
+
+def _dtype_used(requested: str, backend: str) -> str:
+    if requested not in DTYPES:
+        raise ValueError(f"bench.collectives.dtype: expected one of {', '.join(DTYPES)}, found {requested!r}")
+    # gloo's bf16 reductions are not reliable across versions; fp32 is what gloo is built for.
+    return "fp32" if backend == "gloo" and requested == "bf16" else requested
+
+
+def nccl_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Every NCCL_* variable in effect: they change algorithms, protocols and therefore the numbers."""
+    environ = dict(os.environ) if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
+
+
+def _nccl_version(backend: str) -> str | None:
+    if backend != "nccl":
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """Every rank times and checks each op; rank 0 returns {"ops": [...], ...}, other ranks None."""
+    unknown = [op for op in cfg["ops"] if op not in BUSBW_FACTORS]
+    if unknown:
+        raise ValueError(f"bench.collectives.ops: unknown {unknown}; known: {', '.join(BUSBW_FACTORS)}")
+    dtype = _dtype_used(cfg["dtype"], env.backend)
+    nccl_env = nccl_environment()
+    common: dict[str, Any] = {
+        "world_size": env.world_size,
+        "backend": env.backend,
+        "dtype_requested": cfg["dtype"],
+        "nccl_version": _nccl_version(env.backend),
+        "nccl_env": nccl_env,
+        "force_ring": cfg.get("force_ring", False),
+        "ring_env_in_effect": all(nccl_env.get(k) == v for k, v in RING_ENV.items()),
+    }
+    if env.world_size < 2:
+        return {**common, "applicable": False, "reason": "one rank: a collective needs a peer", "ops": []}
+    sizes = message_sizes(cfg["min_bytes"], cfg["max_bytes"])
+    # A collective before the first send/recv, so NCCL's lazy p2p setup never is the group's first call.
+    dist.barrier()
+    ops = []
+    for op in cfg["ops"]:
+        rows = _measure_op(op, sizes, dtype, cfg, env)
+        gathered = gather_to_main(env, rows)
+        if gathered is not None:
+            ops.append(_combine(op, dtype, env, gathered, common))
+    return {**common, "applicable": True, "ops": ops} if env.is_main else None
+
+
+def _combine(op: str, dtype: str, env: DistEnv, ranks: list[dict[str, Any]], common: dict[str, Any]) -> dict:
+    """One op's curve from every rank's rows: the slowest rank's median, the widest cv, wrong summed."""
+    sizes = ranks[0]["sizes_bytes"]
+    seconds = [max(r["median_s"][k] for r in ranks) for k in range(len(sizes))]
+    bandwidths = [bus_bandwidth(op, s, t, env.world_size) for s, t in zip(sizes, seconds, strict=True)]
+    return {
+        "op": op,
+        "dtype": dtype,
+        "world_size": env.world_size,
+        "backend": env.backend,
+        "sizes_bytes": sizes,
+        "time_us": [round(t * 1e6, 3) for t in seconds],
+        "algbw_gbps": [round(a, 4) for a, _ in bandwidths],
+        "busbw_gbps": [round(b, 4) for _, b in bandwidths],
+        "cv": [round(max(r["cv"][k] for r in ranks), 4) for k in range(len(sizes))],
+        "wrong": [sum(r["wrong"][k] for r in ranks) for k in range(len(sizes))],
+        "nccl_version": common["nccl_version"],
+        "nccl_env": common["nccl_env"],
+    }
+
+
+# --- judging ----------------------------------------------------------------------------------------------
+
+
+def format_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size} B"
+
+
+def gate_index(sizes_bytes: list[int], gate_bytes: int) -> int | None:
+    """Index of the largest measured size <= gate_bytes (None when every size is larger)."""
+    below = [k for k, s in enumerate(sizes_bytes) if s <= gate_bytes]
+    return max(below, key=lambda k: sizes_bytes[k]) if below else None
+
+
+def judge(data: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -> list[Result]:
+    """One Result per op, `collective.<op>`: busbw at the gate size against the profile floor."""
+    if not data.get("applicable", True):
+        return [
+            Result(
+                name="collectives",
+                subject=f"{data.get('world_size', 1)} rank ({data.get('backend', '?')})",
+                status=Status.SKIP,
+                message=f"collectives not measured: {data.get('reason', 'not applicable')}",
+                category="benchmark",
+            )
+        ]
+    results = [judge_op(op, profile, cfg) for op in data["ops"]]
+    if cfg.force_ring and not data.get("ring_env_in_effect", False):
+        results.append(
+            Result(
+                name="collective.force_ring",
+                subject=f"{data['world_size']} ranks ({data['backend']})",
+                status=Status.ERROR,
+                message=f"expected {' '.join(f'{k}={v}' for k, v in RING_ENV.items())} in the workers' "
+                f"environment (bench.collectives.force_ring), found {data.get('nccl_env') or 'no NCCL_* variables'}",
+                expected=" ".join(f"{k}={v}" for k, v in RING_ENV.items()),
+                threshold_source="config: bench.collectives.force_ring",
+                remediation="the launcher must set gpucert.bench.collectives.ring_env() before the process group "
+                "starts; export it in the job script under srun or an outside torchrun",
+                category="benchmark",
+            )
+        )
+    return results
+
+
+def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -> Result:
+    op, n, backend = curve["op"], curve["world_size"], curve["backend"]
+    subject = f"{n} ranks ({backend})"
+    floor = profile.benchmarks.busbw_gbps_min.get(op)
+    source = f"profile {profile.name}: benchmarks.busbw_gbps_min.{op}"
+    base: dict[str, Any] = dict(
+        name=f"collective.{op}", subject=subject, unit="GB/s", category="benchmark", details=curve
+    )
+    sizes = curve["sizes_bytes"]
+    bad = [(s, w) for s, w in zip(sizes, curve["wrong"], strict=True) if w]
+    k = gate_index(sizes, cfg.gate_bytes)
+    if k is None:
+        return Result(
+            **base,
+            status=Status.ERROR,
+            message=f"no measured {op} size at or below gate_bytes {format_bytes(cfg.gate_bytes)} "
+            f"(measured {format_bytes(sizes[0]) if sizes else 'nothing'} and up)",
+            threshold_source="config: bench.collectives.gate_bytes",
+            remediation="set bench.collectives.gate_bytes within min_bytes..max_bytes",
+        )
+    busbw, cv, at = curve["busbw_gbps"][k], curve["cv"][k], format_bytes(sizes[k])
+    base.update(value=busbw, expected=f">= {floor:g} GB/s busbw at {at}" if floor is not None else None)
+    where = f"{op} on {subject}, {curve['dtype']}"
+    if bad:
+        listed = ", ".join(f"{w} at {format_bytes(s)}" for s, w in bad)
+        base["expected"] = "0 wrong elements" if floor is None else f"{base['expected']}, 0 wrong elements"
+        return Result(
+            **base,
+            status=Status.FAIL,
+            threshold_source="correctness: exact expected output",
+            message=f"expected 0 wrong output elements, found {listed}, on {where}",
+            remediation="wrong collective results mean data corruption on a GPU, NVLink or NIC: rerun per GPU "
+            "pair / per node to localise it, check XIDs and NVLink/IB error counters, drain the node",
+        )
+    if floor is None:
+        return Result(
+            **base,
+            status=Status.PASS,
+            message=f"{busbw:.1f} GB/s busbw at {at} ({where}); no floor set in profile {profile.name} "
+            f"(benchmarks.busbw_gbps_min.{op})",
+        )
+    base["threshold_source"] = source
+    if busbw < floor:
+        return Result(
+            **base,
+            status=Status.FAIL,
+            message=f"expected busbw >= {floor:g} GB/s at {at}, found {busbw:.1f} GB/s, on {where}",
+            remediation="check NVLink state (nvidia-smi nvlink -s), GPU clocks and the NCCL_* settings in details; "
+            "run p2p to find a weak GPU pair; on several nodes check IB port rates and run per-rail pairs",
+        )
+    if cv > CV_WARN:
+        return Result(
+            **base,
+            status=Status.WARN,
+            message=f"expected repeat spread (cv) <= {CV_WARN:g} at {at}, found {cv:.3f} "
+            f"({busbw:.1f} GB/s busbw), on {where}",
+            remediation="something else is using the GPUs or the network: rerun on an idle node, or raise "
+            "bench.collectives.repeats",
+        )
+    return Result(**base, status=Status.PASS, message=f"{busbw:.1f} GB/s busbw at {at} ({where}), floor {floor:g}")

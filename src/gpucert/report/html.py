@@ -1,0 +1,418 @@
+"""HTML rendering of a report: one self-contained page to attach to a ticket or open from a run directory.
+
+Everything is inline (CSS in a <style> block, plots as base64 PNG), no script and no external URL, so the
+page reads the same offline, in a mail client or from an artifact store. Every piece of report text is
+escaped: a message may carry anything a driver or a command printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from html import escape
+from typing import Any
+
+from gpucert.report.plots import report_plots
+from gpucert.report.schema import Report, Result
+from gpucert.report.terminal import format_value
+from gpucert.status import Status
+
+# The terminal's colours (report/terminal.py STATUS_STYLE), in shades that read on white.
+STATUS_COLOUR = {
+    Status.SKIP: "#6e7781",
+    Status.PASS: "#1a7f37",
+    Status.WARN: "#9a6700",
+    Status.FAIL: "#cf222e",
+    Status.ERROR: "#a626a4",
+}
+STATUS_BACKGROUND = {
+    Status.SKIP: "#f3f4f6",
+    Status.PASS: "#dafbe1",
+    Status.WARN: "#fff3c4",
+    Status.FAIL: "#ffe0de",
+    Status.ERROR: "#f6dcf5",
+}
+
+_CSS = """
+* { box-sizing: border-box; }
+body { margin: 0; background: #f6f8fa; color: #1f2328; line-height: 1.45;
+  font: 14px/1.45 -apple-system, "Segoe UI", "Helvetica Neue", Arial, "DejaVu Sans", sans-serif; }
+main { max-width: 1240px; margin: 0 auto; padding: 24px 28px 48px; }
+h1 { font-size: 24px; margin: 0 0 6px; display: flex; align-items: center; gap: 14px; flex-wrap: wrap; }
+h2 { font-size: 18px; margin: 0 0 12px; padding-bottom: 6px; border-bottom: 1px solid #d0d7de; }
+h3 { font-size: 15px; margin: 18px 0 8px; }
+section { background: #fff; border: 1px solid #d0d7de; border-radius: 8px; padding: 18px 20px; margin: 18px 0; }
+header.verdict { background: #fff; border: 1px solid #d0d7de; border-left: 8px solid #8c959f; border-radius: 8px;
+  padding: 18px 20px; }
+.summary { font-size: 15px; margin: 4px 0 10px; color: #424a53; }
+.badge { display: inline-block; padding: 1px 9px; border-radius: 12px; font-weight: 700; font-size: 12px;
+  letter-spacing: .02em; border: 1px solid currentColor; }
+.badge.big { font-size: 20px; padding: 2px 16px; border-radius: 16px; }
+.counts { color: #424a53; }
+.counts span + span::before { content: " · "; color: #8c959f; }
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { border: 1px solid #d8dee4; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; font-weight: 600; white-space: nowrap; }
+tbody tr:nth-child(even) td { background-color: #fbfcfd; }
+td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+.grid td.cell { white-space: nowrap; font-variant-numeric: tabular-nums; }
+.grid td.check, .nodes td.check { white-space: nowrap; font-family: ui-monospace, "DejaVu Sans Mono", monospace;
+  font-size: 12px; }
+.scroll { overflow-x: auto; }
+.meta { width: auto; }
+.meta th { width: 170px; }
+code, pre { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; font-size: 12px; }
+pre { background: #f6f8fa; padding: 10px; border-radius: 6px; overflow-x: auto; margin: 6px 0 0; }
+details summary { cursor: pointer; color: #0969da; margin-top: 10px; }
+.problem { border: 1px solid #d0d7de; border-left: 6px solid; border-radius: 6px; padding: 8px 12px;
+  margin: 8px 0; }
+.problem .what { font-weight: 600; }
+.problem .subject { color: #57606a; font-weight: 400; }
+.problem .why { color: #57606a; font-size: 12px; margin-top: 2px; }
+.problem .todo { margin-top: 4px; }
+.s-FAIL, .s-ERROR { font-weight: 600; }
+.nodes td.subject { white-space: nowrap; }
+.none { color: #57606a; font-style: italic; }
+figure { margin: 0 0 22px; }
+figure img { display: block; max-width: 100%; height: auto; border: 1px solid #eaeef2; border-radius: 4px; }
+figcaption { font-size: 12px; color: #57606a; margin-top: 4px; }
+footer { color: #8c959f; font-size: 12px; text-align: center; }
+.legend span { margin-right: 12px; }
+""" + "\n".join(
+    f".s-{s.value} {{ color: {STATUS_COLOUR[s]}; }}\n"
+    f"td.s-{s.value}.bad, .badge.s-{s.value} {{ background: {STATUS_BACKGROUND[s]}; }}\n"
+    f"header.b-{s.value}, .problem.b-{s.value} {{ border-left-color: {STATUS_COLOUR[s]}; }}"
+    for s in Status
+)
+
+
+def _e(text: object) -> str:
+    return escape(str(text), quote=True)
+
+
+def _badge(status: Status, big: bool = False) -> str:
+    return f'<span class="badge s-{status.value}{" big" if big else ""}">{_e(status.value)}</span>'
+
+
+def _table(headers: list[str], rows: list[list[str]], css: str = "") -> str:
+    """A table of cells that are already HTML; headers are escaped here."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(row) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _td(text: object, css: str = "", title: str | None = None) -> str:
+    attrs = (f' class="{css}"' if css else "") + (f' title="{_e(title)}"' if title else "")
+    return f"<td{attrs}>{_e(text)}</td>"
+
+
+def _format_value(r: Result) -> str:
+    """The terminal's value text, with thousands grouped instead of an exponent (44,590 tokens/s)."""
+    if isinstance(r.value, float) and 1e4 <= abs(r.value) < 1e15:
+        return f"{r.value:,.0f}" + (f" {r.unit}" if r.unit else "")
+    return format_value(r)
+
+
+def _tooltip(r: Result) -> str:
+    parts = [f"{r.status.value}: {r.message}"]
+    if r.expected:
+        parts.append(f"expected {r.expected}")
+    return "\n".join(parts)
+
+
+def _header(report: Report) -> str:
+    meta, inv, status = report.meta, report.inventory, report.status
+    counts = "".join(f'<span class="s-{s}">{n} {_e(s)}</span>' for s, n in report.counts().items() if n)
+    verdict = (
+        f'<div class="counts">{counts or "no results"}; exit code {status.exit_code}</div>'
+        if report.results
+        else '<div class="counts">no judged results (inventory only)</div>'
+    )
+    replayed = (
+        f'<div class="summary">replayed from <code>{_e(inv["replayed_from"])}</code></div>'
+        if inv.get("replayed_from")
+        else ""
+    )
+    return (
+        f'<header class="verdict b-{status.value}">'
+        f"<h1>gpucert {_e(meta.verb)} on {_e(meta.host)} {_badge(status, big=True)}</h1>"
+        f'<div class="summary">{_e(inv.get("summary", ""))}</div>{replayed}{verdict}'
+        f"</header>"
+    )
+
+
+def _run_meta(report: Report) -> str:
+    meta = report.meta
+    rows = [
+        ("tool", f"{meta.tool} {meta.tool_version}"),
+        ("method version", meta.method_version),
+        ("schema version", report.schema_version),
+        ("verb", meta.verb),
+        ("profile", meta.profile),
+        ("host", meta.host),
+        ("started", meta.started_at),
+        ("finished", meta.finished_at),
+        ("duration", f"{meta.duration_s:.1f} s"),
+    ]
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    body += f"<tr><th>command</th><td><code>{_e(' '.join(meta.command))}</code></td></tr>"
+    software = ", ".join(f"{k} {v}" for k, v in meta.software.items() if v)
+    body += f"<tr><th>software</th><td>{_e(software or '-')}</td></tr>"
+    config = json.dumps(meta.config, indent=2, sort_keys=False)
+    return (
+        f'<section id="run"><h2>Run</h2><table class="meta"><tbody>{body}</tbody></table>'
+        f"<details><summary>resolved configuration</summary><pre>{_e(config)}</pre></details></section>"
+    )
+
+
+def _problems(results: list[Result]) -> str:
+    problems = sorted((r for r in results if r.status >= Status.WARN), key=lambda r: r.status, reverse=True)
+    if not problems:
+        return '<section id="problems"><h2>Problems</h2><p class="none">No WARN, FAIL or ERROR.</p></section>'
+    items = []
+    for r in problems:
+        why = []
+        if r.expected:
+            why.append(f"expected {_e(r.expected)}")
+        if r.value is not None:
+            why.append(f"found {_e(_format_value(r))}")
+        if r.threshold_source:
+            why.append(f"threshold: {_e(r.threshold_source)}")
+        items.append(
+            f'<div class="problem b-{r.status.value}">'
+            f'<div class="what">{_badge(r.status)} {_e(r.name)} <span class="subject">on {_e(r.subject)}</span></div>'
+            f'<div class="msg">{_e(r.message)}</div>'
+            + (f'<div class="why">{" · ".join(why)}</div>' if why else "")
+            + (f'<div class="todo">→ {_e(r.remediation)}</div>' if r.remediation else "")
+            + "</div>"
+        )
+    return f'<section id="problems"><h2>Problems ({len(problems)})</h2>{"".join(items)}</section>'
+
+
+def _gpu_grid(results: list[Result], title: str) -> str:
+    """Per-GPU results as a check x GPU grid coloured by status, as the terminal shows them."""
+    gpus = sorted({r.gpu_index for r in results if r.gpu_index is not None})
+    checks = list(dict.fromkeys(r.name for r in results))
+    cells = {(r.name, r.gpu_index): r for r in results}
+    rows = []
+    for check in checks:
+        row = [_td(check, "check")]
+        for index in gpus:
+            r = cells.get((check, index))
+            if r is None:
+                row.append("<td></td>")
+            else:
+                css = f"cell s-{r.status.value}" + (" bad" if r.status >= Status.WARN else "")
+                row.append(_td(_format_value(r), css, _tooltip(r)))
+        rows.append(row)
+    return f"<h3>{_e(title)}</h3>" + _table(["check", *[f"GPU{i}" for i in gpus]], rows, "grid")
+
+
+def _node_table(results: list[Result], title: str) -> str:
+    rows = [
+        [
+            _td(r.status.value, f"s-{r.status.value}" + (" bad" if r.status >= Status.WARN else "")),
+            _td(r.name, "check"),
+            _td(r.subject, "subject"),
+            _td(_format_value(r), "num"),
+            _td(r.expected or ""),
+            _td(r.message),
+        ]
+        for r in results
+    ]
+    return f"<h3>{_e(title)}</h3>" + _table(
+        ["status", "check", "subject", "value", "expected", "message"], rows, "nodes"
+    )
+
+
+def _results(results: list[Result]) -> str:
+    if not results:
+        return ""
+    parts = []
+    categories = list(dict.fromkeys(r.category for r in results))
+    for category in categories:
+        mine = [r for r in results if r.category == category]
+        per_gpu = [r for r in mine if r.gpu_index is not None]
+        node = [r for r in mine if r.gpu_index is None]
+        label = "checks" if category == "health" else f"{category} results"
+        if per_gpu:
+            parts.append(_gpu_grid(per_gpu, f"per-GPU {label}"))
+        if node:
+            parts.append(_node_table(node, f"node {label}"))
+    legend = " ".join(f'<span class="s-{s.value}">■ {s.value}</span>' for s in Status)
+    return (
+        '<section id="results"><h2>Results</h2>'
+        f'<div class="legend">{legend} <span class="none">(hover a cell for its message)</span></div>'
+        f"{''.join(parts)}</section>"
+    )
+
+
+def _png_size(png: bytes) -> str:
+    # Width and height from the IHDR chunk, so the browser lays the page out before decoding the image.
+    width, height = struct.unpack(">II", png[16:24])
+    return f'width="{width}" height="{height}"'
+
+
+def _plots(report: Report) -> str:
+    plots = report_plots(report)
+    if not plots:
+        return ""
+    figures = "".join(
+        f'<figure><img data-plot="{_e(p.key)}" alt="{_e(p.title)}" {_png_size(p.png)} '
+        f'src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}"></figure>'
+        for p in plots
+    )
+    return f'<section id="plots"><h2>Benchmarks</h2>{figures}</section>'
+
+
+def _yes_no(value: Any) -> str:
+    return "-" if value is None else "on" if value else "off"
+
+
+def _gpu_inventory(inv: dict[str, Any]) -> str:
+    if not inv.get("gpus"):
+        return f'<p class="none">No NVIDIA GPU found ({_e(inv.get("nvml_error") or "no error recorded")}).</p>'
+    headers = [
+        "#",
+        "name",
+        "bus id",
+        "memory",
+        "PCIe now (max)",
+        "NVLink",
+        "ECC",
+        "MIG",
+        "power cap",
+        "temp",
+        "VBIOS",
+        "serial",
+    ]
+    rows = []
+    for g in inv["gpus"]:
+        links = g.get("nvlinks") or []
+        memory, power, temp = g.get("memory_total_gib"), g.get("power_enforced_limit_w"), g.get("temperature_c")
+        rows.append(
+            [
+                _td(g["index"], "num"),
+                _td(str(g["name"]).removeprefix("NVIDIA ")),
+                _td(g.get("bus_id", "-")),
+                _td(f"{memory:.1f} GiB" if memory else "-", "num"),
+                _td(
+                    f"Gen{g.get('pcie_gen_current')} x{g.get('pcie_width_current')} "
+                    f"(Gen{g.get('pcie_gen_max')} x{g.get('pcie_width_max')})"
+                ),
+                _td(f"{sum(bool(link.get('active')) for link in links)}/{len(links)}" if links else "-", "num"),
+                _td(_yes_no(g.get("ecc_enabled"))),
+                _td(_yes_no(g.get("mig_enabled"))),
+                _td(f"{power:.0f} W" if power else "-", "num"),
+                _td(f"{temp:.0f} C" if temp is not None else "-", "num"),
+                _td(g.get("vbios") or "-"),
+                _td(g.get("serial") or "-"),
+            ]
+        )
+    title = f"GPUs (driver {inv.get('driver_version')}, CUDA {inv.get('cuda_driver_version')})"
+    return f"<h3>{_e(title)}</h3>" + _table(headers, rows)
+
+
+def _topology(inv: dict[str, Any]) -> str:
+    topology = inv.get("topology") or {}
+    matrix = topology.get("matrix") or []
+    if len(matrix) <= 1:
+        return ""
+    gpus = inv.get("gpus") or []
+    rows = []
+    for i, row in enumerate(matrix):
+        affinity = gpus[i].get("cpu_affinity") if i < len(gpus) else None
+        rows.append([f"<th>GPU{i}</th>", *(_td(c) for c in row), _td(affinity if affinity is not None else "-")])
+    headers = ["", *[f"GPU{i}" for i in range(len(matrix))], "CPU affinity"]
+    return f"<h3>{_e('GPU topology: ' + str(topology.get('summary', '')))}</h3>" + _table(headers, rows, "meta")
+
+
+def _infiniband(inv: dict[str, Any]) -> str:
+    if not inv.get("infiniband"):
+        return ""
+    rows = [
+        [
+            _td(dev.get("name")),
+            _td(port.get("port")),
+            _td(port.get("state")),
+            _td(port.get("rate_text")),
+            _td(port.get("link_layer")),
+            _td(dev.get("fw_ver")),
+            _td(", ".join(dev.get("netdevs") or [])),
+        ]
+        for dev in inv["infiniband"]
+        for port in dev.get("ports") or []
+    ]
+    return "<h3>InfiniBand / RoCE</h3>" + _table(
+        ["HCA", "port", "state", "rate", "link layer", "firmware", "netdev"], rows
+    )
+
+
+def _host(inv: dict[str, Any]) -> str:
+    cpu, mem = inv.get("cpu") or {}, inv.get("memory") or {}
+    env, software = inv.get("environment") or {}, inv.get("software") or {}
+    rows: list[tuple[str, str]] = []
+    if cpu:
+        rows.append(
+            (
+                "CPU",
+                f"{cpu.get('sockets')}x {cpu.get('model')}, {cpu.get('logical_cpus')} logical CPUs, "
+                f"SMT {_yes_no(cpu.get('smt_enabled'))}, {len(cpu.get('numa_nodes') or [])} NUMA nodes",
+            )
+        )
+    rows.append(("memory", f"{mem['total_gib']:.0f} GiB" if mem.get("total_gib") else "-"))
+    nets = [f"{n.get('name')} {n.get('operstate')} {n.get('speed_mbps') or '?'} Mb/s" for n in inv.get("network") or []]
+    rows.append(("network", ", ".join(nets) or "-"))
+    shared = [f"{m.get('target')} ({m.get('fstype')})" for m in inv.get("mounts") or [] if m.get("shared_candidate")]
+    rows.append(("shared filesystems", ", ".join(shared) or "none found"))
+    rows.append(("software", ", ".join(f"{k} {v}" for k, v in software.items() if v) or "-"))
+    slurm = env.get("slurm")
+    scheduler = (
+        f"Slurm job {slurm.get('job_id')} on {slurm.get('nodelist')}"
+        if slurm
+        else "Kubernetes pod"
+        if env.get("kubernetes")
+        else "none detected"
+    )
+    rows.append(("scheduler", scheduler))
+    virt = env.get("virtualization") or {}
+    rows.append(
+        (
+            "virtualization",
+            ", ".join(str(v) for v in (virt.get("container"), virt.get("hypervisor")) if v)
+            or "bare metal (no hint found)",
+        )
+    )
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    return f'<h3>Host {_e(inv.get("hostname", ""))}</h3><table class="meta"><tbody>{body}</tbody></table>'
+
+
+def _inventory(inv: dict[str, Any]) -> str:
+    parts = [_gpu_inventory(inv), _topology(inv), _infiniband(inv), _host(inv)]
+    return f'<section id="inventory"><h2>Inventory</h2>{"".join(parts)}</section>'
+
+
+def render_html(report: Report) -> str:
+    """The whole report as one HTML page: verdict, problems, results, benchmark plots, inventory, run."""
+    meta = report.meta
+    title = f"gpucert {meta.verb}: {report.status.value} on {meta.host}"
+    body = "".join(
+        [
+            _header(report),
+            _problems(report.results) if report.results else "",
+            _results(report.results),
+            _plots(report),
+            _inventory(report.inventory),
+            _run_meta(report),
+            f"<footer>gpucert {_e(meta.tool_version)}, report schema {_e(report.schema_version)}, "
+            f"method {_e(meta.method_version)}</footer>",
+        ]
+    )
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
+        f"<body><main>{body}</main></body></html>\n"
+    )

@@ -1,0 +1,318 @@
+"""Run comparison: the synthetic 4xH200 accept report against the same node with a few numbers worse, and
+small hand-made reports for each rule (direction by threshold and unit, threshold, status changes, pairing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from rich.console import Console
+from tests.conftest import FIXTURES
+
+from gpucert.report.compare import (
+    HIGHER,
+    LOWER,
+    Comparison,
+    compare_reports,
+    comparison_status,
+    print_comparison,
+    render_comparison_markdown,
+)
+from gpucert.report.schema import Report, Result, RunMeta
+from gpucert.report.store import load_report
+from gpucert.status import Status
+
+SYNTHETIC = FIXTURES / "reports" / "accept-4xh200-synthetic.json"
+REGRESSED = FIXTURES / "reports" / "accept-4xh200-synthetic-regressed.json"
+HEALTH = FIXTURES.parent.parent / "docs" / "examples" / "h200x4-health.json"
+
+META = RunMeta(
+    tool_version="0.1.0",
+    method_version="1",
+    verb="accept",
+    command=["gpucert", "accept"],
+    host="n1",
+    started_at="2026-11-22T09:00:00+00:00",
+    finished_at="2026-11-22T09:20:00+00:00",
+    duration_s=1200.0,
+    profile="h200",
+    config={},
+    software={},
+)
+INVENTORY: dict[str, Any] = {"hostname": "n1", "summary": "s", "gpus": [], "topology": {"matrix": []}}
+
+
+def result(name: str, value: Any, unit: str | None = None, **fields: Any) -> Result:
+    fields.setdefault("status", Status.PASS)
+    fields.setdefault("subject", "n1")
+    return Result(name=name, message=f"{name} {value}", value=value, unit=unit, **fields)
+
+
+def report(*results: Result, host: str = "n1") -> Report:
+    meta = dataclasses.replace(META, host=host)
+    return Report(meta=meta, inventory={**INVENTORY, "hostname": host}, results=list(results))
+
+
+def only(comparisons: list[Comparison]) -> Comparison:
+    assert len(comparisons) == 1, comparisons
+    return comparisons[0]
+
+
+@pytest.fixture(scope="module")
+def synthetic_comparisons() -> list[Comparison]:
+    return compare_reports(load_report(SYNTHETIC), load_report(REGRESSED))
+
+
+def test_the_regressed_fixture_regresses_where_it_was_made_worse(synthetic_comparisons: list[Comparison]) -> None:
+    regressed = {(c.name, c.subject): round(c.change_pct or 0, 1) for c in synthetic_comparisons if c.regressed}
+    assert regressed == {
+        ("matmul.bf16.8192", "GPU 2"): -15.0,
+        ("matmul.bf16.max", "GPU 2"): -14.0,
+        ("memory.copy", "GPU 3"): -8.0,
+        ("memory.h2d", "GPU 1"): -12.0,
+        ("collective.all_reduce", "4 ranks (nccl)"): -12.0,
+        ("train.tokens_per_s_per_gpu", "4 x NVIDIA H200"): -11.0,
+        ("train.mfu", "4 x NVIDIA H200"): -11.0,
+        # The peak temperature went up: lower is better, so +21.2 % is a regression.
+        ("telemetry.matmul", "node"): 21.2,
+    }
+    improved = [(c.name, c.subject) for c in synthetic_comparisons if c.improved]
+    assert improved == [("p2p.matrix", "4 GPUs"), ("p2p.pair", "GPU 1 -> GPU 2"), ("p2p.pair", "GPU 2 -> GPU 1")]
+    assert comparison_status(synthetic_comparisons) is Status.FAIL
+
+
+def test_status_changes_are_reported(synthetic_comparisons: list[Comparison]) -> None:
+    changes = {
+        (c.name, c.subject): (c.baseline_status, c.candidate_status, c.newly_failing)
+        for c in synthetic_comparisons
+        if c.status_changed
+    }
+    assert changes == {
+        ("matmul.bf16.max", "GPU 2"): (Status.PASS, Status.FAIL, True),
+        ("collective.all_reduce", "4 ranks (nccl)"): (Status.PASS, Status.FAIL, True),
+        # 3 % lower is within the threshold; the WARN is the repeat spread.
+        ("collective.all_gather", "4 ranks (nccl)"): (Status.PASS, Status.WARN, False),
+    }
+
+
+def test_directions_of_the_fixture_results(synthetic_comparisons: list[Comparison]) -> None:
+    directions = {c.name: c.direction for c in synthetic_comparisons}
+    assert directions["matmul.bf16.max"] == HIGHER
+    assert directions["memory.copy"] == HIGHER
+    assert directions["collective.all_reduce"] == HIGHER
+    assert directions["train.tokens_per_s_per_gpu"] == HIGHER
+    assert directions["train.mfu"] == HIGHER
+    assert directions["telemetry.matmul"] == LOWER
+    assert directions["gpu.temperature"] == LOWER
+    assert directions["gpu.ecc_uncorrectable"] == LOWER
+    # ">= 690": a lower power cap is worse, whatever W usually means.
+    assert directions["gpu.power_limit"] == HIGHER
+    # "== 4": any change is a status matter, not a direction.
+    assert directions["gpu.count"] is None
+
+
+def test_a_report_against_itself_is_a_pass() -> None:
+    base = load_report(SYNTHETIC)
+    comparisons = compare_reports(base, base)
+    assert comparisons
+    assert all(c.change_pct == 0.0 and not c.changed for c in comparisons)
+    assert comparison_status(comparisons) is Status.PASS
+
+
+def test_non_numeric_results_are_left_out_unless_they_changed() -> None:
+    base = load_report(SYNTHETIC)
+    names = {c.name for c in compare_reports(base, base)}
+    assert "gpu.ecc_mode" not in names and "software.driver" not in names
+    assert "gpu.memory" in names and "matmul.bf16.max" in names
+
+
+@pytest.mark.parametrize(
+    ("unit", "before", "after", "direction", "regressed"),
+    [
+        ("GB/s", 100.0, 90.0, HIGHER, True),
+        ("GB/s", 100.0, 110.0, HIGHER, False),
+        ("TB/s", 4.2, 3.7, HIGHER, True),
+        ("TFLOP/s", 790.0, 700.0, HIGHER, True),
+        ("tokens/s", 45000.0, 40000.0, HIGHER, True),
+        ("%", 40.0, 35.0, HIGHER, True),
+        ("C", 60.0, 70.0, LOWER, True),
+        ("C", 70.0, 60.0, LOWER, False),
+        ("W", 600.0, 700.0, LOWER, True),
+        ("errors", 10, 12, LOWER, True),
+        ("events", 10, 12, LOWER, True),
+        ("s", 100.0, 120.0, LOWER, True),
+        ("s", 120.0, 100.0, LOWER, False),
+        ("GiB", 140.4, 100.0, None, False),
+        (None, 1.0, 100.0, None, False),
+    ],
+)
+def test_direction_comes_from_the_unit(
+    unit: str | None, before: float, after: float, direction: str | None, regressed: bool
+) -> None:
+    c = only(compare_reports(report(result("x", before, unit)), report(result("x", after, unit))))
+    assert (c.direction, c.regressed) == (direction, regressed)
+    assert c.change_pct == pytest.approx(100 * (after - before) / before)
+    assert c.improved == (direction is not None and not regressed)
+
+
+@pytest.mark.parametrize(("expected", "direction"), [(">= 690", HIGHER), ("> 1", HIGHER), ("< 80", LOWER)])
+def test_the_threshold_comparison_overrides_the_unit(expected: str, direction: str) -> None:
+    c = only(compare_reports(report(result("x", 700.0, "W", expected=expected)), report(result("x", 600.0, "W"))))
+    assert c.direction == direction
+    assert c.regressed == (direction == HIGHER)
+
+
+@pytest.mark.parametrize(
+    ("after", "threshold", "regressed"),
+    [(95.0, 5.0, False), (94.9, 5.0, True), (92.0, 10.0, False), (89.0, 10.0, True), (99.9, 0.0, True)],
+)
+def test_the_threshold_is_respected(after: float, threshold: float, regressed: bool) -> None:
+    comparisons = compare_reports(report(result("bw", 100.0, "GB/s")), report(result("bw", after, "GB/s")), threshold)
+    assert only(comparisons).regressed is regressed
+    assert comparison_status(comparisons) is (Status.FAIL if regressed else Status.PASS)
+
+
+def test_the_fixture_copy_regression_depends_on_the_threshold() -> None:
+    base, cand = load_report(SYNTHETIC), load_report(REGRESSED)
+    at_10 = {(c.name, c.subject) for c in compare_reports(base, cand, threshold_pct=10.0) if c.regressed}
+    assert ("memory.copy", "GPU 3") not in at_10
+    assert ("memory.h2d", "GPU 1") in at_10
+
+
+def test_a_negative_threshold_is_refused() -> None:
+    with pytest.raises(ValueError, match="threshold_pct"):
+        compare_reports(report(), report(), threshold_pct=-1)
+
+
+def test_newly_failing_without_a_number_is_a_fail() -> None:
+    c = only(
+        compare_reports(
+            report(result("gpu.pcie_link", "Gen5 x16")),
+            report(result("gpu.pcie_link", "Gen4 x16", status=Status.FAIL)),
+        )
+    )
+    assert c.newly_failing and c.status_changed and not c.regressed and c.change_pct is None
+    assert comparison_status([c]) is Status.FAIL
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "status"),
+    [
+        (Status.PASS, Status.WARN, Status.WARN),
+        (Status.WARN, Status.ERROR, Status.FAIL),
+        (Status.FAIL, Status.ERROR, Status.WARN),
+        (Status.FAIL, Status.PASS, Status.PASS),
+        (Status.SKIP, Status.PASS, Status.PASS),
+    ],
+)
+def test_comparison_status_of_status_changes(before: Status, after: Status, status: Status) -> None:
+    comparisons = compare_reports(report(result("x", "a", status=before)), report(result("x", "a", status=after)))
+    assert comparison_status(comparisons) is status
+
+
+def test_a_value_that_changed_without_a_number_is_listed() -> None:
+    c = only(compare_reports(report(result("software.driver", "550.54")), report(result("software.driver", "580.1"))))
+    assert c.changed and not c.regressed and c.change_pct is None
+    assert comparison_status([c]) is Status.PASS
+
+
+def test_from_zero_errors_is_a_regression_without_a_percentage() -> None:
+    c = only(compare_reports(report(result("ecc", 0, "errors")), report(result("ecc", 3, "errors"))))
+    assert c.regressed and c.change_pct is None
+    c = only(compare_reports(report(result("util", 0, "%")), report(result("util", 5, "%"))))
+    assert not c.regressed and c.change_pct is None
+
+
+def test_results_in_one_report_only() -> None:
+    comparisons = compare_reports(
+        report(result("kept", 1.0, "GB/s"), result("lost", 2.0, "GB/s")),
+        report(result("kept", 1.0, "GB/s"), result("new", 3.0, "GB/s", status=Status.PASS)),
+    )
+    by_name = {c.name: c for c in comparisons}
+    assert [c.name for c in comparisons] == ["kept", "lost", "new"]
+    assert by_name["lost"].only_in == "baseline" and by_name["lost"].candidate is None
+    assert by_name["new"].only_in == "candidate" and by_name["new"].baseline_status is None
+    assert not by_name["lost"].regressed and not by_name["new"].status_changed
+    # A check that stopped running hides whatever it used to catch.
+    assert comparison_status(comparisons) is Status.WARN
+    assert comparison_status([by_name["kept"], by_name["new"]]) is Status.PASS
+
+
+def test_a_new_failing_result_is_a_warning() -> None:
+    comparisons = compare_reports(report(), report(result("p2p.matrix", 250.0, "GB/s", status=Status.FAIL)))
+    assert comparison_status(comparisons) is Status.WARN
+
+
+def test_two_nodes_pair_by_gpu_index_and_node() -> None:
+    def node(host: str, bus: str, tflops: float, busbw: float) -> Report:
+        return report(
+            result("matmul.bf16.max", tflops, "TFLOP/s", subject=f"GPU 0 ({bus})", gpu_index=0),
+            result("collective.all_reduce", busbw, "GB/s", subject=host),
+            host=host,
+        )
+
+    comparisons = compare_reports(node("a", "0000:18:00.0", 800.0, 360.0), node("b", "0000:2a:00.0", 700.0, 362.0))
+    assert [(c.name, c.subject, c.regressed) for c in comparisons] == [
+        ("matmul.bf16.max", "GPU 0", True),
+        ("collective.all_reduce", "node", False),
+    ]
+
+
+def test_repeated_results_pair_in_order() -> None:
+    comparisons = compare_reports(
+        report(result("ib.port", 400.0, "Gb/s"), result("ib.port", 400.0, "Gb/s")),
+        report(result("ib.port", 400.0, "Gb/s"), result("ib.port", 200.0, "Gb/s")),
+    )
+    assert [c.regressed for c in comparisons] == [False, True]
+
+
+def test_markdown_comparison(synthetic_comparisons: list[Comparison]) -> None:
+    text = render_comparison_markdown(
+        synthetic_comparisons, "runs/a/report.json", "runs/b/report.json", threshold_pct=5.0, changed_only=True
+    )
+    lines = text.splitlines()
+    assert lines[0] == "# gpucert comparison: FAIL"
+    assert "- **Baseline:** runs/a/report.json" in lines
+    assert "- **Threshold:** a number that moved the wrong way by more than 5 %" in lines
+    assert "- **Summary:** 8 regressed, 3 improved, 3 changed status (86 results compared)" in lines
+    assert (
+        "| **REGRESSED** | collective.all_reduce | 4 ranks (nccl) | 360.6 GB/s | 317.3 GB/s | -12.0 % | "
+        "higher is better | PASS → FAIL |" in lines
+    )
+    assert "|  | collective.all_gather | 4 ranks (nccl) | 340.7 GB/s | 330.4 GB/s | -3.0 % |" in text
+    assert "| **REGRESSED** | telemetry.matmul | node | 66 C | 80 C | +21.2 % | lower is better | PASS |" in lines
+    assert "| **REGRESSED** | train.tokens_per_s_per_gpu | 4 x NVIDIA H200 | 44,591 tokens/s | 39,686 tokens/s" in text
+    assert "| improved | p2p.pair | GPU 1 -> GPU 2 | 250.3 GB/s | 290.4 GB/s | +16.0 % |" in text
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + 12  # header + changed rows
+    full = render_comparison_markdown(synthetic_comparisons)
+    assert len([line for line in full.splitlines() if line.startswith("| ")]) == 1 + len(synthetic_comparisons)
+
+
+def test_markdown_escapes_pipes_and_says_when_nothing_changed() -> None:
+    same = compare_reports(report(result("a|b", 1.0, "GB/s")), report(result("a|b", 1.0, "GB/s")))
+    assert "|  | a\\|b | node | 1 GB/s | 1 GB/s | +0.0 % |" in render_comparison_markdown(same)
+    text = render_comparison_markdown(same, changed_only=True)
+    assert "No result changed." in text
+    assert "no change beyond the threshold" in text
+
+
+def test_terminal_comparison_highlights_regressions(synthetic_comparisons: list[Comparison]) -> None:
+    console = Console(record=True, width=200, color_system="truecolor")
+    print_comparison(console, synthetic_comparisons, "last week", "today", changed_only=True)
+    text = console.export_text(styles=False, clear=False)
+    assert "last week → today" in text
+    assert "REGRESSED" in text and "PASS → FAIL" in text and "improved" in text
+    assert "gpu.memory" not in text  # unchanged rows are left out with changed_only
+    assert "comparison: FAIL  8 regressed, 3 improved, 3 changed status (86 results compared)" in text
+    styled = console.export_text(styles=True)
+    assert "\x1b[1;31mcollective.all_reduce" in styled  # bold red
+
+
+def test_terminal_comparison_of_identical_reports() -> None:
+    base = load_report(HEALTH)
+    console = Console(record=True, width=200)
+    print_comparison(console, compare_reports(base, base), changed_only=True)
+    text = console.export_text()
+    assert text.strip() == "comparison: PASS  no change beyond the threshold (35 results compared)"
