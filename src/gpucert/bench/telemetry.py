@@ -11,14 +11,13 @@ import threading
 import time
 from typing import Any
 
-from gpucert.hardware.gpus import clock_event_names
+from gpucert.hardware.gpus import HW_SLOWDOWN_BITS, clock_event_names
 from gpucert.hardware.nvml import CLOCK_SM, TEMPERATURE_GPU
 from gpucert.report.schema import Result
 from gpucert.status import Status
 
 # More samples than this are thinned for the report (a 15-minute run at 5 Hz would be 4,500 per GPU).
 MAX_SAMPLES = 600
-_HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
 
 
 class TelemetrySampler:
@@ -89,8 +88,8 @@ def judge_telemetry(benchmark: str, telemetry: dict[str, Any] | None, hostname: 
         bits = 0
         for mask in masks:
             bits |= mask
-        if bits & _HW_SLOWDOWN_BITS:
-            hot[gpu] = clock_event_names(bits & _HW_SLOWDOWN_BITS)
+        if bits & HW_SLOWDOWN_BITS:
+            hot[gpu] = clock_event_names(bits & HW_SLOWDOWN_BITS)
     temps = [t for s in telemetry["gpus"].values() for t in s["temperature_c"] if t is not None]
     clocks = [c for s in telemetry["gpus"].values() for c in s["sm_clock_mhz"] if c is not None]
     summary = f"max {max(temps, default=0):g} C, SM clock {min(clocks, default=0)}-{max(clocks, default=0)} MHz"

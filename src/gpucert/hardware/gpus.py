@@ -273,6 +273,12 @@ def clock_event_names(mask: int) -> list[str]:
     return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
 
 
+# The reasons that mean the hardware itself slows the GPU (not a setting, not idling): health and the
+# benchmark telemetry FAIL on any of them.
+HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80
+HW_SLOWDOWN_REASONS = frozenset(clock_event_names(HW_SLOWDOWN_BITS))
+
+
 def nvlink_count(a: GpuInfo, b: GpuInfo) -> int:
     """Active NVLinks joining two GPUs, as nvidia-smi counts them.
 

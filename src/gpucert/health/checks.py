@@ -13,7 +13,7 @@ from typing import Any
 
 from gpucert.config.profiles import Profile
 from gpucert.config.run import HealthConfig
-from gpucert.hardware.gpus import GpuInfo
+from gpucert.hardware.gpus import HW_SLOWDOWN_REASONS, GpuInfo
 from gpucert.hardware.infiniband import IbDevice
 from gpucert.hardware.inventory import NodeInventory
 from gpucert.health.liveness import LivenessResult
@@ -229,15 +229,11 @@ def check_row_remapping(gpu: GpuInfo, profile: Profile) -> list[Result]:
     return [Result(**base, status=Status.PASS, message=f"no pending remap, {unc} + {corr} rows remapped")]
 
 
-# Reasons that mean the hardware itself is slowing the GPU down.
-_HW_SLOWDOWN = {"HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown"}
-
-
 def check_clock_events(gpu: GpuInfo) -> list[Result]:
     reasons = gpu.clock_event_reasons
     if reasons is None:
         return [_unreadable(gpu, "gpu.clock_events", "clock event reasons", "nvmlDeviceGetCurrentClocksEventReasons")]
-    hardware = sorted(_HW_SLOWDOWN & set(reasons))
+    hardware = sorted(HW_SLOWDOWN_REASONS & set(reasons))
     base: dict[str, Any] = dict(
         name="gpu.clock_events",
         subject=gpu.label,
