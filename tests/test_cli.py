@@ -134,3 +134,27 @@ def test_console_script_exit_code_follows_worst_status(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "docs/examples").glob("*.json")), ids=str)
 def test_example_reports_in_docs_still_match_the_schema(path: Path) -> None:
     validate(json.loads(path.read_text()))
+
+
+@pytest.mark.slow
+def test_bench_joins_an_outside_torchrun_and_rank_0_writes_the_report(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gpucert"]
+    argv += ["bench", "collectives", "-o", str(tmp_path), "--set", "bench.collectives.ops=[all_reduce]"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    validate(report)
+    (result,) = report["results"]
+    assert result["name"] == "collective.all_reduce" and result["status"] == "PASS"
+    assert result["subject"] == "2 ranks (gloo)"
+    assert sum(result["details"]["wrong"]) == 0
+    assert (tmp_path / "report.html").exists()
+
+
+def test_report_compares_two_runs_and_exits_on_regression(capsys) -> None:
+    fixtures = Path(__file__).parent / "fixtures/reports"
+    base, worse = fixtures / "accept-4xh200-synthetic.json", fixtures / "accept-4xh200-synthetic-regressed.json"
+    assert main(["report", str(base), str(base)]) == 0
+    assert main(["report", str(base), str(worse), "--markdown"]) == 2
+    out = capsys.readouterr().out
+    assert "collective.all_reduce" in out
