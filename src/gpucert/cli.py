@@ -196,11 +196,11 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
         )
 
         comparisons = compare_reports(reports[0], reports[1], threshold_pct=args.threshold)
-        labels = [str(path) for path in args.runs]
+        base, new = (str(path) for path in args.runs)
         if args.markdown:
-            print(render_comparison_markdown(comparisons, *labels, threshold_pct=args.threshold, changed_only=True))
+            print(render_comparison_markdown(comparisons, base, new, threshold_pct=args.threshold, changed_only=True))
         else:
-            print_comparison(console, comparisons, *labels, changed_only=True)
+            print_comparison(console, comparisons, base, new, changed_only=True)
         return comparison_status(comparisons).exit_code
     (report,) = reports
     if args.html:
