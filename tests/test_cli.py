@@ -40,6 +40,13 @@ def test_verbs_run_on_a_cpu_machine_and_write_a_valid_report(verb: str, tmp_path
         assert exit_code in (0, 1)
     if verb in ("discover", "accept"):
         assert "No NVIDIA GPU found" in out
+    if verb == "accept":
+        # The whole suite ran on two gloo processes: every benchmark judged, and the HTML page written.
+        names = {r["name"].split(".")[0] for r in report["results"]}
+        assert {"matmul", "memory", "p2p", "collective", "train"} <= names
+        collectives = [r for r in report["results"] if r["name"].startswith("collective.")]
+        assert len(collectives) == 6 and all(r["subject"] == "2 ranks (gloo)" for r in collectives)
+        assert "<html" in (tmp_path / "report.html").read_text()
 
 
 def test_json_flag_prints_the_report(tmp_path: Path, capsys) -> None:
