@@ -113,3 +113,20 @@ def test_real_run_on_this_cpu_with_two_ranks(tmp_path: Path) -> None:
         assert set(rank["rows"]) == {"copy", "read", "write", "triad"}  # no PCIe without a GPU
         assert rank["rows"]["copy"]["bytes"] == 2 * 8 * (1 << 20)
         assert all(row["tbps"] > 0 for row in rank["rows"].values())
+
+
+def test_cpu_profile_does_not_hold_ranks_to_each_other() -> None:
+    """Two gloo ranks on two shared cores differ by 10-15 % by chance: no node-median rule there."""
+    cpu_rank = matmul_rank(1, 0.08, 0.08)
+    cpu_rank["device"], cpu_rank["sweep"]["dtype"] = "cpu", "fp32"
+    for point in cpu_rank["points"]:
+        point["dtype"] = "fp32"
+    fast = {
+        **cpu_rank,
+        "local_rank": 0,
+        "rank": 0,
+        "sweep": {**cpu_rank["sweep"], "best": {"m": 1, "n": 1, "k": 1, "tflops": 0.1}},
+    }
+    results = by_name(matmul.judge({"ranks": [fast, cpu_rank]}, load_profile("cpu"), None), "matmul.fp32.max")
+    assert results[1].status is Status.PASS
+    assert results[1].subject == "rank 1 (cpu)"

@@ -185,7 +185,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
     node_median = statistics.median(c["tflops"] for c in best_by_rank.values()) if best_by_rank else None
     for rank in data["ranks"]:
         gpu = rank["local_rank"]
-        subject = f"GPU {gpu} ({rank['device']})"
+        subject = f"GPU {gpu} ({rank['device']})" if rank["device"] != "cpu" else f"rank {gpu} (cpu)"
         for p in rank["points"]:
             peak = _peak(profile, p["dtype"])
             share = f", {100 * p['tflops'] / peak:.1f} % of the {peak:g} TFLOP/s peak" if peak else ""
@@ -241,7 +241,7 @@ def _judge_max(best: dict, sweep: dict, subject: str, gpu: int, profile: Profile
         sources.append(f"profile {profile.name}: benchmarks.matmul_bf16_tflops_min")
         if best["tflops"] < floor:
             problems.append(f"expected >= {floor:g} TFLOP/s, found {best['tflops']:.1f} on {subject}")
-    if node_median:
+    if node_median and floors.matmul_node_deviation_pct is not None:
         allowed = node_median * (1 - floors.matmul_node_deviation_pct / 100)
         expected.append(f"within {floors.matmul_node_deviation_pct:g} % of node median {node_median:.1f}")
         sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")

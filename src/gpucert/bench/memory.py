@@ -92,7 +92,8 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MemoryBenchConfig) -> lis
     floors = profile.benchmarks
     results = []
     for rank in data["ranks"]:
-        gpu, subject = rank["local_rank"], f"GPU {rank['local_rank']} ({rank['device']})"
+        gpu = rank["local_rank"]
+        subject = f"GPU {gpu} ({rank['device']})" if rank["device"] != "cpu" else f"rank {gpu} (cpu)"
         for kernel, row in rank["rows"].items():
             if kernel in TRAFFIC:
                 value, unit = row["tbps"], "TB/s"
