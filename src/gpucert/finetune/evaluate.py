@@ -1,0 +1,773 @@
+"""In-domain function-calling evaluation: generate on held-out turns, parse the Hermes `<tool_call>` blocks, score.
+
+`gpucert evaluate` (and `gpucert finetune` at its end) runs `evaluate`: every assistant turn of the held-out
+conversations becomes a prompt (the messages before it, and the tools), the model answers greedily through the
+same chat template it was trained with, and `score` compares each answer with the reference turn. The split is
+collect (`generate`), parse (`parse_output`) and judge (`score`, `compare_call`): the last two are pure and are
+tested on hand-written outputs in tests/fixtures/finetune_eval/cases.jsonl.
+
+Reading the five results (values in %, denominators in each message):
+- eval.call_accuracy: the call / no-call decision is right, over all turns; details split it into relevance
+  (a call expected and made) and irrelevance (no call expected, none made);
+- eval.name_accuracy: the called functions are the expected ones, over turns that expected a call and got one;
+- eval.args_valid_json: every `<tool_call>` block decodes and its arguments are a JSON object, over turns that
+  emitted at least one block;
+- eval.args_match: the calls match the reference, names and arguments, over turns that expected a call and got
+  one (so it is at most name_accuracy);
+- eval.overall: the turn is fully right: the decision, and where a call was expected, names and arguments.
+
+Scoring rules (after BFCL's AST checker, ShishirPatil/gorilla `bfcl_eval/eval_checker/ast_eval/ast_checker.py`;
+where we differ, it says so):
+- Parsing. Blocks are `<tool_call>\\s*(.*?)\\s*</tool_call>`, each `json.loads`-ed into {"name", "arguments"};
+  `arguments` may be an object or a JSON string holding one. A block that does not decode, or has no string
+  "name", is recorded as malformed, never dropped (BFCL's Qwen handler drops it and reads "no call"), and so is
+  a `<tool_call>` left open (usually generation cut at max_new_tokens). The output is cut at the first
+  `<|im_end|>` / `<|endoftext|>`: a server stops there, and what follows is padding.
+- Decision. A turn "made a call" when it emitted any `<tool_call>` block, parsed or malformed: a malformed block
+  is a formatting error (eval.args_valid_json), not a wrong decision.
+- Types are JSON Schema's, taken from the tool's schema where it gives one: an integer is accepted for a number
+  (5 == 5.0), and 5.0 for an integer (JSON Schema counts a number with no fraction as an integer; BFCL's
+  Python-typed check does not); a bool is never a number; a number given as a string ("42") fails an integer or
+  number parameter and passes a string one. Where the schema gives no type, the reference value's JSON type
+  decides, with the same number rule. The reference is taken as written.
+- Strings match after lower-casing and removing spaces and `,./-_*^` (BFCL's `standardize_string`, which also
+  reads ' as ").
+- Objects are compared by key, recursively, under the same rules as the arguments themselves.
+- Lists are compared in order, as BFCL does: ["a", "b"] does not match ["b", "a"] even where the order carries no
+  meaning (a set of ingredients); read eval.args_match with that in mind.
+- Parameters: every required one must be present; one outside the schema fails; an optional one the reference
+  gives and the model omits passes; an optional one the model adds and the reference lacks fails unless it
+  equals the schema's `default` (BFCL accepts an optional parameter only with a listed value). Without a schema
+  for an object, the reference's keys are required and no others are allowed.
+- Parallel calls are matched order-free and the counts must be equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucert.finetune.config import EvalConfig
+from gpucert.report.schema import Result
+from gpucert.status import Status
+
+END_MARKERS = ("<|im_end|>", "<|endoftext|>")
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+OPEN_TAG = "<tool_call>"
+# BFCL's standardize_string: these characters and spaces are removed before strings are compared.
+_STRING_NOISE_RE = re.compile(r"[ ,./\-_*^]")
+MAX_FAILURES = 20
+# JSON Schema type names, and the Python-flavoured aliases seen in tool schemas (BFCL writes "float", "dict").
+_TYPE_ALIASES = {
+    "string": "string",
+    "str": "string",
+    "integer": "integer",
+    "int": "integer",
+    "number": "number",
+    "float": "number",
+    "double": "number",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "array": "array",
+    "list": "array",
+    "tuple": "array",
+    "object": "object",
+    "dict": "object",
+    "null": "null",
+    "any": "any",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One function call. `arguments` is None when they did not decode to a JSON object; `raw_arguments` then
+    keeps what was given, for the failure message."""
+
+    name: str
+    arguments: dict[str, Any] | None
+    raw_arguments: str | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A parsed model answer: the text outside the `<tool_call>` blocks, the calls, and the blocks that did not
+    parse (their inner text)."""
+
+    content: str
+    calls: list[Call]
+    malformed: list[str]
+
+    @property
+    def made_call(self) -> bool:
+        return bool(self.calls or self.malformed)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant turn of a held-out conversation: the prompt before it and the calls it made (none: a text
+    answer). `conversation` and `message` locate it in the input, for failure messages."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    expected: list[Call]
+    conversation: int = 0
+    message: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"conversation {self.conversation}, message {self.message}"
+
+
+@dataclass(frozen=True)
+class CallMatch:
+    name_ok: bool
+    args_valid_json: bool
+    args_match: bool
+    reasons: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.name_ok and self.args_match
+
+
+@dataclass(frozen=True)
+class TurnScore:
+    """The verdict on one turn. A None field does not apply to this turn (and is left out of that rate)."""
+
+    turn_id: str
+    expected_call: bool
+    made_call: bool
+    names_ok: bool | None
+    args_valid_json: bool | None
+    args_match: bool | None
+    correct: bool
+    reasons: list[str]
+
+    @property
+    def decision_ok(self) -> bool:
+        return self.expected_call == self.made_call
+
+
+@dataclass(frozen=True)
+class Rate:
+    correct: int
+    total: int
+
+    @property
+    def percent(self) -> float | None:
+        return None if self.total == 0 else 100.0 * self.correct / self.total
+
+    def __str__(self) -> str:
+        pct = self.percent
+        return f"{self.correct}/{self.total}" + ("" if pct is None else f" ({pct:.1f} %)")
+
+
+@dataclass(frozen=True)
+class Failure:
+    turn_id: str
+    expected: str
+    output: str
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class EvalScores:
+    call_accuracy: Rate
+    relevance: Rate
+    irrelevance: Rate
+    name_accuracy: Rate
+    args_valid_json: Rate
+    args_match: Rate
+    overall: Rate
+    counts: dict[str, int]
+    failures: list[Failure]
+    turns: list[TurnScore] = field(repr=False)
+
+
+# ---------------------------------------------------------------------------------------------------- parse
+
+
+def parse_output(text: str) -> Prediction:
+    """Split a Hermes-format answer into its text and its `<tool_call>` blocks (rules in the module docstring)."""
+    text = _cut_at_end(text)
+    calls: list[Call] = []
+    malformed: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    for match in TOOL_CALL_RE.finditer(text):
+        outside.append(text[pos : match.start()])
+        pos = match.end()
+        call = _parse_block(match.group(1))
+        if call is None:
+            malformed.append(match.group(1))
+        else:
+            calls.append(call)
+    rest = text[pos:]
+    open_at = rest.find(OPEN_TAG)
+    if open_at >= 0:
+        malformed.append(rest[open_at + len(OPEN_TAG) :].strip())
+        rest = rest[:open_at]
+    outside.append(rest)
+    return Prediction(content="".join(outside).strip(), calls=calls, malformed=malformed)
+
+
+def _cut_at_end(text: str) -> str:
+    cuts = [i for i in (text.find(m) for m in END_MARKERS) if i >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
+def _parse_block(block: str) -> Call | None:
+    try:
+        obj = json.loads(block)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    return _make_call(obj["name"], obj.get("arguments"), present="arguments" in obj)
+
+
+def _make_call(name: str, arguments: Any, present: bool = True) -> Call:
+    if isinstance(arguments, dict):
+        return Call(name, arguments)
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            return Call(name, decoded)
+        return Call(name, None, raw_arguments=arguments)
+    return Call(name, None, raw_arguments=json.dumps(arguments) if present else "(no arguments key)")
+
+
+# ---------------------------------------------------------------------------------------- reference turns
+
+
+def expected_turns(conversation: Mapping[str, Any], index: int = 0) -> list[Turn]:
+    """One Turn per assistant message of an OpenAI-style conversation ({"messages", "tools"}).
+
+    Tool-call arguments stored as JSON strings (Arrow keeps them so) are decoded to objects in the prompt too:
+    the chat template applies `tojson`, and a string would be rendered double-encoded.
+    """
+    tools = conversation.get("tools")
+    if isinstance(tools, str):
+        tools = json.loads(tools)
+    messages = [_decode_message(m) for m in conversation["messages"]]
+    turns = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        expected = [
+            _make_call(tc["function"]["name"], tc["function"].get("arguments"))
+            for tc in message.get("tool_calls") or []
+        ]
+        turns.append(Turn(messages=messages[:i], tools=tools or None, expected=expected, conversation=index, message=i))
+    return turns
+
+
+def _decode_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return dict(message)
+    decoded = []
+    for tc in calls:
+        args = tc["function"].get("arguments")
+        if isinstance(args, str):
+            with contextlib.suppress(json.JSONDecodeError):
+                args = json.loads(args)
+        decoded.append({**tc, "function": {**tc["function"], "arguments": args}})
+    return {**message, "tool_calls": decoded}
+
+
+def tool_schemas(tools: Iterable[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Function name -> its parameters schema, from OpenAI-style tools ({"type": "function", "function": ...})
+    or bare function descriptions."""
+    schemas: dict[str, dict[str, Any]] = {}
+    for tool in tools or []:
+        fn = tool.get("function", tool)
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            params = fn.get("parameters")
+            schemas[fn["name"]] = dict(params) if isinstance(params, Mapping) else {}
+    return schemas
+
+
+# ---------------------------------------------------------------------------------------------------- judge
+
+
+def compare_call(expected: Call, predicted: Call, schema: Mapping[str, Any] | None = None) -> CallMatch:
+    """Compare one predicted call with the reference. `schema` is the function's parameters schema (an object
+    schema with properties / required), or None to compare by the reference's keys and types alone.
+    `args_match` judges the arguments alone; `ok` needs the name too."""
+    reasons = []
+    name_ok = expected.name == predicted.name
+    if not name_ok:
+        reasons.append(f"function: expected {expected.name}, found {predicted.name}")
+    valid = predicted.arguments is not None
+    if predicted.arguments is None:
+        reasons.append(f"{predicted.name}: arguments are not a JSON object: {predicted.raw_arguments}")
+        args_match = False
+    elif expected.arguments is None:
+        reasons.append(f"{expected.name}: the reference arguments are not a JSON object: {expected.raw_arguments}")
+        args_match = False
+    else:
+        problems = _compare_object(expected.arguments, predicted.arguments, schema, path="")
+        reasons += [f"{expected.name}({where}): {what}" for where, what in problems]
+        args_match = not problems
+    return CallMatch(name_ok=name_ok, args_valid_json=valid, args_match=args_match, reasons=reasons)
+
+
+Problem = tuple[str, str]  # (where, what)
+
+
+def _compare_value(expected: Any, predicted: Any, schema: Mapping[str, Any] | None, path: str) -> list[Problem]:
+    types = _schema_types(schema)
+    if types is not None:
+        if not any(_is_type(predicted, t) for t in types):
+            return [(path, f"expected {' or '.join(sorted(types))}, found {_json_type(predicted)} {_show(predicted)}")]
+    elif _kind(expected) != _kind(predicted):
+        return [
+            (
+                path,
+                f"expected {_json_type(expected)} {_show(expected)}, found {_json_type(predicted)} {_show(predicted)}",
+            )
+        ]
+    if isinstance(expected, dict) and isinstance(predicted, dict):
+        return _compare_object(expected, predicted, schema, path)
+    if isinstance(expected, list) and isinstance(predicted, list):
+        if len(expected) != len(predicted):
+            return [
+                (path, f"expected {len(expected)} items {_show(expected)}, found {len(predicted)} {_show(predicted)}")
+            ]
+        items = schema.get("items") if schema else None
+        item_schema = items if isinstance(items, Mapping) else None
+        problems: list[Problem] = []
+        for i, (e, p) in enumerate(zip(expected, predicted, strict=True)):
+            problems += _compare_value(e, p, item_schema, f"{path}[{i}]")
+        return problems
+    if _is_number(expected) and _is_number(predicted):
+        equal = expected == predicted
+    elif isinstance(expected, str) and isinstance(predicted, str):
+        equal = _standardize(expected) == _standardize(predicted)
+    else:
+        equal = type(expected) is type(predicted) and expected == predicted
+    return [] if equal else [(path, f"expected {_show(expected)}, found {_show(predicted)}")]
+
+
+def _compare_object(
+    expected: Mapping[str, Any], predicted: Mapping[str, Any], schema: Mapping[str, Any] | None, path: str
+) -> list[Problem]:
+    def at(key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    props = schema.get("properties") if schema else None
+    problems: list[Problem] = []
+    compared = [k for k in expected if k in predicted]
+    if not isinstance(props, Mapping):
+        props = None
+        problems += [(at(k), "missing") for k in expected if k not in predicted]
+        problems += [(at(k), "not in the reference call") for k in predicted if k not in expected]
+    else:
+        required = [k for k in (schema or {}).get("required") or [] if isinstance(k, str)]
+        problems += [(at(k), "required, missing") for k in required if k not in predicted]
+        for key in predicted:
+            if key not in props:
+                problems.append((at(key), "not a parameter in the schema"))
+            elif key not in expected and key not in required:
+                sub = props[key]
+                is_default = (
+                    isinstance(sub, Mapping)
+                    and "default" in sub
+                    and not _compare_value(sub["default"], predicted[key], sub, at(key))
+                )
+                if not is_default:
+                    problems.append((at(key), f"given {_show(predicted[key])}, not in the reference call"))
+        compared = [k for k in compared if k in props]
+    for key in compared:
+        sub = props.get(key) if props is not None else None
+        problems += _compare_value(expected[key], predicted[key], sub if isinstance(sub, Mapping) else None, at(key))
+    return problems
+
+
+def _schema_types(schema: Mapping[str, Any] | None) -> set[str] | None:
+    """The JSON types a schema allows; None when it says nothing usable (no type, or an unknown type name)."""
+    raw = schema.get("type") if schema else None
+    names = [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []
+    types = {_TYPE_ALIASES.get(str(n).lower()) for n in names}
+    if not names or None in types or "any" in types:
+        return None
+    return {t for t in types if t is not None}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_type(value: Any, json_type: str) -> bool:
+    if json_type == "integer":
+        return _is_number(value) and float(value).is_integer()
+    if json_type == "number":
+        return _is_number(value)
+    return _kind(value) == json_type
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if _is_number(value):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "null" if value is None else type(value).__name__
+
+
+def _json_type(value: Any) -> str:
+    return "integer" if isinstance(value, int) and not isinstance(value, bool) else _kind(value)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _standardize(text: str) -> str:
+    return _STRING_NOISE_RE.sub("", text).lower().replace("'", '"')
+
+
+def score_turn(turn: Turn, prediction: Prediction) -> TurnScore:
+    """The verdict on one turn; rates and their denominators are defined in the module docstring."""
+    expected_call = bool(turn.expected)
+    made_call = prediction.made_call
+    reasons = [f"malformed <tool_call> block: {block[:120]}" for block in prediction.malformed]
+    valid = None
+    if made_call:
+        valid = not prediction.malformed and all(c.arguments is not None for c in prediction.calls)
+
+    if not expected_call:
+        if made_call:
+            found = ", ".join(c.name for c in prediction.calls) or "a malformed block"
+            reasons.insert(0, f"expected no call, found a call to {found}")
+        return TurnScore(turn.id, False, made_call, None, valid, None, not made_call, reasons)
+    if not made_call:
+        names = ", ".join(c.name for c in turn.expected)
+        return TurnScore(turn.id, True, False, None, None, None, False, [f"expected a call to {names}, found none"])
+
+    names_ok = not prediction.malformed and Counter(c.name for c in turn.expected) == Counter(
+        c.name for c in prediction.calls
+    )
+    all_matched, call_reasons = _match_calls(turn.expected, prediction.calls, tool_schemas(turn.tools))
+    args_match = all_matched and not prediction.malformed
+    reasons += call_reasons
+    correct = bool(names_ok and args_match and valid)
+    return TurnScore(turn.id, True, True, names_ok, valid, args_match, correct, reasons)
+
+
+def _match_calls(
+    expected: list[Call], predicted: list[Call], schemas: Mapping[str, Mapping[str, Any]]
+) -> tuple[bool, list[str]]:
+    """Order-free matching of parallel calls: True when every call pairs with one that matches and the counts
+    are equal; otherwise the reasons, from the closest pairing (same name first)."""
+    matches = [[compare_call(e, p, schemas.get(e.name)) for p in predicted] for e in expected]
+    pair = _maximum_matching([[m.ok for m in row] for row in matches])
+    if len(pair) == len(expected) == len(predicted):
+        return True, []
+    reasons: list[str] = []
+    free_e = [i for i in range(len(expected)) if i not in pair]
+    free_p = [j for j in range(len(predicted)) if j not in pair.values()]
+    for i in list(free_e):
+        same = next((j for j in free_p if predicted[j].name == expected[i].name), None)
+        if same is not None:
+            reasons += matches[i][same].reasons
+            free_e.remove(i)
+            free_p.remove(same)
+    while free_e and free_p:
+        i, j = free_e.pop(0), free_p.pop(0)
+        reasons.append(f"function: expected {expected[i].name}, found {predicted[j].name}")
+    reasons += [f"expected a call to {expected[i].name}, found none" for i in free_e]
+    reasons += [f"expected no further call, found a call to {predicted[j].name}" for j in free_p]
+    return False, reasons
+
+
+def _maximum_matching(ok: list[list[bool]]) -> dict[int, int]:
+    """Row -> column of a maximum bipartite matching on `ok` (Kuhn's augmenting paths; a turn has few calls)."""
+    owner: dict[int, int] = {}  # column -> row
+
+    def augment(row: int, seen: set[int]) -> bool:
+        for col, good in enumerate(ok[row]):
+            if good and col not in seen:
+                seen.add(col)
+                if col not in owner or augment(owner[col], seen):
+                    owner[col] = row
+                    return True
+        return False
+
+    for row in range(len(ok)):
+        augment(row, set())
+    return {row: col for col, row in owner.items()}
+
+
+def score(turns: Sequence[Turn], outputs: Sequence[str], max_failures: int = MAX_FAILURES) -> EvalScores:
+    """Score raw model outputs (one per turn, as `generate` returns them) against the reference turns."""
+    if len(turns) != len(outputs):
+        raise ValueError(f"expected one output per turn, found {len(outputs)} outputs for {len(turns)} turns")
+    predictions = [parse_output(o) for o in outputs]
+    scored = [score_turn(t, p) for t, p in zip(turns, predictions, strict=True)]
+
+    def rate(flags: Iterable[bool | None]) -> Rate:
+        known = [f for f in flags if f is not None]
+        return Rate(sum(known), len(known))
+
+    failures = [
+        Failure(s.turn_id, _describe(t.expected), o[:500], s.reasons)
+        for t, o, s in zip(turns, outputs, scored, strict=True)
+        if not s.correct
+    ][:max_failures]
+    counts = {
+        "turns": len(scored),
+        "expected_call": sum(s.expected_call for s in scored),
+        "expected_no_call": sum(not s.expected_call for s in scored),
+        "expected_parallel": sum(len(t.expected) > 1 for t in turns),
+        "made_call": sum(s.made_call for s in scored),
+        "calls_expected": sum(len(t.expected) for t in turns),
+        "calls_parsed": sum(len(p.calls) for p in predictions),
+        "malformed_blocks": sum(len(p.malformed) for p in predictions),
+        "correct": sum(s.correct for s in scored),
+    }
+    return EvalScores(
+        call_accuracy=rate(s.decision_ok for s in scored),
+        relevance=rate(s.made_call for s in scored if s.expected_call),
+        irrelevance=rate(not s.made_call for s in scored if not s.expected_call),
+        name_accuracy=rate(s.names_ok for s in scored),
+        args_valid_json=rate(s.args_valid_json for s in scored),
+        args_match=rate(s.args_match for s in scored),
+        overall=rate(s.correct for s in scored),
+        counts=counts,
+        failures=failures,
+        turns=scored,
+    )
+
+
+def _describe(calls: list[Call]) -> str:
+    if not calls:
+        return "no call"
+    return "; ".join(f"{c.name}({_show(c.arguments)})" for c in calls)
+
+
+# -------------------------------------------------------------------------------------------------- collect
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]],
+    batch_size: int,
+    max_new_tokens: int,
+) -> list[str]:
+    """Greedy answers to (messages, tools) prompts, one string per prompt, in order.
+
+    Prompts are rendered by the tokenizer's chat template (the one training used) with the generation prompt,
+    batched longest first to waste little padding, and padded on the left so every row's new tokens start at
+    the same column. Only new tokens are decoded, special tokens kept, then cut at the first end marker.
+    """
+    import torch
+
+    if batch_size < 1:
+        raise ValueError(f"expected batch_size >= 1, found {batch_size}")
+    encoded = [
+        tokenizer(
+            tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,  # the template already wrote every special token (no second BOS)
+        )["input_ids"]
+        for messages, tools in prompts
+    ]
+    stop_ids = _stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    device = next(model.parameters()).device
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    outputs: list[str] = [""] * len(encoded)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            width = max(len(encoded[i]) for i in rows)
+            ids = [[pad_id] * (width - len(encoded[i])) + list(encoded[i]) for i in rows]
+            mask = [[0] * (width - len(encoded[i])) + [1] * len(encoded[i]) for i in rows]
+            with torch.inference_mode():
+                out = model.generate(
+                    input_ids=torch.tensor(ids, device=device),
+                    attention_mask=torch.tensor(mask, device=device),
+                    max_new_tokens=max_new_tokens,
+                    # Greedy whatever the checkpoint's generation_config asks (Qwen2-Instruct: sampling and
+                    # repetition_penalty 1.05).
+                    do_sample=False,
+                    num_beams=1,
+                    repetition_penalty=1.0,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
+                    eos_token_id=stop_ids,
+                    pad_token_id=pad_id,
+                )
+            for row, i in enumerate(rows):
+                text = tokenizer.decode(out[row, width:].tolist(), skip_special_tokens=False)
+                outputs[i] = _cut_at_end(text)
+    finally:
+        model.train(was_training)
+    return outputs
+
+
+def _stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Token ids that end a turn: `<|im_end|>` where the vocabulary has it, the tokenizer's and the model's EOS."""
+    ids: list[int] = []
+    for token in (*END_MARKERS, tokenizer.eos_token):
+        if token and token in tokenizer.get_vocab():
+            ids.append(tokenizer.convert_tokens_to_ids(token))
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += [configured] if isinstance(configured, int) else list(configured or [])
+    unique = list(dict.fromkeys(ids))
+    if not unique:
+        raise ValueError("the tokenizer has no end-of-turn token (<|im_end|>, eos_token): generation would not stop")
+    return unique
+
+
+def eval_loss(model: Any, batches: Iterable[Mapping[str, Any]]) -> float | None:
+    """Mean cross-entropy per supervised token over collated held-out batches (input_ids, labels with -100 on
+    unsupervised tokens, unshifted as in transformers, plus whatever else the model takes: attention_mask,
+    position_ids). Token-weighted over all batches, not a mean of batch means; None when nothing is supervised."""
+    import torch
+    import torch.nn.functional as F
+
+    device = next(model.parameters()).device
+    total, tokens = 0.0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+                labels = batch["labels"].to(device)[:, 1:]
+                logits = model(**inputs).logits[:, :-1]
+                if logits.dtype in (torch.float16, torch.bfloat16):
+                    logits = logits.float()
+                total += F.cross_entropy(
+                    logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="sum"
+                ).item()
+                tokens += int((labels != -100).sum())
+    finally:
+        model.train(was_training)
+    return total / tokens if tokens else None
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    conversations: Iterable[Mapping[str, Any]],
+    eval_cfg: EvalConfig,
+    loss_batches: Iterable[Mapping[str, Any]] | None = None,
+) -> tuple[EvalScores, float | None]:
+    """Score the first `eval_cfg.max_examples` assistant turns of the held-out conversations, and the loss on
+    `loss_batches` when given (None otherwise)."""
+    turns = [t for i, conv in enumerate(conversations) for t in expected_turns(conv, index=i)]
+    turns = turns[: eval_cfg.max_examples]
+    outputs = generate(
+        model,
+        tokenizer,
+        [(t.messages, t.tools) for t in turns],
+        batch_size=eval_cfg.batch_size,
+        max_new_tokens=eval_cfg.max_new_tokens,
+    )
+    loss = eval_loss(model, loss_batches) if loss_batches is not None else None
+    return score(turns, outputs), loss
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+def scores_to_results(scores: EvalScores, subject: str = "held-out turns") -> list[Result]:
+    """The five eval.* results in %. There is no threshold, so a scored metric is PASS; a metric with nothing to
+    score (an empty denominator) is ERROR, never a soft pass."""
+    n = scores.counts.get("turns", 0)
+    specs = [
+        (
+            "eval.call_accuracy",
+            scores.call_accuracy,
+            "right call / no-call decision",
+            "all turns",
+            f"; relevance {scores.relevance}, irrelevance {scores.irrelevance}",
+        ),
+        (
+            "eval.name_accuracy",
+            scores.name_accuracy,
+            "right functions called",
+            "turns that expected a call and got one",
+            "",
+        ),
+        (
+            "eval.args_valid_json",
+            scores.args_valid_json,
+            "every <tool_call> block and its arguments valid JSON",
+            "turns that emitted a <tool_call>",
+            f"; {scores.counts.get('malformed_blocks', 0)} malformed blocks",
+        ),
+        (
+            "eval.args_match",
+            scores.args_match,
+            "calls match the reference (names and type-aware arguments)",
+            "turns that expected a call and got one",
+            "",
+        ),
+        (
+            "eval.overall",
+            scores.overall,
+            "turn fully right",
+            "all turns",
+            "",
+        ),
+    ]
+    results = []
+    for name, r, what, over, extra in specs:
+        details: dict[str, Any] = {"correct": r.correct, "total": r.total, "counts": dict(scores.counts)}
+        if name == "eval.call_accuracy":
+            details["relevance"] = {"correct": scores.relevance.correct, "total": scores.relevance.total}
+            details["irrelevance"] = {"correct": scores.irrelevance.correct, "total": scores.irrelevance.total}
+        if name == "eval.overall":
+            details["failures"] = [dataclasses.asdict(f) for f in scores.failures]
+        pct = r.percent
+        if pct is None:
+            results.append(
+                Result(
+                    name=name,
+                    subject=subject,
+                    status=Status.ERROR,
+                    category="evaluation",
+                    unit="%",
+                    message=f"expected at least one scorable turn ({over}), found none among {n} {subject}",
+                    remediation="check the held-out split has assistant turns (with tool calls for the call "
+                    "metrics) and read eval.call_accuracy: a model that never emits <tool_call> leaves the "
+                    "call metrics nothing to score",
+                    details=details,
+                )
+            )
+            continue
+        results.append(
+            Result(
+                name=name,
+                subject=subject,
+                status=Status.PASS,
+                category="evaluation",
+                value=round(pct, 2),
+                unit="%",
+                message=f"{what}: {r.correct} of {r.total} ({pct:.1f} %), over {over}{extra}",
+                details=details,
+            )
+        )
+    return results
