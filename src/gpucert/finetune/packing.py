@@ -1,0 +1,147 @@
+"""Packing tokenized conversations into rows, collating rows into batches, and the document mask.
+
+A packed row holds whole conversations ("documents") placed best-fit decreasing (TRL's default `bfd`), never cut
+and wrapped across rows. `position_ids` restart at 0 at every document start, which is what separates documents:
+`block_causal_mask` lets a token attend only to earlier tokens of its own document (SDPA/eager), and flash
+attention's varlen path reads the same boundaries from the position ids. The first-token rule
+`labels[position_ids == 0] = -100` keeps a document from learning to predict the next one's first token.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpucert.finetune.template import IGNORE_INDEX
+
+Document = tuple[list[int], list[int]]  # (input_ids, labels)
+
+
+@dataclass
+class PackStats:
+    documents: int = 0
+    # Documents longer than max_length, cut to it (kept or dropped).
+    truncated: int = 0
+    # Truncated documents dropped because no supervised token was left.
+    dropped: int = 0
+    rows: int = 0
+    tokens: int = 0
+    supervised_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def _fit(doc: Document, max_length: int) -> Document:
+    input_ids, labels = doc[0][:max_length], list(doc[1][:max_length])
+    labels[0] = IGNORE_INDEX  # the first-token rule, position 0 of every document
+    return input_ids, labels
+
+
+def _row(docs: list[Document]) -> dict[str, list[int]]:
+    row: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": [], "seq_lengths": []}
+    for input_ids, labels in docs:
+        row["input_ids"] += input_ids
+        row["labels"] += labels
+        row["position_ids"] += range(len(input_ids))
+        row["seq_lengths"].append(len(input_ids))
+    return row
+
+
+def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins (lists of item indices) of total length <= capacity: longest item first, each into the fullest bin
+    that still fits it. Deterministic: ties are broken by index."""
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (space left, bin index), sorted
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        length = lengths[index]
+        if length > capacity:
+            raise ValueError(f"item {index} has length {length} > capacity {capacity}; truncate first")
+        slot = bisect.bisect_left(free, (length, -1))
+        if slot < len(free):
+            space, b = free.pop(slot)
+        else:
+            space, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(index)
+        if space - length > 0:
+            bisect.insort(free, (space - length, b))
+    return bins
+
+
+def pack(docs: Sequence[Document], max_length: int, packing: bool = True) -> tuple[list[dict[str, Any]], PackStats]:
+    """Rows of at most max_length tokens: {"input_ids", "labels", "position_ids", "seq_lengths"} lists.
+    Without packing each document is its own row. Longer documents are truncated to max_length and dropped when
+    truncation leaves no supervised token."""
+    stats = PackStats(documents=len(docs))
+    kept: list[Document] = []
+    for doc in docs:
+        if not doc[0]:
+            continue
+        fitted = _fit(doc, max_length)
+        if len(doc[0]) > max_length:
+            stats.truncated += 1
+            if all(label == IGNORE_INDEX for label in fitted[1]):
+                stats.dropped += 1
+                continue
+        kept.append(fitted)
+    if packing:
+        bins = best_fit_decreasing([len(d[0]) for d in kept], max_length)
+        rows = [_row([kept[i] for i in b]) for b in bins]
+    else:
+        rows = [_row([d]) for d in kept]
+    stats.rows = len(rows)
+    stats.tokens = sum(len(d[0]) for d in kept)
+    stats.supervised_tokens = sum(sum(label != IGNORE_INDEX for label in d[1]) for d in kept)
+    return rows, stats
+
+
+def collate(rows: Sequence[dict[str, Any]], pad_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad rows to the longest (or `pad_to`) into tensors: input_ids, labels, position_ids [b, s] (int64) and
+    num_tokens [b] (tokens before padding). Padding has labels -100 and position ids 0, 1, 2, ...: a document
+    of its own, so no real token attends to it and it attends to no real token."""
+    width = max([len(r["input_ids"]) for r in rows] + [pad_to or 0])
+    out = {
+        "input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
+        "labels": torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long),
+        "position_ids": torch.zeros((len(rows), width), dtype=torch.long),
+        "num_tokens": torch.zeros(len(rows), dtype=torch.long),
+    }
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        out["input_ids"][i, :n] = torch.as_tensor(row["input_ids"], dtype=torch.long)
+        out["labels"][i, :n] = torch.as_tensor(row["labels"], dtype=torch.long)
+        out["position_ids"][i, :n] = torch.as_tensor(row["position_ids"], dtype=torch.long)
+        out["position_ids"][i, n:] = torch.arange(width - n)
+        out["num_tokens"][i] = n
+    return out
+
+
+def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """[b, 1, s, s] bool, True where query i may attend key j: same document (documents start where the
+    position id is 0) and j <= i. SDPA takes it as is; eager attention needs `additive_mask`."""
+    document = torch.cumsum(position_ids == 0, dim=1)
+    same = document[:, :, None] == document[:, None, :]
+    seq = position_ids.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=position_ids.device).tril()
+    return (same & causal)[:, None]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the 0 / most-negative float bias that eager attention adds to its scores."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def attention_mask_for(position_ids: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
+    """The `attention_mask` to pass with packed rows: the 4-D boolean mask for "sdpa", its additive form for
+    "eager", None for flash attention (transformers derives varlen boundaries from position_ids then)."""
+    if attn_implementation.startswith("flash_attention"):
+        return None
+    mask = block_causal_mask(position_ids)
+    if attn_implementation == "eager":
+        return additive_mask(mask, dtype)
+    return mask

@@ -1,0 +1,239 @@
+"""Race-free data preparation: load, convert, split, tokenize, pack, and cache by fingerprint.
+
+Every rank calls `prepare_dataset`. The first to take the file lock `<cache_dir>/<fingerprint>.lock` builds the
+data into a temporary directory and renames it to `<cache_dir>/<fingerprint>/` with a `READY` marker written
+last; the others wait on the lock, then load. It is a plain file lock, not a torch.distributed barrier: minutes
+of CPU work must not run into the NCCL watchdog (shared reference `fine-tuning.md` §11.1). For multi-node runs
+put data.cache_dir on the shared filesystem, or run the preparation once before launching.
+
+Cache directory:
+    train/, eval/                 datasets.save_to_disk: input_ids, labels, position_ids, seq_lengths (int32 lists)
+    stats.json                    rows, parsed, unparsable (+ examples), and per split ("train", "eval"):
+                                  conversations, documents, rows, tokens, supervised_tokens, supervised_share,
+                                  truncated, dropped, no_assistant, render_failures, fill
+    eval_conversations.jsonl      held-out conversations (messages + tools), for generation-based evaluation
+    READY                         written last
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+from datasets import Dataset, Features, List, Value, load_from_disk
+from filelock import FileLock
+
+from gpucert.finetune.config import DataConfig, FinetuneConfig
+from gpucert.finetune.formats import load_conversations, source_path
+from gpucert.finetune.glaive import Conversation
+from gpucert.finetune.packing import Document, PackStats, pack
+from gpucert.finetune.template import TemplateError, render, template_hash
+
+# Bumped whenever parsing, rendering, masking, splitting or packing changes what a prepared dataset holds.
+DATA_METHOD_VERSION = "1"
+READY = "READY"
+COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths")
+FEATURES = Features({name: List(Value("int32")) for name in COLUMNS})
+# Conversations the template cannot render with a correct mask are skipped and counted; more than this share
+# means the template or the data is wrong, and preparation stops.
+MAX_RENDER_FAILURE_SHARE = 0.01
+MAX_EXAMPLES = 10
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    train: Dataset
+    eval: Dataset
+    stats: dict[str, Any]
+    fingerprint: str
+    path: Path
+    # True in the one process that built the cache during this call; False where it was loaded.
+    built: bool = False
+
+
+def source_identity(data_cfg: DataConfig) -> dict[str, Any]:
+    """What identifies the data: a local file by path, size and mtime; the bundled sample by its content; a hub
+    dataset by id and split."""
+    path = source_path(data_cfg)
+    if data_cfg.source == "sample" and path is not None:
+        return {"sample": hashlib.sha256(path.read_bytes()).hexdigest()}
+    if path is not None:
+        if not path.exists():
+            raise FileNotFoundError(f"data.source: file {path} not found")
+        stat = path.stat()
+        return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"hub": data_cfg.source, "split": data_cfg.split}
+
+
+def vocab_hash(tokenizer: Any) -> str:
+    content = {"vocab": sorted(tokenizer.get_vocab().items()), "special": tokenizer.special_tokens_map}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def data_fingerprint(cfg: FinetuneConfig, tokenizer: Any) -> str:
+    data = cfg.data
+    template = tokenizer.chat_template
+    key = {
+        "source": source_identity(data),
+        "format": data.format,
+        "tokenizer": cfg.model.name,
+        "vocab": vocab_hash(tokenizer),
+        "template": template_hash(template if isinstance(template, str) else json.dumps(template, sort_keys=True)),
+        "max_length": data.max_length,
+        "packing": data.packing,
+        "eval_fraction": data.eval_fraction,
+        "seed": data.seed,
+        "max_rows": data.max_rows,
+        "method": DATA_METHOD_VERSION,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _split_key(conv: Conversation) -> str:
+    # Conversations that open with the same (normalised) user prompt go to the same side, so duplicates and
+    # near-duplicates cannot leak from train into eval.
+    first = next((m for m in conv.messages if m["role"] == "user"), None)
+    if first is None:
+        return json.dumps(conv.to_json(), sort_keys=True)
+    return " ".join(str(first["content"]).lower().split())
+
+
+def split_conversations(
+    conversations: Sequence[Conversation], eval_fraction: float, seed: int
+) -> tuple[list[Conversation], list[Conversation]]:
+    """(train, eval) by whole conversation groups, deterministic for a seed; eval gets about eval_fraction."""
+    groups: dict[str, list[int]] = {}
+    for index, conv in enumerate(conversations):
+        groups.setdefault(_split_key(conv), []).append(index)
+    keys = list(groups)
+    random.Random(seed).shuffle(keys)
+    total = len(conversations)
+    target = max(1, round(eval_fraction * total)) if eval_fraction > 0 and total > 1 else 0
+    held: set[int] = set()
+    for key in keys:
+        if len(held) >= target:
+            break
+        if len(held) + len(groups[key]) < total:  # never hold out everything
+            held.update(groups[key])
+    train = [c for i, c in enumerate(conversations) if i not in held]
+    evals = [c for i, c in enumerate(conversations) if i in held]
+    return train, evals
+
+
+def tokenize_conversations(tokenizer: Any, conversations: Sequence[Conversation]) -> tuple[list[Document], dict]:
+    """Render every conversation with an assistant turn; the rest and render failures are counted."""
+    docs: list[Document] = []
+    counts: dict[str, Any] = {"no_assistant": 0, "render_failures": 0, "render_failure_examples": []}
+    for index, conv in enumerate(conversations):
+        if not any(m["role"] == "assistant" for m in conv.messages):
+            counts["no_assistant"] += 1
+            continue
+        try:
+            docs.append(render(tokenizer, conv))
+        except TemplateError as exc:
+            counts["render_failures"] += 1
+            if len(counts["render_failure_examples"]) < MAX_EXAMPLES:
+                counts["render_failure_examples"].append([index, str(exc)])
+    if counts["render_failures"] > MAX_RENDER_FAILURE_SHARE * max(len(conversations), 1):
+        raise TemplateError(
+            f"expected at most {MAX_RENDER_FAILURE_SHARE:.0%} of conversations to fail rendering, found "
+            f"{counts['render_failures']} of {len(conversations)}; first: {counts['render_failure_examples'][0][1]}"
+        )
+    return docs, counts
+
+
+def _dataset(rows: list[dict[str, Any]]) -> Dataset:
+    return Dataset.from_dict({name: [row[name] for row in rows] for name in COLUMNS}, features=FEATURES)
+
+
+def _split_stats(conversations: int, counts: dict[str, Any], pack_stats: PackStats, max_length: int) -> dict:
+    stats: dict[str, Any] = {"conversations": conversations, **counts, **pack_stats.as_dict()}
+    stats["supervised_share"] = pack_stats.supervised_tokens / max(pack_stats.tokens, 1)
+    # Share of row slots holding tokens if every row were padded to max_length.
+    stats["fill"] = pack_stats.tokens / max(pack_stats.rows * max_length, 1)
+    return stats
+
+
+def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) -> None:
+    data = cfg.data
+    conversations, report = load_conversations(data)
+    train_convs, eval_convs = split_conversations(conversations, data.eval_fraction, data.seed)
+    stats: dict[str, Any] = {
+        "fingerprint": fingerprint,
+        "data_method_version": DATA_METHOD_VERSION,
+        "source": data.source,
+        "format": data.format,
+        "template": data.template,
+        "tokenizer": cfg.model.name,
+        "max_length": data.max_length,
+        "packing": data.packing,
+        "rows": report.total,
+        "parsed": report.parsed,
+        "unparsable": report.unparsable,
+        "unparsable_examples": [list(e) for e in report.examples],
+    }
+    tmp = target.parent / f"{fingerprint}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    for name, convs in (("train", train_convs), ("eval", eval_convs)):
+        docs, counts = tokenize_conversations(tokenizer, convs)
+        rows, pack_stats = pack(docs, data.max_length, data.packing)
+        stats[name] = _split_stats(len(convs), counts, pack_stats, data.max_length)
+        _dataset(rows).save_to_disk(str(tmp / name))
+    with open(tmp / "eval_conversations.jsonl", "w", encoding="utf-8") as f:
+        for conv in eval_convs:
+            f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
+    (tmp / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (tmp / READY).write_text(fingerprint + "\n")
+    if target.exists():  # an incomplete directory left by an older layout or a manual copy
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
+def _load(path: Path, fingerprint: str, built: bool) -> Prepared:
+    stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
+    train, evals = load_from_disk(str(path / "train")), load_from_disk(str(path / "eval"))
+    return Prepared(train=train, eval=evals, stats=stats, fingerprint=fingerprint, path=path, built=built)
+
+
+def prepare_dataset(cfg: FinetuneConfig, tokenizer: Any) -> Prepared:
+    """The prepared train/eval rows of cfg.data, built once per fingerprint and shared by every process."""
+    fingerprint = data_fingerprint(cfg, tokenizer)
+    root = Path(cfg.data.cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / fingerprint
+    if (target / READY).exists():
+        return _load(target, fingerprint, built=False)
+    with FileLock(str(root / f"{fingerprint}.lock")):
+        if (target / READY).exists():
+            return _load(target, fingerprint, built=False)
+        # Temporary directories of a preparation that died; we hold the lock, so none is in use.
+        for stale in root.glob(f"{fingerprint}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        log.info("preparing data %s into %s", cfg.data.source, target)
+        # Progress bars of dataset conversion and saving would interleave across ranks; the stats tell the story.
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()
+        try:
+            _build(cfg, tokenizer, fingerprint, target)
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
+    return _load(target, fingerprint, built=True)
+
+
+def load_eval_conversations(path: Path) -> list[Conversation]:
+    """The held-out conversations of a prepared dataset (Prepared.path), for generation-based evaluation."""
+    with open(Path(path) / "eval_conversations.jsonl", encoding="utf-8") as f:
+        return [Conversation.from_json(json.loads(line)) for line in f if line.strip()]
