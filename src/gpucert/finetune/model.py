@@ -1,0 +1,215 @@
+"""The model side of fine-tuning: a causal LM with LoRA adapters, and its loss on a packed batch.
+
+`load_model` gives a PEFT model and the counts the FLOP formula needs (metrics.py); `forward_loss` gives the
+summed token loss and the number of supervised tokens, so the training loop can normalise by the global count
+of a whole optimizer step (fine-tuning.md §7).
+
+Model names: "tiny" (a 2-layer Qwen2 built from a fixed seed, nothing downloaded), a hub id or local model
+directory (pretrained weights), or with `random_init` a hub id or a directory holding only config.json
+(the architecture with random weights, for speed runs).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+
+from gpucert.finetune.config import LoraConfig, ModelConfig
+from gpucert.finetune.metrics import FlopCounts
+from gpucert.finetune.packing import attention_mask_for
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+# The tiny model's weights come from this seed whatever the training seed, so every run and rank starts alike.
+TINY_SEED = 1234
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    total_params: int
+    trainable_params: int
+    # N of the FLOP formula: nn.Linear weights, so lm_head in and the input embedding (a lookup) out.
+    matmul_params: int
+    lm_head_params: int
+    lora_params: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+
+    def flop_counts(self) -> FlopCounts:
+        return FlopCounts(
+            matmul_params=self.matmul_params,
+            lora_params=self.lora_params,
+            layers=self.layers,
+            heads=self.heads,
+            head_dim=self.head_dim,
+            lm_head_params=self.lm_head_params,
+        )
+
+
+@contextmanager
+def quiet_peft() -> Iterator[None]:
+    # peft 0.21 reads `is_gradient_checkpointing`, which transformers 5.2x deprecates: not ours to fix.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype: expected one of {sorted(DTYPES)}, found {name!r}")
+    return DTYPES[name]
+
+
+def tiny_config(vocab_size: int, attn_implementation: str = "sdpa") -> Qwen2Config:
+    """A 2-layer, 64-wide Qwen2 (GQA 4 query / 2 KV heads): the whole training stack in a CPU second."""
+    shape: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        # HF's default 0.02 leaves a frozen random lm_head able to reach logits of only about ±1.3 on 64
+        # dimensions, so LoRA alone could barely move the loss off ln(vocab); 0.1 lets the tiny run learn.
+        initializer_range=0.1,
+        attn_implementation=attn_implementation,
+    )
+    return Qwen2Config(**shape)
+
+
+def load_base_model(model_cfg: ModelConfig, vocab_size: int, device: torch.device) -> PreTrainedModel:
+    """The causal LM without adapters, on `device` in model_cfg.dtype, with model_cfg.attn_implementation."""
+    dtype = torch_dtype(model_cfg.dtype)
+    attn = model_cfg.attn_implementation
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"model.attn_implementation: expected one of {list(ATTN_IMPLEMENTATIONS)}, found {attn!r}")
+    model: PreTrainedModel
+    auto: Any = AutoModelForCausalLM
+    if model_cfg.name == "tiny":
+        # Built on the CPU from a fixed seed, so the CPU and GPU tests start from the same weights.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(TINY_SEED)
+            tiny: Any = Qwen2ForCausalLM(tiny_config(vocab_size, attn))
+        model = tiny.to(device=device, dtype=dtype)
+    elif model_cfg.random_init:
+        config = AutoConfig.from_pretrained(model_cfg.name)
+        # Initialised on the device itself: 7 B random weights on a CPU take minutes.
+        with torch.device(device):
+            model = auto.from_config(config, dtype=dtype, attn_implementation=attn)
+    else:
+        model = auto.from_pretrained(model_cfg.name, dtype=dtype, attn_implementation=attn, device_map={"": device})
+    embeddings: Any = model.get_input_embeddings()
+    if embeddings.weight.shape[0] < vocab_size:
+        model.resize_token_embeddings(vocab_size)
+    return model
+
+
+def count_shape(base: PreTrainedModel, vocab_size: int) -> dict[str, int]:
+    """Matmul parameters and the attention shape of a base model (before adapters are added)."""
+    config: Any = base.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    lm_head: Any = base.get_output_embeddings()
+    return {
+        "matmul_params": sum(m.weight.numel() for m in base.modules() if isinstance(m, nn.Linear)),
+        "lm_head_params": lm_head.weight.numel() if lm_head is not None else 0,
+        "layers": config.num_hidden_layers,
+        "heads": heads,
+        "kv_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
+        "hidden_size": config.hidden_size,
+        "vocab_size": vocab_size,
+    }
+
+
+def load_model(
+    model_cfg: ModelConfig, lora_cfg: LoraConfig, tokenizer: Any, device: torch.device
+) -> tuple[PeftModel, ModelInfo]:
+    """The base model with LoRA adapters on lora_cfg.target_modules, and its counts.
+
+    Call after seeding: the adapters' A matrices take their random init from the global generator, and FSDP2
+    relies on every rank building the same ones.
+    """
+    vocab_size = len(tokenizer)
+    base = load_base_model(model_cfg, vocab_size, device)
+    shape = count_shape(base, vocab_size)
+    base.config.use_cache = False
+    if model_cfg.gradient_checkpointing:
+        # Non-reentrant checkpointing is what DDP and FSDP2 need with frozen weights: the reentrant one marks
+        # adapter gradients ready twice under DDP (fine-tuning.md §11.2). The input hook gives the embedding
+        # output requires_grad, for code paths that still check it.
+        enable = getattr(base, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.enable_input_require_grads()
+    peft_config = PeftLoraConfig(
+        r=lora_cfg.r,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        target_modules=list(lora_cfg.target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+    with quiet_peft():
+        model = get_peft_model(base, peft_config)
+    params = list(model.named_parameters())
+    info = ModelInfo(
+        total_params=sum(p.numel() for _, p in params),
+        trainable_params=sum(p.numel() for _, p in params if p.requires_grad),
+        lora_params=sum(p.numel() for name, p in params if "lora_" in name),
+        **shape,
+    )
+    return model, info
+
+
+def merge_adapter(model_cfg: ModelConfig, tokenizer: Any, adapter_dir: Path, out_dir: Path) -> Path | None:
+    """The adapter folded into the base weights, saved as a plain model directory; None where the base cannot be
+    rebuilt (random_init: its random weights are gone)."""
+    if model_cfg.random_init and model_cfg.name != "tiny":
+        return None
+    base = load_base_model(model_cfg, len(tokenizer), torch.device("cpu"))
+    with quiet_peft():
+        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def supervised_count(labels: torch.Tensor) -> torch.Tensor:
+    """Tokens the loss learns from: label t is predicted from position t-1, so the first column never counts."""
+    return (labels[:, 1:] != IGNORE_INDEX).sum()
+
+
+def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the token cross-entropies over supervised tokens, their count), the sum computed in fp32."""
+    position_ids = batch["position_ids"]
+    # Packed rows stay document-masked: SDPA gets the boolean block-causal mask, eager its additive form (fp32:
+    # bf16 scores are promoted to it), flash attention none (it reads document starts from position_ids).
+    mask = attention_mask_for(position_ids, attn_impl, torch.float32)
+    out = model(input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False)
+    logits = out.logits[:, :-1].float()
+    targets = batch["labels"][:, 1:]
+    loss_sum = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return loss_sum, supervised_count(batch["labels"])

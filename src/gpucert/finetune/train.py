@@ -1,0 +1,566 @@
+"""`gpucert finetune`: LoRA supervised fine-tuning, one process per GPU (one gloo process per rank on a CPU).
+
+Run it:
+    python -m gpucert.finetune.train configs/finetune/tiny.yaml                       # CPU, a minute
+    torchrun --nproc-per-node 8 -m gpucert.finetune.train configs/finetune/qwen2-7b-glaive.yaml \
+        --set output_dir=runs/qwen-glaive --resume auto                                # 8 GPUs, DDP
+Precedence is config defaults < YAML file < --set key.path=value; `--resume auto` continues from the newest
+complete checkpoint of output_dir (exactly: same batches, same RNG, same loss curve).
+
+Reading the output (output_dir):
+    metrics.json      the run's one result: losses per step, eval losses, tokens/s (padded, effective,
+                      supervised; total and per GPU), LoRA-aware MFU with its formula, peak memory, versions,
+                      the resolved config, and the success criteria with "status" PASS or FAIL
+    adapter/          the final LoRA adapter in PEFT format (PeftModel.from_pretrained) with the tokenizer
+    merged/           the adapter merged into the base weights, when train.merge_adapter is set
+    checkpoints/      step-N checkpoints for --resume; tensorboard/: loss, lr, grad norm, tokens/s, MFU
+
+The loop: every optimizer step takes one global batch (micro_batch x grad_accum x world rows) from a shuffle
+of the epoch that depends only on seed and epoch, and each rank its own slice of it. The loss is the sum of
+token losses divided by the supervised-token count of the whole global batch, counted before the backward,
+so 1 process and N processes compute the same gradients for the same global batch (fine-tuning.md §7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from datasets import Dataset
+from torch import nn
+
+from gpucert.bench.distributed import DistEnv, cleanup, init_distributed
+from gpucert.config.loader import ConfigError, load_config
+from gpucert.finetune import metrics as flops
+from gpucert.finetune.checkpoint import TrainerState, find_latest, load_checkpoint, save_adapter, save_checkpoint
+from gpucert.finetune.config import FinetuneConfig
+from gpucert.finetune.model import IGNORE_INDEX, ModelInfo, forward_loss, load_model, merge_adapter, supervised_count
+from gpucert.finetune.packing import collate
+from gpucert.finetune.parallel import gradient_sync, resolve_mode, wrap
+from gpucert.finetune.prepare import Prepared, prepare_dataset
+from gpucert.finetune.tokenizer import load_tokenizer
+from gpucert.status import Status
+
+SCHEMA = "gpucert.finetune.metrics/1"
+# Throughput leaves out the first steps of every process (allocator growth, kernel selection, lazy init).
+TIMING_WARMUP_STEPS = 2
+# The final training loss of the success criterion: the mean of the last steps, as one batch is noisy.
+FINAL_LOSS_WINDOW = 5
+ADAM_BETAS = (0.9, 0.999)
+GIB = 1 << 30
+
+
+# --- The order of the data --------------------------------------------------------------------------------
+
+
+def plan_steps(train_rows: int, global_batch: int, epochs: float, max_steps: int | None) -> tuple[int, int]:
+    """(optimizer steps per epoch, total steps); a partial global batch at an epoch's end is dropped."""
+    per_epoch = train_rows // global_batch
+    if per_epoch == 0:
+        raise ValueError(
+            f"the train split has {train_rows} rows, fewer than one global batch of {global_batch} "
+            "(micro_batch x grad_accum x processes): lower train.micro_batch or train.grad_accum, or add data"
+        )
+    total = math.ceil(epochs * per_epoch)
+    return per_epoch, min(total, max_steps) if max_steps is not None else total
+
+
+def epoch_order(rows: int, seed: int, epoch: int) -> list[int]:
+    """The epoch's shuffle: a function of seed and epoch only, the same on every rank and after a resume."""
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def rank_micro_batches(global_rows: list[int], rank: int, micro_batch: int, grad_accum: int) -> list[list[int]]:
+    """This rank's grad_accum micro-batches of one global batch: rank r takes the r-th contiguous slice."""
+    mine = global_rows[rank * micro_batch * grad_accum : (rank + 1) * micro_batch * grad_accum]
+    return [mine[i * micro_batch : (i + 1) * micro_batch] for i in range(grad_accum)]
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps to the peak, then a cosine to zero at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+# --- One optimizer step -----------------------------------------------------------------------------------
+
+
+@dataclass
+class StepStats:
+    loss: float
+    grad_norm: float
+    lr: float
+    time_s: float
+    # Tokens of the global batch: rows x row length, non-pad, with a label.
+    padded: int
+    effective: int
+    supervised: int
+    # Σs² and Σs over its packed documents, for T_eff.
+    doc_sq: int
+    doc_len: int
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    # float64 keeps token counts exact far beyond any run's size.
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def batch_to(rows: list[dict[str, Any]], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in collate(rows, pad_id).items()}
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    micro_rows: list[list[dict[str, Any]]],
+    cfg: FinetuneConfig,
+    env: DistEnv,
+    pad_id: int,
+) -> StepStats:
+    started = time.perf_counter()
+    batches = [batch_to(rows, pad_id, env.device) for rows in micro_rows]
+    local_supervised = sum(int(supervised_count(b["labels"])) for b in batches)
+    # The divisor of every micro-step's loss: all supervised tokens of the global batch, known before any backward.
+    global_supervised = max(all_reduce_sum([local_supervised], env.device)[0], 1.0)
+    loss_sum = torch.zeros((), device=env.device)
+    for i, batch in enumerate(batches):
+        with gradient_sync(model, enabled=i == len(batches) - 1):
+            token_loss_sum, _ = forward_loss(model, batch, cfg.model.attn_implementation)
+            # DDP and FSDP2 average gradients over ranks; x world turns that average back into the global sum.
+            (token_loss_sum * env.world_size / global_supervised).backward()
+        loss_sum += token_loss_sum.detach()
+    params = [p for p in model.parameters() if p.requires_grad]
+    max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
+    # DTensor-aware under FSDP2: the norm is over the full gradients, not this rank's shards.
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    lr = float(scheduler.get_last_lr()[0])
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    docs = [flops.document_lengths(row["position_ids"]) for rows in micro_rows for row in rows]
+    totals = all_reduce_sum(
+        [
+            float(loss_sum),
+            sum(b["input_ids"].numel() for b in batches),
+            sum(len(row["input_ids"]) for rows in micro_rows for row in rows),
+            sum(s * s for d in docs for s in d),
+            sum(s for d in docs for s in d),
+        ],
+        env.device,
+    )
+    return StepStats(
+        loss=totals[0] / global_supervised,
+        grad_norm=float(grad_norm),
+        lr=lr,
+        time_s=time.perf_counter() - started,
+        padded=int(totals[1]),
+        effective=int(totals[2]),
+        supervised=int(global_supervised),
+        doc_sq=int(totals[3]),
+        doc_len=int(totals[4]),
+    )
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, rows: Dataset, cfg: FinetuneConfig, env: DistEnv, pad_id: int) -> dict[str, Any]:
+    """Token-weighted loss over the whole eval split, rows dealt round-robin to ranks."""
+    model.eval()
+    mine = list(range(env.rank, len(rows), env.world_size))
+    micro = cfg.train.micro_batch
+    # Every rank runs the same number of forwards (FSDP2 gathers parameters collectively in each one);
+    # a rank out of rows repeats its first row with no labels, which adds nothing to the sums.
+    batches = math.ceil(math.ceil(len(rows) / env.world_size) / micro)
+    loss_sum, count = 0.0, 0
+    for b in range(batches):
+        chunk = [rows[i] for i in mine[b * micro : (b + 1) * micro]]
+        if not chunk:
+            first = rows[mine[0] if mine else 0]
+            chunk = [{**first, "labels": [IGNORE_INDEX] * len(first["labels"])}]
+        s, n = forward_loss(model, batch_to(chunk, pad_id, env.device), cfg.model.attn_implementation)
+        loss_sum += float(s)
+        count += int(n)
+    model.train()
+    total_loss, total_count = all_reduce_sum([loss_sum, count], env.device)
+    return {"loss": total_loss / max(total_count, 1.0), "tokens": int(total_count)}
+
+
+# --- The run ----------------------------------------------------------------------------------------------
+
+
+def run_finetune(cfg: FinetuneConfig, profile_peak_tflops: float | None = None) -> dict[str, Any]:
+    """Train as configured in this process (one rank of a torchrun/srun job, or alone); the metrics dict,
+    also written to output_dir/metrics.json by rank 0."""
+    env = init_distributed()
+    try:
+        return train(cfg, env, cfg.train.peak_tflops or profile_peak_tflops)
+    finally:
+        cleanup()
+
+
+def train(cfg: FinetuneConfig, env: DistEnv, peak_tflops: float | None) -> dict[str, Any]:
+    started = time.time()
+    tc = cfg.train
+    run_dir = resolve_run_dir(cfg, env)
+    log = RankZeroLog(env, run_dir)
+    seed_everything(tc.seed)
+
+    tokenizer = load_tokenizer(cfg.model, cfg.data)
+    # Preparation is guarded by a file lock, not a collective: no rank waits on a barrier through it.
+    data = prepare_dataset(cfg, tokenizer)
+    pad_id = tokenizer.pad_token_id
+    mode = resolve_mode(tc.parallel, env.world_size)
+    global_batch = tc.micro_batch * tc.grad_accum * env.world_size
+    per_epoch, total_steps = plan_steps(len(data.train), global_batch, tc.epochs, tc.max_steps)
+    warmup_steps = math.ceil(tc.warmup_ratio * total_steps)
+
+    peft_model, info = load_model(cfg.model, cfg.lora, tokenizer, env.device)
+    model = wrap(peft_model, env, mode)
+    model.train()
+    counts = info.flop_counts()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=tc.lr, betas=ADAM_BETAS, weight_decay=tc.weight_decay, fused=env.device.type == "cuda" or None
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup_steps))
+
+    state = TrainerState(global_batch=global_batch, world_size=env.world_size)
+    resume_from = resume_point(cfg, run_dir)
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model, optimizer, scheduler, env)
+        if state.global_batch != global_batch:
+            raise ValueError(
+                f"{resume_from}: expected a global batch of {global_batch} rows, found {state.global_batch}: "
+                "resume with the same micro_batch x grad_accum x processes, or start a new output_dir"
+            )
+        state.world_size = env.world_size
+        log(f"resumed from {resume_from} at step {state.step}")
+    elif cfg.resume == "auto":
+        log(f"resume auto: no complete checkpoint under {run_dir}, starting at step 0")
+    log(
+        f"{info.total_params:,} parameters, {info.trainable_params:,} trainable (LoRA r{cfg.lora.r}); "
+        f"{len(data.train):,} train / {len(data.eval):,} eval rows; {total_steps} steps of {global_batch} rows "
+        f"({per_epoch} per epoch) on {env.world_size} x {env.device.type}, parallel {mode}"
+    )
+
+    oom: str | None = None
+    steps_this_process = 0
+    try:
+        order: list[int] = []
+        order_epoch = -1
+        while state.step < total_steps:
+            if state.index + global_batch > per_epoch * global_batch:
+                state.epoch, state.index = state.epoch + 1, 0
+            if order_epoch != state.epoch:
+                order, order_epoch = epoch_order(len(data.train), tc.seed, state.epoch), state.epoch
+            global_rows = order[state.index : state.index + global_batch]
+            micro_ids = rank_micro_batches(global_rows, env.rank, tc.micro_batch, tc.grad_accum)
+            micro_rows = [[data.train[i] for i in ids] for ids in micro_ids]
+
+            stats = train_step(model, optimizer, scheduler, micro_rows, cfg, env, pad_id)
+            state.step += 1
+            state.index += global_batch
+            steps_this_process += 1
+            record = step_record(state.step, stats, counts, env, peak_tflops, steps_this_process)
+            state.loss_history.append(stats.loss)
+            state.step_log.append(record)
+            if state.step % tc.log_every == 0 or state.step == total_steps:
+                log.step(record, total_steps)
+
+            last = state.step == total_steps
+            if len(data.eval) and (state.step % tc.eval_every == 0 or last):
+                result = {"step": state.step, **evaluate_loss(model, data.eval, cfg, env, pad_id)}
+                state.eval_losses.append(result)
+                log.scalar("eval/loss", result["loss"], state.step)
+                log(f"step {state.step}: eval loss {result['loss']:.4f} over {result['tokens']:,} tokens")
+            if state.step % tc.save_every == 0 or last:
+                save_checkpoint(run_dir, model, optimizer, scheduler, state, env, tc.keep_checkpoints)
+    except torch.cuda.OutOfMemoryError as exc:
+        oom = str(exc).splitlines()[0]
+        log(f"out of memory at step {state.step + 1}: {oom}")
+
+    adapter_dir = run_dir / "adapter"
+    merged_dir: Path | None = None
+    if oom is None:
+        save_adapter(model, tokenizer, adapter_dir, env)
+        if env.is_main and tc.merge_adapter:
+            merged_dir = merge_adapter(cfg.model, tokenizer, adapter_dir, run_dir / "merged")
+            if merged_dir is None:
+                log("not merging: a random_init base cannot be rebuilt to merge into")
+    result = summarise(cfg, env, info, data, state, run_dir, started, peak_tflops, oom, resume_from, merged_dir)
+    if env.is_main:
+        (run_dir / "metrics.json").write_text(json.dumps(result, indent=1))
+        log(f"{result['status']}: metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}")
+    log.close()
+    return result
+
+
+def resolve_run_dir(cfg: FinetuneConfig, env: DistEnv) -> Path:
+    """output_dir, or runs/<timestamp>-finetune named by rank 0 (ranks' clocks may straddle a second)."""
+    names = [cfg.output_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-finetune"]
+    if env.world_size > 1:
+        dist.broadcast_object_list(names, src=0)
+    run_dir = Path(names[0])
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    return run_dir
+
+
+def resume_point(cfg: FinetuneConfig, run_dir: Path) -> Path | None:
+    if cfg.resume == "none":
+        return None
+    if cfg.resume == "auto":
+        return find_latest(run_dir)
+    return Path(cfg.resume)
+
+
+def seed_everything(seed: int) -> None:
+    # The same seed on every rank: FSDP2 does not broadcast weights, so adapters must start alike everywhere.
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- Measurements -----------------------------------------------------------------------------------------
+
+
+def step_record(
+    step: int, s: StepStats, counts: flops.FlopCounts, env: DistEnv, peak: float | None, nth: int
+) -> dict[str, Any]:
+    t_eff = s.doc_sq / s.doc_len if s.doc_len else 0.0
+    per_token = flops.lora_flops_per_token(counts, t_eff)
+    rates = flops.tokens_per_s(s.padded, s.effective, s.supervised, s.time_s)
+    return {
+        "step": step,
+        "loss": s.loss,
+        "lr": s.lr,
+        "grad_norm": s.grad_norm,
+        "step_time_s": s.time_s,
+        "tokens": {"padded": s.padded, "effective": s.effective, "supervised": s.supervised},
+        "tokens_per_s": rates,
+        "t_eff": t_eff,
+        "doc_sq": s.doc_sq,
+        "mfu": flops.utilisation(per_token, rates["effective"] / env.world_size, peak),
+        "warmup": nth <= TIMING_WARMUP_STEPS,
+    }
+
+
+def peak_memory(env: DistEnv) -> dict[str, float | None]:
+    """The largest peak over ranks: device memory (CUDA) and host RSS."""
+    rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # ru_maxrss is KiB on Linux
+    cuda = env.device.type == "cuda"
+    values = torch.tensor(
+        [
+            torch.cuda.max_memory_allocated(env.device) / GIB if cuda else 0.0,
+            torch.cuda.max_memory_reserved(env.device) / GIB if cuda else 0.0,
+            rss_gib,
+        ],
+        dtype=torch.float64,
+        device=env.device,
+    )
+    if env.world_size > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    allocated, reserved, rss = values.tolist()
+    return {
+        "peak_memory_gib": allocated if cuda else None,
+        "peak_memory_reserved_gib": reserved if cuda else None,
+        "peak_rss_gib": rss,
+    }
+
+
+def versions(env: DistEnv) -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for package in ("gpucert", "torch", "transformers", "peft", "datasets"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    found["python"] = sys.version.split()[0]
+    found["cuda"] = torch.version.cuda
+    found["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if env.device.type == "cuda" else None
+    return found
+
+
+def summarise(
+    cfg: FinetuneConfig,
+    env: DistEnv,
+    info: ModelInfo,
+    data: Prepared,
+    state: TrainerState,
+    run_dir: Path,
+    started: float,
+    peak: float | None,
+    oom: str | None,
+    resume_from: Path | None,
+    merged_dir: Path | None,
+) -> dict[str, Any]:
+    """metrics.json: the run's numbers and its verdict. Collective (peak memory is the max over ranks)."""
+    memory = peak_memory(env)
+    counts = info.flop_counts()
+    log_ = state.step_log
+    timed = [r for r in log_ if not r["warmup"]] or log_
+    seconds = sum(r["step_time_s"] for r in timed)
+    tokens = {k: sum(r["tokens"][k] for r in log_) for k in ("padded", "effective", "supervised")}
+    timed_tokens = {k: sum(r["tokens"][k] for r in timed) for k in ("padded", "effective", "supervised")}
+    rates = flops.tokens_per_s(timed_tokens["padded"], timed_tokens["effective"], timed_tokens["supervised"], seconds)
+    t_eff = sum(r["doc_sq"] for r in timed) / max(timed_tokens["effective"], 1)
+    per_token = flops.lora_flops_per_token(counts, t_eff)
+    per_gpu = {k: v / env.world_size for k, v in rates.items()}
+    hfu = None
+    if cfg.model.gradient_checkpointing:
+        hfu = flops.utilisation(per_token + flops.recompute_flops_per_token(counts, t_eff), per_gpu["effective"], peak)
+
+    window = state.loss_history[-FINAL_LOSS_WINDOW:]
+    final_loss = sum(window) / len(window) if window else None
+    adapter_dir = run_dir / "adapter"
+    adapter_ok = (adapter_dir / "adapter_model.safetensors").is_file() and (
+        adapter_dir / "adapter_config.json"
+    ).is_file()
+    latest = find_latest(run_dir)
+    criteria = flops.judge_run(cfg.train.final_loss_max, final_loss, len(window), adapter_ok, latest, oom)
+    return {
+        "schema": SCHEMA,
+        "status": max((Status(c["status"]) for c in criteria), default=Status.PASS).value,
+        "criteria": criteria,
+        "wall_time_s": time.time() - started,
+        "train_time_s": sum(r["step_time_s"] for r in log_),
+        "world_size": env.world_size,
+        "parallel": resolve_mode(cfg.train.parallel, env.world_size),
+        "device": torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu",
+        "versions": versions(env),
+        "model": {"name": cfg.model.name, "dtype": cfg.model.dtype, **asdict(info)},
+        "dataset": {
+            "source": cfg.data.source,
+            "format": cfg.data.format,
+            "fingerprint": data.fingerprint,
+            "path": str(data.path),
+            "train_rows": len(data.train),
+            "eval_rows": len(data.eval),
+            "stats": data.stats,
+        },
+        "config": asdict(cfg),
+        "steps": len(state.loss_history),
+        "resumed_from": str(resume_from) if resume_from else None,
+        "timed_steps": len(timed),
+        "tokens": tokens,
+        "tokens_per_s": rates,
+        "tokens_per_s_per_gpu": per_gpu,
+        "t_eff": t_eff,
+        "flops_per_token": per_token,
+        "flops_formula": flops.flops_formula(counts, t_eff),
+        "peak_tflops": peak,
+        "mfu": flops.utilisation(per_token, per_gpu["effective"], peak),
+        "hfu": hfu,
+        **memory,
+        "final_loss": final_loss,
+        "loss_history": state.loss_history,
+        "eval_losses": state.eval_losses,
+        "final_eval_loss": state.eval_losses[-1]["loss"] if state.eval_losses else None,
+        "step_log": log_,
+        "oom": oom,
+        "outputs": {
+            "adapter": str(adapter_dir) if adapter_ok else None,
+            "merged": str(merged_dir) if merged_dir else None,
+            "checkpoint": str(latest) if latest else None,
+            "tensorboard": str(run_dir / "tensorboard") if (run_dir / "tensorboard").is_dir() else None,
+        },
+    }
+
+
+class RankZeroLog:
+    """Progress lines on stderr and TensorBoard scalars, from rank 0 only; silent elsewhere."""
+
+    def __init__(self, env: DistEnv, run_dir: Path) -> None:
+        self.enabled = env.is_main
+        self.writer: Any = None
+        if self.enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self("tensorboard is not installed: no TensorBoard logs (metrics.json has every number)")
+            else:
+                self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"[finetune] {message}", file=sys.stderr, flush=True)
+
+    def scalar(self, name: str, value: float | None, step: int) -> None:
+        if self.writer is not None and value is not None:
+            self.writer.add_scalar(name, value, step)
+
+    def step(self, r: dict[str, Any], total: int) -> None:
+        mfu = f" | MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""
+        self(
+            f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | grad {r['grad_norm']:.3f} | "
+            f"{r['step_time_s']:.2f} s | {r['tokens_per_s']['effective']:,.0f} tok/s effective{mfu}"
+        )
+        for name, value in (("loss", r["loss"]), ("lr", r["lr"]), ("grad_norm", r["grad_norm"]), ("mfu", r["mfu"])):
+            self.scalar(f"train/{name}", value, r["step"])
+        for kind, rate in r["tokens_per_s"].items():
+            self.scalar(f"tokens_per_s/{kind}", rate, r["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+# --- Command line -----------------------------------------------------------------------------------------
+
+
+def profile_peak() -> float | None:
+    """The hardware profile's dense BF16 peak for this node's GPU; None on CPUs or an unknown GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from gpucert.config.profiles import select_profile
+
+    try:
+        return select_profile([torch.cuda.get_device_name(0)]).bf16_peak_tflops
+    except (ConfigError, ImportError):  # an unknown GPU; a checkout run without installing has no gpucert.configs
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpucert.finetune.train", description=__doc__.split("\n")[0])
+    parser.add_argument("config", type=Path, nargs="?", help="finetune YAML (configs/finetune/*.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    parser.add_argument("--resume", help="none, auto, or a checkpoint directory (same as --set resume=...)")
+    parser.add_argument("--output-dir", help="run directory (same as --set output_dir=...)")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.resume:
+        overrides.append(f"resume={args.resume}")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    try:
+        cfg = load_config(FinetuneConfig, args.config, overrides)
+    except ConfigError as exc:
+        print(f"gpucert finetune: error: {exc}", file=sys.stderr)
+        return Status.ERROR.exit_code
+    result = run_finetune(cfg, profile_peak())
+    return Status(result["status"]).exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,190 @@
+"""The training loop on CPU: the data order and schedule as pure functions, then one tiny single-process run
+(falling loss, metrics.json, an adapter PEFT reloads with the trained outputs)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from gpucert.bench.distributed import cleanup, init_distributed
+from gpucert.finetune.checkpoint import find_latest, save_adapter
+from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
+from gpucert.finetune.model import forward_loss, load_base_model, load_model
+from gpucert.finetune.packing import collate
+from gpucert.finetune.tokenizer import load_tokenizer
+from gpucert.finetune.train import epoch_order, lr_factor, main, plan_steps, rank_micro_batches, run_finetune
+
+METRICS_KEYS = {
+    "schema",
+    "status",
+    "criteria",
+    "wall_time_s",
+    "train_time_s",
+    "world_size",
+    "parallel",
+    "device",
+    "versions",
+    "model",
+    "dataset",
+    "config",
+    "steps",
+    "resumed_from",
+    "timed_steps",
+    "tokens",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "t_eff",
+    "flops_per_token",
+    "flops_formula",
+    "peak_tflops",
+    "mfu",
+    "hfu",
+    "peak_memory_gib",
+    "peak_memory_reserved_gib",
+    "peak_rss_gib",
+    "final_loss",
+    "loss_history",
+    "eval_losses",
+    "final_eval_loss",
+    "step_log",
+    "oom",
+    "outputs",
+}
+
+
+def tiny_run(tmp_path: Path, **train: object) -> FinetuneConfig:
+    """The tiny recipe, shortened: 256-token rows, 16 steps, data cached under tmp_path."""
+    return FinetuneConfig(
+        model=ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa"),
+        lora=LoraConfig(r=8, alpha=16, dropout=0.0),
+        data=DataConfig(max_length=256, eval_fraction=0.1, cache_dir=str(tmp_path / "cache")),
+        train=replace(
+            TrainConfig(micro_batch=2, grad_accum=2, lr=1e-2, warmup_ratio=0.1, max_steps=16),
+            eval_every=8,
+            save_every=8,
+            keep_checkpoints=2,
+            final_loss_max=7.5,
+            **train,  # type: ignore[arg-type]
+        ),
+        output_dir=str(tmp_path / "run"),
+    )
+
+
+@pytest.fixture
+def single_process(monkeypatch: pytest.MonkeyPatch):
+    """init_distributed writes RANK/WORLD_SIZE into os.environ; monkeypatch puts the environment back after."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+
+
+# --- Pure parts -------------------------------------------------------------------------------------------
+
+
+def test_plan_steps() -> None:
+    assert plan_steps(100, 8, 1.0, None) == (12, 12)
+    assert plan_steps(100, 8, 2.5, None) == (12, 30)
+    assert plan_steps(100, 8, 2.5, 7) == (12, 7)
+    with pytest.raises(ValueError, match="fewer than one global batch of 16"):
+        plan_steps(10, 16, 1.0, None)
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch() -> None:
+    assert epoch_order(50, 42, 0) == epoch_order(50, 42, 0)
+    assert epoch_order(50, 42, 0) != epoch_order(50, 42, 1)
+    assert sorted(epoch_order(50, 42, 3)) == list(range(50))
+
+
+def test_ranks_split_a_global_batch_like_one_process_does() -> None:
+    rows = list(range(100, 108))
+    one = rank_micro_batches(rows, 0, micro_batch=2, grad_accum=4)
+    two = [rank_micro_batches(rows, r, micro_batch=2, grad_accum=2) for r in range(2)]
+    assert one == [[100, 101], [102, 103], [104, 105], [106, 107]]
+    assert two == [[[100, 101], [102, 103]], [[104, 105], [106, 107]]]
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine() -> None:
+    factors = [lr_factor(s, total=10, warmup=2) for s in range(10)]
+    assert factors[:3] == [0.5, 1.0, 1.0]
+    assert factors[6] == pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 8)))
+    assert all(a >= b for a, b in itertools.pairwise(factors[1:]))
+    assert lr_factor(0, total=10, warmup=0) == 1.0
+
+
+def test_config_errors_exit_3(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("train: {micro_batchh: 2}\n")
+    assert main([str(tmp_path / "bad.yaml")]) == 3
+
+
+# --- A run ------------------------------------------------------------------------------------------------
+
+
+def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> None:
+    cfg = tiny_run(tmp_path)
+    result = run_finetune(cfg)
+    run = Path(cfg.output_dir or "")
+
+    written = json.loads((run / "metrics.json").read_text())
+    assert written == json.loads(json.dumps(result))
+    assert set(written) == METRICS_KEYS
+    losses = written["loss_history"]
+    assert len(losses) == written["steps"] == 16
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.5, losses
+    assert written["status"] == "PASS", written["criteria"]
+    assert [c["name"] for c in written["criteria"]] == ["final_loss", "checkpoint_present", "no_oom"]
+    assert [e["step"] for e in written["eval_losses"]] == [8, 16]
+    assert written["eval_losses"][-1]["loss"] < written["eval_losses"][0]["loss"]
+
+    step = written["step_log"][-1]
+    assert step["tokens"]["padded"] >= step["tokens"]["effective"] >= step["tokens"]["supervised"] > 0
+    assert 1 <= written["t_eff"] <= 256
+    assert "4N + 6·N_lora + 12·L·H·Q·T_eff" in written["flops_formula"]
+    assert written["mfu"] is None and written["peak_tflops"] is None  # no peak on a CPU
+    assert written["config"]["train"]["max_steps"] == 16
+    assert (run / "config.yaml").is_file() and any((run / "tensorboard").iterdir())
+
+    # Retention kept both checkpoints (8, 16); the final adapter equals the last checkpoint's weights.
+    assert find_latest(run) == run / "checkpoints" / "step-16"
+    checkpoint = load_file(str(run / "checkpoints" / "step-16" / "adapter_model.safetensors"))
+    tokenizer = load_tokenizer(cfg.model, cfg.data)
+    reloaded = PeftModel.from_pretrained(
+        load_base_model(cfg.model, len(tokenizer), torch.device("cpu")), run / "adapter"
+    )
+    adapter = {k: v for k, v in reloaded.state_dict().items() if "lora_" in k}
+    assert set(adapter) == set(checkpoint)
+    assert all(torch.equal(adapter[k], checkpoint[k]) for k in checkpoint)
+    assert any(v.abs().sum() > 0 for k, v in checkpoint.items() if "lora_B" in k)
+
+
+def test_saved_adapter_reloads_with_identical_outputs(tmp_path: Path, single_process: None) -> None:
+    env = init_distributed()
+    try:
+        cfg = tiny_run(tmp_path)
+        tokenizer = load_tokenizer(cfg.model, cfg.data)
+        torch.manual_seed(0)
+        model, _ = load_model(cfg.model, cfg.lora, tokenizer, env.device)
+        rows = [{"input_ids": list(range(5, 45)), "labels": list(range(5, 45)), "position_ids": list(range(40))}]
+        batch = collate(rows, tokenizer.pad_token_id)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        for _ in range(3):
+            loss, n = forward_loss(model, batch, "sdpa")
+            (loss / n).backward()
+            opt.step()
+            opt.zero_grad()
+        save_adapter(model, tokenizer, tmp_path / "adapter", env)
+    finally:
+        cleanup()
+    model.eval()
+    base = load_base_model(cfg.model, len(tokenizer), torch.device("cpu"))
+    reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter")
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=batch["input_ids"]).logits, model(input_ids=batch["input_ids"]).logits)
+    assert (tmp_path / "adapter" / "tokenizer.json").is_file()
