@@ -7,6 +7,8 @@
     gpucert report RUN [RUN2]   re-render a run (--html), or compare a run with a baseline
     gpucert capture -o DIR      save the node's raw hardware answers (a bundle --replay can re-read)
     gpucert profiles            list the built-in hardware profiles
+    gpucert finetune [prepare]  LoRA SFT (offline default: tiny model + bundled data); see finetune/commands.py
+    gpucert evaluate --adapter  function-calling accuracy of a trained adapter
 
 Every verb that judges writes runs/<timestamp>-<host>/report.json and report.md (--output DIR chooses).
 Usage and config errors exit 3 (ERROR: nothing was judged) with the file and key named.
@@ -33,6 +35,7 @@ from gpucert.bench.suite import run_benchmark
 from gpucert.config.loader import ConfigError, load_config
 from gpucert.config.profiles import Profile, available_profiles, load_profile, select_profile
 from gpucert.config.run import RunConfig
+from gpucert.finetune import commands
 from gpucert.hardware.capture import capture_node
 from gpucert.hardware.inventory import NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.health.liveness import SubprocessLivenessProbe
@@ -98,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     capture = verbs.add_parser("capture", help="save raw hardware answers as a bundle for --replay and support")
     capture.add_argument("--output", "-o", type=Path, required=True, help="bundle directory to create")
     verbs.add_parser("profiles", help="list built-in hardware profiles")
+    finetune = verbs.add_parser("finetune", help="LoRA fine-tuning (offline default: tiny model, bundled data)")
+    finetune.add_argument("stage", nargs="?", choices=["prepare"], help="prepare: build the data cache only")
+    commands.add_arguments(finetune)
+    finetune.add_argument("--resume", help="none, auto (latest complete checkpoint) or a checkpoint directory")
+    finetune.add_argument("--output", "-o", help="run directory (default runs/<time>-finetune)")
+    evaluate = verbs.add_parser("evaluate", help="function-calling accuracy of a trained adapter")
+    commands.add_arguments(evaluate)
+    evaluate.add_argument("--adapter", type=Path, required=True, help="adapter directory (PEFT format)")
+    evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
+    evaluate.add_argument("--output", "-o", help="where evaluation.json goes (default: next to the adapter)")
     return parser
 
 
@@ -224,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"[yellow]not captured:[/] {problem}")
             console.print(f"bundle written to {args.output} (replay: gpucert discover --replay {args.output})")
             return 0
+        if args.verb == "finetune":
+            return commands.finetune(args)
+        if args.verb == "evaluate":
+            return commands.evaluate(args)
         if args.verb == "report":
             return run_report(args, console)
         if args.verb == "profiles":

@@ -1,0 +1,51 @@
+"""`gpucert finetune` and `gpucert evaluate` end to end on the offline default (tiny model, bundled data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpucert.cli import main
+
+
+def test_offline_default_trains_saves_and_evaluates(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)  # the data cache lands in ./.gpucert-cache
+    run = tmp_path / "run"
+    assert main(["finetune", "--output", str(run)]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    losses = metrics["loss_history"]
+    assert len(losses) == 40
+    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3, losses
+    assert metrics["status"] == "PASS"
+    assert {c["name"]: c["status"] for c in metrics["criteria"]} == {
+        "final_loss": "PASS",
+        "checkpoint_present": "PASS",
+        "no_oom": "PASS",
+    }
+    assert (run / "adapter/adapter_config.json").exists()
+
+    assert main(["evaluate", "--adapter", str(run / "adapter"), "--set", "eval.max_examples=8"]) in (0, 3)
+    evaluation = json.loads((run / "evaluation.json").read_text())
+    names = [r["name"] for r in evaluation["results"]]
+    assert names == [
+        "eval.call_accuracy",
+        "eval.name_accuracy",
+        "eval.args_valid_json",
+        "eval.args_match",
+        "eval.overall",
+    ]
+    assert evaluation["eval_loss"] > 0
+
+
+def test_prepare_alone_then_reuse(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["finetune", "prepare"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("prepared ") and "unparsable 10" in first
+    assert main(["finetune", "prepare"]) == 0
+    assert capsys.readouterr().out.startswith("reused ")
+
+
+def test_a_bad_key_is_named_and_exits_3(tmp_path: Path, capsys) -> None:
+    assert main(["finetune", "--set", "train.lr_max=1"]) == 3
+    assert "unknown key 'train.lr_max'" in capsys.readouterr().err
