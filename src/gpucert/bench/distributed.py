@@ -69,9 +69,14 @@ def first_host(nodelist: str) -> str:
 
 def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     """Join (or create, for a single process) the default process group; NCCL on GPUs, gloo on CPUs."""
-    ranks = ranks_from_env(os.environ) or {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    os.environ.update(ranks)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    launched = ranks_from_env(os.environ)
+    if launched:
+        # env:// rendezvous reads these; under srun they are the translation of SLURM_*, not yet in the env.
+        os.environ.update(launched)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    # A lone process writes nothing into os.environ: a later launch from this process must not mistake it
+    # for a rank of an outside torchrun.
+    ranks = launched or {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     rank, world = int(ranks["RANK"]), int(ranks["WORLD_SIZE"])
     local_rank = int(ranks.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available()
@@ -80,7 +85,7 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     if use_cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        if world == 1 and "MASTER_PORT" not in os.environ:
+        if not launched:
             # A lone process needs no rendezvous: an in-memory store avoids binding any port.
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout_s)
