@@ -85,7 +85,7 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     if use_cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        if not launched:
+        if world == 1 and "MASTER_PORT" not in os.environ:
             # A lone process needs no rendezvous: an in-memory store avoids binding any port.
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout_s)
