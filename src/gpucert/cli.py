@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -147,7 +148,10 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
     config = load_config(RunConfig, args.config, overrides)
     sources: NodeSources = bundle_sources(args.replay) if args.replay else live_sources()
     inventory = collect_inventory(sources)
-    profile = _resolve_profile(config, [g.name for g in inventory.gpu.gpus])
+    named = [g.name for g in inventory.gpu.gpus if "nvmlDeviceGetName" not in g.unreadable]
+    if inventory.gpu.gpus and not named and config.profile == "auto":
+        raise ConfigError("no GPU answered NVML's name query, so no profile can be chosen: name one with --profile")
+    profile = _resolve_profile(config, named)
     # Now that the hardware is known, its profile's run defaults sit under the file and --set values.
     config = load_config(RunConfig, args.config, overrides, base=profile.run_defaults)
     # Under an outside torchrun/srun every rank runs this; only rank 0 checks health and writes the report.
@@ -251,4 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_suite(args, console)
     except (ConfigError, ValueError) as exc:
         print(f"gpucert: error: {exc}", file=sys.stderr)
+        return ERROR_EXIT
+    except Exception as exc:
+        # Whatever broke, nothing was judged: exit 3 (ERROR), never 1, which monitoring reads as WARN.
+        traceback.print_exc()
+        print(f"gpucert: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return ERROR_EXIT

@@ -22,6 +22,7 @@ def test_slurm_tasks_become_ranks() -> None:
         "SLURM_NTASKS_PER_NODE": "8(x2)",
         "SLURM_JOB_NODELIST": "gpu[007-008]",
         "SLURM_JOB_ID": "123456",
+        "SLURM_STEP_ID": "0",
     }
     assert ranks_from_env(env) == {
         "RANK": "9",
@@ -31,6 +32,13 @@ def test_slurm_tasks_become_ranks() -> None:
         "MASTER_ADDR": "gpu007",
         "MASTER_PORT": str(20000 + 123456 % 20000),
     }
+
+
+def test_the_batch_script_itself_is_not_a_rank() -> None:
+    """`sbatch --ntasks-per-node=8` then a plain `gpucert accept`: it must launch its own workers, not wait."""
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "gpu001", "SLURM_JOB_ID": "7"}
+    assert ranks_from_env(batch) is None
+    assert ranks_from_env({**batch, "SLURM_STEP_ID": "4294967294"}) is None
 
 
 def test_a_single_slurm_task_or_no_launcher_is_standalone() -> None:

@@ -120,20 +120,27 @@ def test_results_in_percent_with_their_denominators() -> None:
 def test_nothing_to_score_is_an_error_never_a_pass() -> None:
     assert {r.status for r in scores_to_results(score([], []))} == {Status.ERROR}
 
-    # A model that never calls: the decision is scored, the call metrics have nothing to score.
+    # A model that never calls: the decision is scored (0 %), the call metrics do not apply: SKIP, saying why.
     weather = CASES[0]["conversation"]  # exact_match
     results = scores_to_results(score(expected_turns(weather), ["It is sunny."]))
     assert [(r.name, r.status, r.value) for r in results] == [
         ("eval.call_accuracy", Status.PASS, 0.0),
-        ("eval.name_accuracy", Status.ERROR, None),
-        ("eval.args_valid_json", Status.ERROR, None),
-        ("eval.args_match", Status.ERROR, None),
+        ("eval.name_accuracy", Status.SKIP, None),
+        ("eval.args_valid_json", Status.SKIP, None),
+        ("eval.args_match", Status.SKIP, None),
         ("eval.overall", Status.PASS, 0.0),
     ]
     assert results[1].message == (
-        "expected at least one scorable turn (turns that expected a call and got one), found none among 1 "
-        "held-out turns"
+        "nothing to score over turns that expected a call and got one: the model made no call where one was "
+        "expected (see eval.call_accuracy's relevance)"
     )
+
+
+def test_data_without_tool_calls_skips_the_call_metrics() -> None:
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}], "tools": []}
+    results = scores_to_results(score(expected_turns(chat), ["Hello!"]))
+    assert [r.status for r in results] == [Status.PASS, Status.SKIP, Status.SKIP, Status.SKIP, Status.PASS]
+    assert "no held-out turn expects a tool call" in results[1].message
 
 
 def test_score_wants_one_output_per_turn() -> None:

@@ -29,6 +29,11 @@ def apply_scenario(bundle: Path, scenario: dict[str, Any]) -> None:
         for key, value in answers.items():
             assert key in snapshot["devices"][int(index)], f"scenario sets {key}, which the snapshot never recorded"
             snapshot["devices"][int(index)][key] = value
+    for index in scenario.get("lose_gpus") or []:
+        # As collect_nvml_snapshot records a GPU whose handle NVML refuses (NVML_ERROR_GPU_IS_LOST = 15).
+        lost = {"nvml_error": "NVMLError_GpuIsLost", "code": 15, "message": "GPU is lost"}
+        snapshot["devices"][index] = {"nvmlDeviceGetHandleByIndex": lost}
+        snapshot["pairs"] = {k: v for k, v in snapshot["pairs"].items() if str(index) not in k.split(",")}
     removed = set(scenario.get("remove_gpus") or [])
     if removed:
         keep = [i for i in range(snapshot["device_count"]) if i not in removed]
@@ -42,6 +47,8 @@ def apply_scenario(bundle: Path, scenario: dict[str, Any]) -> None:
         }
         snapshot["device_count"] = len(keep)
     snapshot_path.write_text(json.dumps(snapshot))
+    if scenario.get("no_nvml"):
+        snapshot_path.unlink()  # as a bundle captured where NVML could not start
     for rel, text in (scenario.get("files") or {}).items():
         path = bundle / "root" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,5 +94,11 @@ def test_scenario(path: Path, bundle_copy, tmp_path: Path, capsys) -> None:
             assert fragment in result["message"], result["message"]
         if want["status"] in ("WARN", "FAIL", "ERROR"):
             assert result["remediation"], f"{result['name']} says what is wrong but not what to do"
-    others = [r for r in report["results"] if r not in named and r["status"] not in ("PASS", "SKIP")]
+    # A scenario may declare GPUs whose every check is expected to go bad (a GPU NVML lost).
+    spoiled = set(expect.get("bad_gpus", []))
+    others = [
+        r
+        for r in report["results"]
+        if r not in named and r["status"] not in ("PASS", "SKIP") and r["gpu_index"] not in spoiled
+    ]
     assert not others, f"unrelated checks changed status: {[(r['name'], r['status'], r['message']) for r in others]}"

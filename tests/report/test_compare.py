@@ -47,6 +47,8 @@ INVENTORY: dict[str, Any] = {"hostname": "n1", "summary": "s", "gpus": [], "topo
 def result(name: str, value: Any, unit: str | None = None, **fields: Any) -> Result:
     fields.setdefault("status", Status.PASS)
     fields.setdefault("subject", "n1")
+    # Measured performance: the only category compared by value (health readings compare by status).
+    fields.setdefault("category", "benchmark")
     return Result(name=name, message=f"{name} {value}", value=value, unit=unit, **fields)
 
 
@@ -76,7 +78,6 @@ def test_the_regressed_fixture_regresses_where_it_was_made_worse(synthetic_compa
         ("train.tokens_per_s_per_gpu", "4 x NVIDIA H200"): -11.0,
         ("train.mfu", "4 x NVIDIA H200"): -11.0,
         # The peak temperature went up: lower is better, so +21.2 % is a regression.
-        ("telemetry.matmul", "node"): 21.2,
     }
     improved = [(c.name, c.subject) for c in synthetic_comparisons if c.improved]
     assert improved == [("p2p.matrix", "4 GPUs"), ("p2p.pair", "GPU 1 -> GPU 2"), ("p2p.pair", "GPU 2 -> GPU 1")]
@@ -104,13 +105,9 @@ def test_directions_of_the_fixture_results(synthetic_comparisons: list[Compariso
     assert directions["collective.all_reduce"] == HIGHER
     assert directions["train.tokens_per_s_per_gpu"] == HIGHER
     assert directions["train.mfu"] == HIGHER
-    assert directions["telemetry.matmul"] == LOWER
-    assert directions["gpu.temperature"] == LOWER
-    assert directions["gpu.ecc_uncorrectable"] == LOWER
-    # ">= 690": a lower power cap is worse, whatever W usually means.
-    assert directions["gpu.power_limit"] == HIGHER
-    # "== 4": any change is a status matter, not a direction.
-    assert directions["gpu.count"] is None
+    # Telemetry and health readings compare by status only: a new ECC error shows as PASS -> FAIL.
+    for name in ("telemetry.matmul", "gpu.temperature", "gpu.ecc_uncorrectable", "gpu.power_limit", "gpu.count"):
+        assert directions[name] is None, name
 
 
 def test_a_report_against_itself_is_a_pass() -> None:
@@ -276,16 +273,15 @@ def test_markdown_comparison(synthetic_comparisons: list[Comparison]) -> None:
     assert lines[0] == "# gpucert comparison: FAIL"
     assert "- **Baseline:** runs/a/report.json" in lines
     assert "- **Threshold:** a number that moved the wrong way by more than 5 %" in lines
-    assert "- **Summary:** 8 regressed, 3 improved, 3 changed status (86 results compared)" in lines
+    assert "- **Summary:** 7 regressed, 3 improved, 3 changed status (86 results compared)" in lines
     assert (
         "| **REGRESSED** | collective.all_reduce | 4 ranks (nccl) | 360.6 GB/s | 317.3 GB/s | -12.0 % | "
         "higher is better | PASS → FAIL |" in lines
     )
     assert "|  | collective.all_gather | 4 ranks (nccl) | 340.7 GB/s | 330.4 GB/s | -3.0 % |" in text
-    assert "| **REGRESSED** | telemetry.matmul | node | 66 C | 80 C | +21.2 % | lower is better | PASS |" in lines
     assert "| **REGRESSED** | train.tokens_per_s_per_gpu | 4 x NVIDIA H200 | 44,591 tokens/s | 39,686 tokens/s" in text
     assert "| improved | p2p.pair | GPU 1 -> GPU 2 | 250.3 GB/s | 290.4 GB/s | +16.0 % |" in text
-    assert len([line for line in lines if line.startswith("| ")]) == 1 + 12  # header + changed rows
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + 11  # header + changed rows
     full = render_comparison_markdown(synthetic_comparisons)
     assert len([line for line in full.splitlines() if line.startswith("| ")]) == 1 + len(synthetic_comparisons)
 
@@ -305,7 +301,7 @@ def test_terminal_comparison_highlights_regressions(synthetic_comparisons: list[
     assert "last week → today" in text
     assert "REGRESSED" in text and "PASS → FAIL" in text and "improved" in text
     assert "gpu.memory" not in text  # unchanged rows are left out with changed_only
-    assert "comparison: FAIL  8 regressed, 3 improved, 3 changed status (86 results compared)" in text
+    assert "comparison: FAIL  7 regressed, 3 improved, 3 changed status (86 results compared)" in text
     styled = console.export_text(styles=True)
     assert "\x1b[1;31mcollective.all_reduce" in styled  # bold red
 
@@ -316,3 +312,16 @@ def test_terminal_comparison_of_identical_reports() -> None:
     print_comparison(console, compare_reports(base, base), changed_only=True)
     text = console.export_text()
     assert text.strip() == "comparison: PASS  no change beyond the threshold (35 results compared)"
+
+
+def test_health_readings_compare_by_status_not_by_value() -> None:
+    """An idle GPU 3 C warmer, or less busy, is weather, not a regression."""
+    warmer = result("gpu.temperature", 33.0, "C", category="health", gpu_index=0)
+    idler = result("gpu.idle", 0, "%", category="health", gpu_index=0)
+    base = report(
+        result("gpu.temperature", 30.0, "C", category="health", gpu_index=0),
+        result("gpu.idle", 4, "%", category="health", gpu_index=0),
+    )
+    comparisons = compare_reports(base, report(warmer, idler))
+    assert not any(c.regressed for c in comparisons)
+    assert comparison_status(comparisons) is Status.PASS

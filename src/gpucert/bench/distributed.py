@@ -42,7 +42,10 @@ def ranks_from_env(env: Mapping[str, str]) -> dict[str, str] | None:
     """torchrun's variables, or Slurm's translated into them; None outside any launcher."""
     if "RANK" in env and "WORLD_SIZE" in env:
         return {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE") if k in env}
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+    # Only inside an srun step: the batch script itself also sees SLURM_PROCID=0 and SLURM_NTASKS=N, and taking
+    # it for rank 0 would wait for N-1 ranks that never come. srun sets SLURM_STEP_ID for its tasks.
+    in_step = "SLURM_STEP_ID" in env and env["SLURM_STEP_ID"] not in ("batch", "4294967294")
+    if in_step and "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
         return {
             "RANK": env["SLURM_PROCID"],

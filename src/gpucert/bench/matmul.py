@@ -181,7 +181,8 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
         if sweep:
             candidates.append(sweep["best"])
         if candidates:
-            best_by_rank[rank["local_rank"]] = max(candidates, key=lambda c: c["tflops"])
+            # Keyed by global rank: under srun every node has a local rank 0.
+            best_by_rank[rank["rank"]] = max(candidates, key=lambda c: c["tflops"])
     node_median = statistics.median(c["tflops"] for c in best_by_rank.values()) if best_by_rank else None
     for rank in data["ranks"]:
         gpu = rank["local_rank"]
@@ -215,7 +216,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
             )
         sweep = rank["sweep"]
         if sweep:
-            results.append(_judge_max(best_by_rank[gpu], sweep, subject, gpu, profile, node_median))
+            results.append(_judge_max(best_by_rank[rank["rank"]], sweep, subject, gpu, profile, node_median))
         elif floors.matmul_bf16_tflops_min is not None:
             results.append(
                 Result(

@@ -66,7 +66,20 @@ class TelemetrySampler:
         if self._thread:
             self._thread.join(timeout=5)
         self.api.nvmlShutdown()
-        return thin({"t_s": self.samples["t_s"], "gpus": self.gpus})
+        # Slowdown reasons of every raw sample, OR-ed before thinning: a one-sample HW slowdown must not be
+        # dropped along with the samples the plots do not need.
+        seen = {gpu: _or_all(series["clock_events"]) for gpu, series in self.gpus.items()}
+        thinned = thin({"t_s": self.samples["t_s"], "gpus": self.gpus})
+        for gpu, mask in seen.items():
+            thinned["gpus"][gpu]["clock_events_seen"] = mask
+        return thinned
+
+
+def _or_all(masks: list[int | None]) -> int:
+    bits = 0
+    for mask in masks:
+        bits |= mask or 0
+    return bits
 
 
 def thin(series: dict[str, Any]) -> dict[str, Any]:
@@ -84,10 +97,7 @@ def judge_telemetry(benchmark: str, telemetry: dict[str, Any] | None, hostname: 
         return []
     hot = {}
     for gpu, series in telemetry["gpus"].items():
-        masks = [m for m in series["clock_events"] if m]
-        bits = 0
-        for mask in masks:
-            bits |= mask
+        bits = series.get("clock_events_seen", _or_all(series["clock_events"]))
         if bits & HW_SLOWDOWN_BITS:
             hot[gpu] = clock_event_names(bits & HW_SLOWDOWN_BITS)
     temps = [t for s in telemetry["gpus"].values() for t in s["temperature_c"] if t is not None]

@@ -44,8 +44,9 @@ def finetune(args: argparse.Namespace) -> int:
     from gpucert.finetune.train import profile_peak, run_finetune
     from gpucert.status import Status
 
-    extra = [f"resume={args.resume}"] if args.resume else []
-    extra += [f"output_dir={args.output}"] if args.output else []
+    # json.dumps quotes the value, so YAML reads a path like 2026-01-01 or a word like "on" as a string.
+    extra = [f"resume={json.dumps(args.resume)}"] if args.resume else []
+    extra += [f"output_dir={json.dumps(str(args.output))}"] if args.output else []
     cfg = load(args, extra)
     if args.stage == "prepare":
         return prepare(cfg)
@@ -80,13 +81,13 @@ def evaluate(args: argparse.Namespace) -> int:
 
     from gpucert.finetune.evaluate import evaluate as run_eval
     from gpucert.finetune.evaluate import scores_to_results
-    from gpucert.finetune.model import load_base_model
+    from gpucert.finetune.model import forward_loss, load_base_model
     from gpucert.finetune.packing import collate
     from gpucert.finetune.prepare import load_eval_conversations, prepare_dataset
     from gpucert.finetune.tokenizer import load_tokenizer
     from gpucert.status import worst
 
-    cfg = load(args, [f"data.source={args.data}"] if args.data else [])
+    cfg = load(args, [f"data.source={json.dumps(args.data)}"] if args.data else [])
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -100,7 +101,11 @@ def evaluate(args: argparse.Namespace) -> int:
         for i in range(0, len(rows), cfg.eval.batch_size)
     ]
     with torch.no_grad():
-        scores, loss = run_eval(model, tokenizer, conversations, cfg.eval, loss_batches=batches)
+        scores, _ = run_eval(model, tokenizer, conversations, cfg.eval)
+        # The training loss function: packed rows stay document-masked, as they were in training.
+        sums = [forward_loss(model, batch, cfg.model.attn_implementation) for batch in batches]
+    supervised = sum(int(count) for _, count in sums)
+    loss = sum(float(total) for total, _ in sums) / supervised if supervised else None
     results = scores_to_results(scores)
     for r in results:
         print(

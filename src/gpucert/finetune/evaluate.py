@@ -693,8 +693,8 @@ def evaluate(
 
 
 def scores_to_results(scores: EvalScores, subject: str = "held-out turns") -> list[Result]:
-    """The five eval.* results in %. There is no threshold, so a scored metric is PASS; a metric with nothing to
-    score (an empty denominator) is ERROR, never a soft pass."""
+    """The five eval.* results in %. There is no threshold, so a scored metric is PASS; a metric whose turns do
+    not occur (no expected calls) is SKIP with the reason; no scorable turn at all is ERROR, never a soft pass."""
     n = scores.counts.get("turns", 0)
     specs = [
         (
@@ -742,6 +742,26 @@ def scores_to_results(scores: EvalScores, subject: str = "held-out turns") -> li
         if name == "eval.overall":
             details["failures"] = [dataclasses.asdict(f) for f in scores.failures]
         pct = r.percent
+        if pct is None and n > 0:
+            # Turns exist but none fits this metric: data without tool calls (alpaca), or a model that never
+            # called (eval.call_accuracy's relevance already shows that). Not applicable, not broken.
+            why = (
+                "no held-out turn expects a tool call"
+                if not scores.counts.get("expected_call")
+                else "the model made no call where one was expected (see eval.call_accuracy's relevance)"
+            )
+            results.append(
+                Result(
+                    name=name,
+                    subject=subject,
+                    status=Status.SKIP,
+                    category="evaluation",
+                    unit="%",
+                    message=f"nothing to score over {over}: {why}",
+                    details=details,
+                )
+            )
+            continue
         if pct is None:
             results.append(
                 Result(

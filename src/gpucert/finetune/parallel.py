@@ -26,6 +26,9 @@ def resolve_mode(mode: str, world_size: int) -> str:
         raise ValueError(f"train.parallel: expected one of {list(MODES)}, found {mode!r}")
     if mode == "auto":
         return "ddp" if world_size > 1 else "none"
+    if mode == "none" and world_size > 1:
+        # Nothing would sync gradients: the ranks would drift apart and rank 0 save only its own adapter.
+        raise ValueError(f"train.parallel: none cannot train {world_size} processes; use ddp, fsdp2 or auto")
     return mode
 
 

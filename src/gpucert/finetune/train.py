@@ -550,9 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
     if args.resume:
-        overrides.append(f"resume={args.resume}")
+        overrides.append(f"resume={json.dumps(args.resume)}")
     if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
+        overrides.append(f"output_dir={json.dumps(args.output_dir)}")
     try:
         cfg = load_config(FinetuneConfig, args.config, overrides)
     except ConfigError as exc:

@@ -52,6 +52,8 @@ HOST_PATHS = (
     "sys/class/infiniband/*/device/net/*/operstate",
     *(f"sys/class/net/*/{name}" for name in ("operstate", "mtu", "speed", "address", "type", "carrier")),
     "sys/class/net/*/device/driver",
+    "sys/bus/pci/devices/*/vendor",
+    "sys/bus/pci/devices/*/class",
 )
 
 

@@ -144,10 +144,15 @@ class _Answers:
     def __init__(self, table: dict[str, Any]):
         self.table = table
         self.unreadable: dict[str, str] = {}
+        # A GPU whose handle NVML refused answered nothing: every field carries that reason.
+        lost = table.get("nvmlDeviceGetHandleByIndex")
+        self.missing = (
+            lost if lost is not None and is_error(lost) else {"nvml_error": "NotRecorded", "message": "not in snapshot"}
+        )
 
     def get(self, fn: str, *args: int) -> Any:
         key = Query(fn, args).key
-        value = self.table.get(key, {"nvml_error": "NotRecorded", "message": "not in snapshot"})
+        value = self.table.get(key, self.missing)
         if is_error(value):
             self.unreadable[key] = f"{value.get('nvml_error')}: {value.get('message', '')}".strip()
             return None

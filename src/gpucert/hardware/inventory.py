@@ -24,6 +24,7 @@ from gpucert.hardware.mounts import Mount, collect_mounts
 from gpucert.hardware.network import NetInterface, collect_net_interfaces
 from gpucert.hardware.nvml import SnapshotNvml, collect_nvml_snapshot, load_pynvml
 from gpucert.hardware.software import SoftwareVersions, collect_software
+from gpucert.hardware.sysfs import read_text
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ class NodeInventory:
     mounts: list[Mount]
     software: SoftwareVersions
     environment: RuntimeEnvironment
+    # NVIDIA display/3D controllers on the PCI bus, whatever NVML says: a GPU the driver cannot see is
+    # still here, and a node with no working driver must not pass as a CPU node.
+    nvidia_pci_devices: int = 0
     replayed_from: str | None = None
 
     @property
@@ -114,6 +118,7 @@ class NodeInventory:
             "mounts": [dataclasses.asdict(m) for m in self.mounts],
             "software": dataclasses.asdict(self.software),
             "environment": dataclasses.asdict(self.environment),
+            "nvidia_pci_devices": self.nvidia_pci_devices,
         }
 
 
@@ -142,8 +147,19 @@ def collect_inventory(sources: NodeSources, probe_torch: bool = True) -> NodeInv
         mounts=collect_mounts(sources.root),
         software=sources.software or collect_software(sources.root, probe_torch=probe_torch),
         environment=collect_environment(sources.root, sources.env),
+        nvidia_pci_devices=count_nvidia_pci_gpus(sources.root),
         replayed_from=sources.replayed_from,
     )
+
+
+def count_nvidia_pci_gpus(root: Path) -> int:
+    """PCI functions with NVIDIA's vendor id (0x10de) and a display class (0x03xxxx: VGA or 3D controller)."""
+    count = 0
+    for device in sorted((root / "sys/bus/pci/devices").glob("*")):
+        vendor, klass = read_text(device / "vendor"), read_text(device / "class")
+        if vendor and klass and vendor.strip() == "0x10de" and klass.strip().startswith("0x03"):
+            count += 1
+    return count
 
 
 def summarize(inv: NodeInventory) -> str:

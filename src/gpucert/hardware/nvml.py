@@ -147,13 +147,24 @@ def collect_nvml_snapshot(api: Any) -> dict[str, Any]:
     api.nvmlInit()
     try:
         count = api.nvmlDeviceGetCount()
-        handles = [api.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        devices = [{q.key: _ask(api, q, h) for q in DEVICE_QUERIES} for h in handles]
+        handles: list[Any] = []
+        devices: list[dict[str, Any]] = []
+        for index in range(count):
+            # One lost GPU must not hide the others: its handle error is recorded and every query of it
+            # then reads as unanswered, which the checks turn into ERROR for that GPU alone.
+            handle = _ask(api, Query("nvmlDeviceGetHandleByIndex"), index)
+            if is_error(handle):
+                handles.append(None)
+                devices.append({"nvmlDeviceGetHandleByIndex": handle})
+            else:
+                handle = api.nvmlDeviceGetHandleByIndex(index)
+                handles.append(handle)
+                devices.append({q.key: _ask(api, q, handle) for q in DEVICE_QUERIES})
         pairs = {
             f"{a},{b}": {q.key: _ask(api, q, handles[a], handles[b]) for q in PAIR_QUERIES}
             for a in range(count)
             for b in range(count)
-            if a != b
+            if a != b and handles[a] is not None and handles[b] is not None
         }
         return {
             "format": SNAPSHOT_FORMAT,
@@ -197,6 +208,9 @@ class SnapshotNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         if not 0 <= index < self.snapshot["device_count"]:
             raise IndexError(index)
+        lost = self.snapshot["devices"][index].get("nvmlDeviceGetHandleByIndex")
+        if lost is not None and is_error(lost):
+            raise _nvml_error(lost.get("code"), lost.get("message", ""))
         return index
 
     def __getattr__(self, fn: str) -> Any:

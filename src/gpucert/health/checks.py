@@ -45,6 +45,22 @@ def check_gpu_count(inv: NodeInventory, profile: Profile, config: HealthConfig) 
     else:
         expected, source = profile.gpu.gpus_per_node, _src(profile, "gpu.gpus_per_node")
     nvml_note = f" (NVML: {inv.gpu.nvml_error})" if inv.gpu.nvml_error else ""
+    if found < inv.nvidia_pci_devices:
+        # Whatever the profile expects: GPUs on the bus that NVML cannot see are broken GPUs or a broken driver.
+        return [
+            Result(
+                name="gpu.count",
+                subject=inv.hostname,
+                status=Status.FAIL,
+                value=found,
+                unit="GPUs",
+                expected=f"== {inv.nvidia_pci_devices} (NVIDIA GPUs on the PCI bus)",
+                threshold_source="/sys/bus/pci/devices",
+                message=f"expected NVML to see the {inv.nvidia_pci_devices} NVIDIA GPUs on the PCI bus, "
+                f"found {found} on {inv.hostname}{nvml_note}",
+                remediation="load the NVIDIA driver (nvidia-smi must list every GPU); check dmesg for NVRM errors",
+            )
+        ]
     base: dict[str, Any] = dict(
         name="gpu.count", subject=inv.hostname, value=found, unit="GPUs", threshold_source=source
     )
@@ -514,6 +530,18 @@ def check_uniform_firmware(inv: NodeInventory) -> list[Result]:
         return []
     results = []
     for field, label in (("vbios", "VBIOS"), ("inforom", "InfoROM image")):
+        unread = [gpu.index for gpu in gpus if getattr(gpu, field) is None]
+        if unread:
+            results.append(
+                Result(
+                    name=f"node.{field}_uniform",
+                    subject=inv.hostname,
+                    status=Status.ERROR,
+                    message=f"could not read the {label} of GPUs {unread}, so uniformity is not known",
+                    remediation="see the GPU's other ERROR results: it stopped answering NVML",
+                )
+            )
+            continue
         versions: dict[str, list[int]] = {}
         for gpu in gpus:
             versions.setdefault(str(getattr(gpu, field)), []).append(gpu.index)

@@ -38,7 +38,11 @@ def run_liveness(inv: NodeInventory, config: HealthConfig, probe: LivenessProbe 
             )
         ]
     try:
-        return judge_liveness(inv, probe.run(timeout_s=max(60.0, 15.0 * len(inv.gpu.gpus))))
+        answers = probe.run(timeout_s=max(60.0, 15.0 * len(inv.gpu.gpus)))
+        if not answers:
+            # NVML sees GPUs and CUDA none: a CPU-only torch, CUDA_VISIBLE_DEVICES="" or a broken CUDA install.
+            raise LivenessError(f"NVML sees {len(inv.gpu.gpus)} GPUs but CUDA in this Python sees none")
+        return judge_liveness(inv, answers)
     except LivenessError as exc:
         return [
             Result(

@@ -88,7 +88,13 @@ def _number(value: Value) -> float | None:
 
 
 def direction_of(result: Result) -> str | None:
-    """Which way is better: the threshold's comparison if it has one (">= 690 W"), else the unit's."""
+    """Which way is better: the threshold's comparison if it has one (">= 690 W"), else the unit's.
+
+    Only measured performance has a direction. Health readings (an idle GPU's temperature or utilisation,
+    the liveness error) and telemetry move with the room and the moment: they are compared by status only.
+    """
+    if result.category not in ("benchmark", "evaluation"):
+        return None
     expected = (result.expected or "").lstrip()
     if expected.startswith(">"):
         return HIGHER
