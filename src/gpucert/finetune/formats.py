@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucert.finetune.config import DataConfig
-from gpucert.finetune.glaive import Conversation, GlaiveFormatError, ParseReport, parse_rows
+from gpucert.finetune.glaive import Conversation, GlaiveFormatError, ParseReport, convert_rows, parse_rows
 from gpucert.finetune.sample_data import SAMPLE_PATH
 
 FORMATS = ("glaive", "alpaca", "messages")
@@ -130,17 +130,7 @@ def messages_to_conversation(row: Mapping[str, Any]) -> Conversation:
 def _convert_all(
     rows: Iterable[Mapping[str, Any]], convert: Callable[[Mapping[str, Any]], Conversation]
 ) -> tuple[list[Conversation], ParseReport]:
-    conversations: list[Conversation] = []
-    report = ParseReport()
-    for index, row in enumerate(rows):
-        report.total += 1
-        try:
-            conversations.append(convert(row))
-        except (RowFormatError, GlaiveFormatError) as exc:
-            report.add_failure(index, str(exc))
-            continue
-        report.parsed += 1
-    return conversations, report
+    return convert_rows(rows, convert, (RowFormatError, GlaiveFormatError))
 
 
 def parse_alpaca_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Conversation], ParseReport]:

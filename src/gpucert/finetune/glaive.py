@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,16 +210,25 @@ def parse_row(row: Mapping[str, Any]) -> Conversation:
     return Conversation(messages=messages, tools=tools)
 
 
-def parse_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Conversation], ParseReport]:
-    """Parse every row; bad rows are counted in the report with their index and reason, never raised."""
+def convert_rows(
+    rows: Iterable[Mapping[str, Any]],
+    convert: Callable[[Mapping[str, Any]], Conversation],
+    errors: tuple[type[BaseException], ...] = (GlaiveFormatError, RecursionError),
+) -> tuple[list[Conversation], ParseReport]:
+    """Convert every row; a row raising one of `errors` is counted in the report with its index and reason."""
     conversations: list[Conversation] = []
     report = ParseReport()
     for index, row in enumerate(rows):
         report.total += 1
         try:
-            conversations.append(parse_row(row))
-        except (GlaiveFormatError, RecursionError) as exc:
+            conversations.append(convert(row))
+        except errors as exc:
             report.add_failure(index, str(exc))
             continue
         report.parsed += 1
     return conversations, report
+
+
+def parse_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Conversation], ParseReport]:
+    """Parse every Glaive row; bad rows are counted in the report with their index and reason, never raised."""
+    return convert_rows(rows, parse_row)
