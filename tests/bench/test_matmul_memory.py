@@ -130,3 +130,18 @@ def test_cpu_profile_does_not_hold_ranks_to_each_other() -> None:
     results = by_name(matmul.judge({"ranks": [fast, cpu_rank]}, load_profile("cpu"), None), "matmul.fp32.max")
     assert results[1].status is Status.PASS
     assert results[1].subject == "rank 1 (cpu)"
+
+
+def test_benchmark_results_take_nvml_indices_by_uuid() -> None:
+    """Two workers saw CUDA GPUs 0 and 1, which are NVML's GPUs 3 and 2 (CUDA_VISIBLE_DEVICES=3,2)."""
+    from tests.conftest import NODE_BUNDLES
+
+    from gpucert.bench.suite import nvml_indexed
+    from gpucert.hardware.inventory import bundle_sources, collect_inventory
+
+    inventory = collect_inventory(bundle_sources(NODE_BUNDLES / "h200x4"))
+    uuids = [gpu.uuid for gpu in inventory.gpu.gpus]
+    data = {"ranks": [{**memory_rank(0, 4.2, 53.0), "uuid": uuids[3]}, {**memory_rank(1, 3.0, 53.0), "uuid": uuids[2]}]}
+    results = nvml_indexed(memory.judge(data, H200, None), data, inventory)
+    copy = {r.gpu_index: r.status for r in results if r.name == "memory.copy"}
+    assert copy == {3: Status.PASS, 2: Status.FAIL}

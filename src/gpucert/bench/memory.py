@@ -83,7 +83,9 @@ def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
             if turn == env.rank:
                 rows.update(_pcie_rows(config, device))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    ranks = gather_to_main(env, {"rank": env.rank, "local_rank": env.local_rank, "device": name, "rows": rows})
+    uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None
+    mine = {"rank": env.rank, "local_rank": env.local_rank, "device": name, "uuid": uuid, "rows": rows}
+    ranks = gather_to_main(env, mine)
     return None if ranks is None else {"ranks": ranks, "config": asdict(config)}
 
 

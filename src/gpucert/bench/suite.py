@@ -64,4 +64,22 @@ def run_benchmark(
     if data is None:
         return []
     section = getattr(config.bench, name)
-    return catalog.load(name).judge(data, profile, section) + judge_telemetry(name, telemetry, inventory.hostname)
+    results = catalog.load(name).judge(data, profile, section)
+    return nvml_indexed(results, data, inventory) + judge_telemetry(name, telemetry, inventory.hostname)
+
+
+def nvml_indexed(results: list[Result], data: dict[str, Any], inventory: NodeInventory) -> list[Result]:
+    """Per-GPU benchmark results carry the worker's CUDA index; health results carry NVML's. Under
+    CUDA_VISIBLE_DEVICES=4,5,6,7 CUDA's 0 is NVML's 4: match by UUID so a slow GPU is named as health names it."""
+    by_uuid = {gpu.uuid: gpu.index for gpu in inventory.gpu.gpus}
+    cuda_to_nvml = {
+        rank["local_rank"]: by_uuid[rank["uuid"]]
+        for rank in data.get("ranks", [])
+        if isinstance(rank, dict) and rank.get("uuid") in by_uuid
+    }
+    return [
+        dataclasses.replace(r, gpu_index=cuda_to_nvml[r.gpu_index])
+        if r.gpu_index is not None and r.gpu_index in cuda_to_nvml
+        else r
+        for r in results
+    ]
