@@ -81,7 +81,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
     from gpucert.finetune.evaluate import evaluate as run_eval
     from gpucert.finetune.evaluate import scores_to_results
-    from gpucert.finetune.model import forward_loss, load_base_model
+    from gpucert.finetune.model import load_base_model
     from gpucert.finetune.packing import collate
     from gpucert.finetune.prepare import load_eval_conversations, prepare_dataset
     from gpucert.finetune.tokenizer import load_tokenizer
@@ -101,11 +101,9 @@ def evaluate(args: argparse.Namespace) -> int:
         for i in range(0, len(rows), cfg.eval.batch_size)
     ]
     with torch.no_grad():
-        scores, _ = run_eval(model, tokenizer, conversations, cfg.eval)
-        # The training loss function: packed rows stay document-masked, as they were in training.
-        sums = [forward_loss(model, batch, cfg.model.attn_implementation) for batch in batches]
-    supervised = sum(int(count) for _, count in sums)
-    loss = sum(float(total) for total, _ in sums) / supervised if supervised else None
+        scores, loss = run_eval(
+            model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=cfg.model.attn_implementation
+        )
     results = scores_to_results(scores)
     for r in results:
         print(

@@ -639,12 +639,13 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return unique
 
 
-def eval_loss(model: Any, batches: Iterable[Mapping[str, Any]]) -> float | None:
-    """Mean cross-entropy per supervised token over collated held-out batches (input_ids, labels with -100 on
-    unsupervised tokens, unshifted as in transformers, plus whatever else the model takes: attention_mask,
-    position_ids). Token-weighted over all batches, not a mean of batch means; None when nothing is supervised."""
+def eval_loss(model: Any, batches: Iterable[Mapping[str, Any]], attn_impl: str = "sdpa") -> float | None:
+    """Mean cross-entropy per supervised token over collated held-out batches, computed by the training loss
+    (`model.forward_loss`: packed rows stay document-masked). Token-weighted over all batches, not a mean of
+    batch means; None when nothing is supervised."""
     import torch
-    import torch.nn.functional as F
+
+    from gpucert.finetune.model import forward_loss
 
     device = next(model.parameters()).device
     total, tokens = 0.0, 0
@@ -653,15 +654,9 @@ def eval_loss(model: Any, batches: Iterable[Mapping[str, Any]]) -> float | None:
     try:
         with torch.inference_mode():
             for batch in batches:
-                inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
-                labels = batch["labels"].to(device)[:, 1:]
-                logits = model(**inputs).logits[:, :-1]
-                if logits.dtype in (torch.float16, torch.bfloat16):
-                    logits = logits.float()
-                total += F.cross_entropy(
-                    logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="sum"
-                ).item()
-                tokens += int((labels != -100).sum())
+                loss_sum, count = forward_loss(model, {k: v.to(device) for k, v in batch.items()}, attn_impl)
+                total += float(loss_sum)
+                tokens += int(count)
     finally:
         model.train(was_training)
     return total / tokens if tokens else None
@@ -673,6 +668,7 @@ def evaluate(
     conversations: Iterable[Mapping[str, Any]],
     eval_cfg: EvalConfig,
     loss_batches: Iterable[Mapping[str, Any]] | None = None,
+    attn_impl: str = "sdpa",
 ) -> tuple[EvalScores, float | None]:
     """Score the first `eval_cfg.max_examples` assistant turns of the held-out conversations, and the loss on
     `loss_batches` when given (None otherwise)."""
@@ -685,7 +681,7 @@ def evaluate(
         batch_size=eval_cfg.batch_size,
         max_new_tokens=eval_cfg.max_new_tokens,
     )
-    loss = eval_loss(model, loss_batches) if loss_batches is not None else None
+    loss = eval_loss(model, loss_batches, attn_impl) if loss_batches is not None else None
     return score(turns, outputs), loss
 
 

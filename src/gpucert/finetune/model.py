@@ -202,12 +202,19 @@ def supervised_count(labels: torch.Tensor) -> torch.Tensor:
 
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the token cross-entropies over supervised tokens, their count), the sum computed in fp32."""
-    position_ids = batch["position_ids"]
+    position_ids = batch.get("position_ids")
+    if position_ids is None:
+        # An unpacked batch is one document per row: positions count from 0.
+        position_ids = torch.arange(batch["input_ids"].shape[1], device=batch["input_ids"].device).expand_as(
+            batch["input_ids"]
+        )
     # Packed rows stay document-masked: SDPA gets the boolean block-causal mask, eager its additive form (fp32:
     # bf16 scores are promoted to it), flash attention none (it reads document starts from position_ids).
     mask = attention_mask_for(position_ids, attn_impl, torch.float32)
     out = model(input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False)
-    logits = out.logits[:, :-1].float()
+    logits = out.logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # the sum in fp32; float64 (tests) stays as it is
     targets = batch["labels"][:, 1:]
     loss_sum = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
