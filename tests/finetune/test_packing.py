@@ -92,6 +92,14 @@ def test_block_causal_mask() -> None:
     bias = additive_mask(mask, torch.float32)
     assert bias[0, 0, 3, 0] == torch.finfo(torch.float32).min and bias[0, 0, 4, 3] == 0
     assert attention_mask_for(torch.tensor([[0, 1]]), "flash_attention_2", torch.bfloat16) is None
+    assert attention_mask_for(torch.tensor([[0, 1, 0]]), "flex_attention", torch.bfloat16) is None
+
+
+def test_sdpa_gets_no_mask_only_when_every_row_is_one_whole_document() -> None:
+    # No mask lets SDPA run plain causal attention (its flash kernel); any second document or padding needs one.
+    assert attention_mask_for(torch.tensor([[0, 1, 2], [0, 1, 2]]), "sdpa", torch.float32) is None
+    assert attention_mask_for(torch.tensor([[0, 1, 2], [0, 1, 0]]), "sdpa", torch.float32) is not None
+    assert attention_mask_for(torch.tensor([[0, 1, 2]]), "eager", torch.float32) is not None
 
 
 def _tiny_qwen2(vocab_size: int, attn: str):

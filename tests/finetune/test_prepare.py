@@ -180,3 +180,20 @@ def test_concurrent_processes_prepare_exactly_once(tmp_path: Path) -> None:
     assert sum(built for built, _ in outcomes) == 1
     assert len({d for _, d in outcomes}) == 1
     assert [p.name for p in cache.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_synthetic_rows_are_full_length_single_documents(tmp_path: Path, tokenizer) -> None:
+    cfg = config(tmp_path, source="synthetic", max_rows=40, max_length=64)
+    prepared = prepare_dataset(cfg, tokenizer)
+    assert (len(prepared.train), len(prepared.eval)) == (36, 4)
+    for row in prepared.train:
+        assert row["seq_lengths"] == [64] and row["position_ids"] == list(range(64))
+        assert row["labels"] == [IGNORE_INDEX, *row["input_ids"][1:]]
+        assert all(0 <= t < len(tokenizer) for t in row["input_ids"])
+    assert prepared.stats["train"]["supervised_tokens"] == 36 * 63
+    # Deterministic by seed, another seed another dataset.
+    assert digest(
+        prepare_dataset(config(tmp_path / "again", source="synthetic", max_rows=40, max_length=64), tokenizer)
+    ) == digest(prepared)
+    other = prepare_dataset(config(tmp_path, source="synthetic", max_rows=40, max_length=64, seed=7), tokenizer)
+    assert other.fingerprint != prepared.fingerprint and digest(other) != digest(prepared)

@@ -71,3 +71,48 @@ def test_tiny_bf16_fsdp2_with_checkpointing(tmp_path: Path) -> None:
     assert m["parallel"] == "fsdp2"
     assert m["hfu"] is None or m["hfu"] > m["mfu"]
     assert_learned_on_gpus(m, nproc)
+
+
+def packed_loss_and_grads(cfg: Any) -> tuple[float, list[torch.Tensor]]:
+    """One forward/backward of the tiny model on the GPU over rows of several packed documents and padding."""
+    from gpucert.finetune.config import DataConfig, LoraConfig
+    from gpucert.finetune.model import forward_loss, load_model
+    from gpucert.finetune.packing import collate
+    from gpucert.finetune.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg, DataConfig())
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for lengths in ([70, 130, 50], [200], [30, 30]):
+        row: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
+        for n in lengths:
+            ids = torch.randint(3, len(tokenizer), (n,), generator=g).tolist()
+            row["input_ids"] += ids
+            row["labels"] += [-100] * (n // 2) + ids[n // 2 :]
+            row["position_ids"] += list(range(n))
+        rows.append(row)
+    batch = {k: v.cuda() for k, v in collate(rows, tokenizer.pad_token_id, pad_to=256).items()}
+    torch.manual_seed(0)
+    model, _ = load_model(cfg, LoraConfig(r=8, alpha=16, dropout=0.0), tokenizer, torch.device("cuda"), 256)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    loss, n = forward_loss(model, batch, cfg.attn_implementation)
+    (loss / n).backward()
+    return float(loss.detach()), [p.grad.float().clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize(
+    "change", [{"attn_implementation": "flex_attention"}, {"compile": True}, {"fused_loss": False}], ids=str
+)
+def test_speed_options_keep_the_packed_loss(change: dict[str, Any]) -> None:
+    from dataclasses import replace
+
+    from gpucert.finetune.config import ModelConfig
+
+    reference_cfg = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
+    reference = packed_loss_and_grads(reference_cfg)
+    found = packed_loss_and_grads(replace(reference_cfg, **change))
+    assert found[0] == pytest.approx(reference[0], rel=1e-4)
+    for a, b in zip(found[1], reference[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=1e-5)

@@ -18,9 +18,17 @@ class ModelConfig:
     # Build the architecture from its config with random weights: speed runs without downloading weights.
     random_init: bool = False
     dtype: str = "bf16"
-    # "sdpa", "eager" or "flash_attention_2"; packed rows stay document-masked with every one of them.
+    # "sdpa", "flex_attention", "eager" or "flash_attention_2"; packed rows stay document-masked with each.
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False
+    # Compute the fp32 LoRA adapters in the base dtype under autocast (bf16 matmuls, fp32 weights and
+    # optimizer), instead of PEFT's upcast of every adapter input to fp32.
+    autocast: bool = True
+    # lm_head and cross-entropy fused and chunked, only over labelled tokens: no full-vocabulary logits.
+    fused_loss: bool = True
+    # torch.compile every decoder layer (fuses norms, RoPE, SwiGLU, dropout and the adapter adds); batches
+    # are padded to data.max_length so shapes stay static.
+    compile: bool = False
 
 
 @dataclass(frozen=True)

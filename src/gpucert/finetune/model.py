@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,13 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from gpucert.finetune.config import LoraConfig, ModelConfig
+from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
 from gpucert.finetune.packing import attention_mask_for
+from gpucert.finetune.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2")
 # The tiny model's weights come from this seed whatever the training seed, so every run and rank starts alike.
 TINY_SEED = 1234
 IGNORE_INDEX = -100
@@ -60,6 +62,43 @@ class ModelInfo:
             head_dim=self.head_dim,
             lm_head_params=self.lm_head_params,
         )
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """How forward_loss runs a model, fixed when the model is built (a model attribute, so DDP and FSDP2
+    wrappers carry it along)."""
+
+    # The dtype adapters compute in under autocast; None: as PEFT does (inputs cast to the adapter dtype).
+    autocast_dtype: torch.dtype | None = None
+    # Pad every batch to this length (compiled layers keep static shapes); None: to the longest row.
+    pad_to: int | None = None
+
+
+class DeferredHead(nn.Module):
+    """Stands in for lm_head when the loss is fused: the hidden states pass through, and forward_loss applies
+    the head's weight chunk by chunk (loss.py). The weight is held as a plain tensor, not a parameter, so
+    neither DDP nor FSDP2 sees it (it is frozen) and FSDP2 does not shard it."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.head_weight = weight.detach()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+PLAN_ATTRIBUTE = "gpucert_forward_plan"
+
+
+def forward_plan(model: nn.Module) -> ForwardPlan:
+    inner = getattr(model, "module", model)  # DDP keeps the model in .module
+    plan = getattr(inner, PLAN_ATTRIBUTE, None)
+    return plan if isinstance(plan, ForwardPlan) else ForwardPlan()
+
+
+def deferred_head(model: nn.Module) -> DeferredHead | None:
+    return next((m for m in model.modules() if isinstance(m, DeferredHead)), None)
 
 
 @contextmanager
@@ -140,10 +179,19 @@ def count_shape(base: PreTrainedModel, vocab_size: int) -> dict[str, int]:
     }
 
 
+def defer_head(base: PreTrainedModel) -> None:
+    """Replace lm_head by a DeferredHead, so the model returns hidden states and forward_loss fuses the head
+    into the loss. Left alone where the fused loss does not apply (a head with a bias or adapters)."""
+    head: Any = base.get_output_embeddings()
+    if type(head) is nn.Linear and head.bias is None and not head.weight.requires_grad:
+        base.set_output_embeddings(DeferredHead(head.weight))
+
+
 def load_model(
-    model_cfg: ModelConfig, lora_cfg: LoraConfig, tokenizer: Any, device: torch.device
+    model_cfg: ModelConfig, lora_cfg: LoraConfig, tokenizer: Any, device: torch.device, max_length: int | None = None
 ) -> tuple[PeftModel, ModelInfo]:
-    """The base model with LoRA adapters on lora_cfg.target_modules, and its counts.
+    """The base model with LoRA adapters on lora_cfg.target_modules, and its counts. `max_length` is the row
+    length batches are padded to when the layers are compiled.
 
     Call after seeding: the adapters' A matrices take their random init from the global generator, and FSDP2
     relies on every rank building the same ones.
@@ -179,6 +227,21 @@ def load_model(
         lora_params=sum(p.numel() for name, p in params if "lora_" in name),
         **shape,
     )
+    autocast_dtype = None
+    if model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16):
+        # PEFT keeps adapters in fp32 and casts each adapter's input to fp32: an fp32 copy of every projection
+        # input, and fp32 matmuls. Under autocast the input stays bf16 and the matmul casts the small adapter
+        # weights instead; the weights, their gradients and the optimizer stay fp32.
+        for module in model.modules():
+            if hasattr(module, "cast_input_dtype_enabled"):
+                setattr(module, "cast_input_dtype_enabled", False)  # noqa: B010 (a plain attribute, not a submodule)
+        autocast_dtype = base.dtype
+    if model_cfg.fused_loss:
+        defer_head(base)  # after counting: the head's weight is no longer a parameter
+    if model_cfg.compile:
+        for layer in decoder_layers(base):
+            layer.compile()
+    setattr(model, PLAN_ATTRIBUTE, ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None))
     return model, info
 
 
@@ -202,6 +265,7 @@ def supervised_count(labels: torch.Tensor) -> torch.Tensor:
 
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the token cross-entropies over supervised tokens, their count), the sum computed in fp32."""
+    plan = forward_plan(model)
     position_ids = batch.get("position_ids")
     if position_ids is None:
         # An unpacked batch is one document per row: positions count from 0.
@@ -209,9 +273,16 @@ def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: st
             batch["input_ids"]
         )
     # Packed rows stay document-masked: SDPA gets the boolean block-causal mask, eager its additive form (fp32:
-    # bf16 scores are promoted to it), flash attention none (it reads document starts from position_ids).
+    # bf16 scores are promoted to it), flash and flex attention none (they read document starts from position_ids).
     mask = attention_mask_for(position_ids, attn_impl, torch.float32)
-    out = model(input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False)
+    device = batch["input_ids"].device
+    autocast = torch.autocast(device.type, dtype=plan.autocast_dtype) if plan.autocast_dtype else nullcontext()
+    with autocast:
+        out = model(input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False)
+        head = deferred_head(model)
+        if head is not None:
+            loss_sum = linear_cross_entropy(out.logits, head.head_weight, batch["labels"])
+            return loss_sum, supervised_count(batch["labels"])
     logits = out.logits[:, :-1]
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()  # the sum in fp32; float64 (tests) stays as it is

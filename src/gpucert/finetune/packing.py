@@ -3,7 +3,7 @@
 A packed row holds whole conversations ("documents") placed best-fit decreasing (TRL's default `bfd`), never cut
 and wrapped across rows. `position_ids` restart at 0 at every document start, which is what separates documents:
 `block_causal_mask` lets a token attend only to earlier tokens of its own document (SDPA/eager), and flash
-attention's varlen path reads the same boundaries from the position ids. The first-token rule
+and flex attention read the same boundaries from the position ids. The first-token rule
 `labels[position_ids == 0] = -100` keeps a document from learning to predict the next one's first token.
 """
 
@@ -138,8 +138,13 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def attention_mask_for(position_ids: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
     """The `attention_mask` to pass with packed rows: the 4-D boolean mask for "sdpa", its additive form for
-    "eager", None for flash attention (transformers derives varlen boundaries from position_ids then)."""
-    if attn_implementation.startswith("flash_attention"):
+    "eager". None where transformers finds the documents from position_ids itself: flash attention (varlen
+    boundaries), flex attention (a document block mask that skips empty blocks), and SDPA when every row is a
+    single unpadded document (plain causal attention, which runs SDPA's flash kernel instead of a masked one)."""
+    if attn_implementation.startswith("flash_attention") or attn_implementation == "flex_attention":
+        return None
+    single = torch.arange(position_ids.shape[1], device=position_ids.device)
+    if attn_implementation == "sdpa" and bool((position_ids == single).all()):
         return None
     mask = block_causal_mask(position_ids)
     if attn_implementation == "eager":

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 from datasets import Dataset, Features, List, Value, load_from_disk
 from filelock import FileLock
 
@@ -37,11 +38,15 @@ from gpucert.finetune.config import DataConfig, FinetuneConfig
 from gpucert.finetune.formats import load_conversations, source_path
 from gpucert.finetune.glaive import Conversation
 from gpucert.finetune.packing import Document, PackStats, pack
-from gpucert.finetune.template import TemplateError, render, template_hash
+from gpucert.finetune.template import IGNORE_INDEX, TemplateError, render, template_hash
 
 # Bumped whenever parsing, rendering, masking, splitting or packing changes what a prepared dataset holds.
 DATA_METHOD_VERSION = "1"
 READY = "READY"
+# data.source of the throughput benchmark: random tokens, one full-length document per row, every token labelled
+# (the unpadded mock data of published LoRA throughput figures, fine-tuning.md §3).
+SYNTHETIC = "synthetic"
+SYNTHETIC_ROWS = 512
 COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths")
 FEATURES = Features({name: List(Value("int32")) for name in COLUMNS})
 # Conversations the template cannot render with a correct mask are skipped and counted; more than this share
@@ -66,6 +71,8 @@ class Prepared:
 def source_identity(data_cfg: DataConfig) -> dict[str, Any]:
     """What identifies the data: a local file by path, size and mtime; the bundled sample by its content; a hub
     dataset by id and split."""
+    if data_cfg.source == SYNTHETIC:
+        return {"synthetic": True}
     path = source_path(data_cfg)
     if data_cfg.source == "sample" and path is not None:
         return {"sample": hashlib.sha256(path.read_bytes()).hexdigest()}
@@ -166,8 +173,42 @@ def _split_stats(conversations: int, counts: dict[str, Any], pack_stats: PackSta
     return stats
 
 
+def synthetic_rows(vocab_size: int, rows: int, length: int, seed: int) -> list[dict[str, list[int]]]:
+    """Rows of `length` random token ids in [0, vocab_size), each one document, every token but the first
+    labelled: a throughput workload with the shape of real data and no meaning."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for ids in torch.randint(0, vocab_size, (rows, length), generator=g).tolist():
+        out.append({"input_ids": ids, "labels": [IGNORE_INDEX, *ids[1:]], "position_ids": list(range(length))})
+        out[-1]["seq_lengths"] = [length]
+    return out
+
+
+def _build_synthetic(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp: Path) -> dict[str, Any]:
+    data = cfg.data
+    total = data.max_rows or SYNTHETIC_ROWS
+    held = round(data.eval_fraction * total)
+    rows = synthetic_rows(len(tokenizer), total, data.max_length, data.seed)
+    stats: dict[str, Any] = {"fingerprint": fingerprint, "data_method_version": DATA_METHOD_VERSION}
+    stats.update({"source": SYNTHETIC, "max_length": data.max_length, "packing": False})
+    stats.update({"rows": total, "parsed": total, "unparsable": 0, "unparsable_examples": []})
+    for name, split in (("train", rows[held:]), ("eval", rows[:held])):
+        n = len(split)
+        packed = PackStats(documents=n, rows=n, tokens=n * data.max_length, supervised_tokens=n * (data.max_length - 1))
+        counts = {"no_assistant": 0, "render_failures": 0, "render_failure_examples": []}
+        stats[name] = _split_stats(n, counts, packed, data.max_length)
+        _dataset(split).save_to_disk(str(tmp / name))
+    (tmp / "eval_conversations.jsonl").write_text("")  # nothing to generate from: random tokens
+    return stats
+
+
 def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) -> None:
     data = cfg.data
+    tmp = target.parent / f"{fingerprint}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    if data.source == SYNTHETIC:
+        _finish(tmp, target, fingerprint, _build_synthetic(cfg, tokenizer, fingerprint, tmp))
+        return
     conversations, report = load_conversations(data)
     train_convs, eval_convs = split_conversations(conversations, data.eval_fraction, data.seed)
     stats: dict[str, Any] = {
@@ -184,8 +225,6 @@ def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) 
         "unparsable": report.unparsable,
         "unparsable_examples": [list(e) for e in report.examples],
     }
-    tmp = target.parent / f"{fingerprint}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
     for name, convs in (("train", train_convs), ("eval", eval_convs)):
         docs, counts = tokenize_conversations(tokenizer, convs)
         rows, pack_stats = pack(docs, data.max_length, data.packing)
@@ -194,6 +233,11 @@ def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) 
     with open(tmp / "eval_conversations.jsonl", "w", encoding="utf-8") as f:
         for conv in eval_convs:
             f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
+    _finish(tmp, target, fingerprint, stats)
+
+
+def _finish(tmp: Path, target: Path, fingerprint: str, stats: dict[str, Any]) -> None:
+    """Stats and the READY marker last, then the rename that makes the cache entry appear whole."""
     (tmp / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (tmp / READY).write_text(fingerprint + "\n")
     if target.exists():  # an incomplete directory left by an older layout or a manual copy

@@ -47,7 +47,15 @@ from gpucert.config.loader import ConfigError, load_config
 from gpucert.finetune import metrics as flops
 from gpucert.finetune.checkpoint import TrainerState, find_latest, load_checkpoint, save_adapter, save_checkpoint
 from gpucert.finetune.config import FinetuneConfig
-from gpucert.finetune.model import IGNORE_INDEX, ModelInfo, forward_loss, load_model, merge_adapter, supervised_count
+from gpucert.finetune.model import (
+    IGNORE_INDEX,
+    ModelInfo,
+    forward_loss,
+    forward_plan,
+    load_model,
+    merge_adapter,
+    supervised_count,
+)
 from gpucert.finetune.packing import collate
 from gpucert.finetune.parallel import gradient_sync, resolve_mode, wrap
 from gpucert.finetune.prepare import Prepared, prepare_dataset
@@ -123,8 +131,10 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def batch_to(rows: list[dict[str, Any]], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in collate(rows, pad_id).items()}
+def batch_to(
+    rows: list[dict[str, Any]], pad_id: int, device: torch.device, pad_to: int | None = None
+) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in collate(rows, pad_id, pad_to).items()}
 
 
 def train_step(
@@ -137,7 +147,8 @@ def train_step(
     pad_id: int,
 ) -> StepStats:
     started = time.perf_counter()
-    batches = [batch_to(rows, pad_id, env.device) for rows in micro_rows]
+    pad_to = forward_plan(model).pad_to
+    batches = [batch_to(rows, pad_id, env.device, pad_to) for rows in micro_rows]
     local_supervised = sum(int(supervised_count(b["labels"])) for b in batches)
     # The divisor of every micro-step's loss: all supervised tokens of the global batch, known before any backward.
     global_supervised = max(all_reduce_sum([local_supervised], env.device)[0], 1.0)
@@ -197,7 +208,8 @@ def evaluate_loss(model: nn.Module, rows: Dataset, cfg: FinetuneConfig, env: Dis
         if not chunk:
             first = rows[mine[0] if mine else 0]
             chunk = [{**first, "labels": [IGNORE_INDEX] * len(first["labels"])}]
-        s, n = forward_loss(model, batch_to(chunk, pad_id, env.device), cfg.model.attn_implementation)
+        batch = batch_to(chunk, pad_id, env.device, forward_plan(model).pad_to)
+        s, n = forward_loss(model, batch, cfg.model.attn_implementation)
         loss_sum += float(s)
         count += int(n)
     model.train()
@@ -234,7 +246,7 @@ def train(cfg: FinetuneConfig, env: DistEnv, peak_tflops: float | None) -> dict[
     per_epoch, total_steps = plan_steps(len(data.train), global_batch, tc.epochs, tc.max_steps)
     warmup_steps = math.ceil(tc.warmup_ratio * total_steps)
 
-    peft_model, info = load_model(cfg.model, cfg.lora, tokenizer, env.device)
+    peft_model, info = load_model(cfg.model, cfg.lora, tokenizer, env.device, cfg.data.max_length)
     model = wrap(peft_model, env, mode)
     model.train()
     counts = info.flop_counts()
