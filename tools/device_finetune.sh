@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (carry .whl: the device lacks `datasets`): Qwen2-7B-shaped fine-tuning runs of
 # configs/finetune/qwen2-7b-speed.yaml, one per line of a plan file "NAME NPROC --set key=value ...".
-# Each run's metrics.json comes back as $OUT/NAME.json with the log tail as $OUT/NAME.log; the adapters and
-# checkpoints stay on the machine (gigabytes). Usage: bash tools/device_finetune.sh PLAN
+# Each run's metrics.json (NAME.json) and log tail (NAME.log) come back in $OUT/runs.tgz (one file: the device
+# returns only a few), a line each in $OUT/summary.txt; adapters and checkpoints stay on the machine
+# (gigabytes). Usage: bash tools/device_finetune.sh PLAN
 set -u
 plan=${1:?plan file}
 config=${CONFIG:-configs/finetune/qwen2-7b-speed.yaml}
@@ -14,7 +15,8 @@ if [ "${SKIP_INSTALL:-0}" != 1 ]; then
 fi
 python3 -c "import flash_attn" 2>/dev/null && echo "flash_attn present" || echo "flash_attn absent"
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm --format=csv | tee "$OUT/gpus.csv"
-python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|triton|accelerate) " > "$OUT/versions.txt"
+python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|triton|accelerate) " > /tmp/results/versions.txt
+mkdir -p /tmp/results
 while read -r name nproc args; do
   case "$name" in ''|'#'*) continue ;; esac
   start=$(date +%s)
@@ -22,8 +24,8 @@ while read -r name nproc args; do
   timeout "${RUN_TIMEOUT:-400}" torchrun --standalone --nproc-per-node="$nproc" -m gpucert.finetune.train \
     "$config" --output-dir "/tmp/runs/$name" $args > "/tmp/$name.log" 2>&1
   echo "$name exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
-  tail -25 "/tmp/$name.log" > "$OUT/$name.log"
-  [ -f "/tmp/runs/$name/metrics.json" ] && cp "/tmp/runs/$name/metrics.json" "$OUT/$name.json"
+  grep -v "^\[finetune\] step [0-9]*/" "/tmp/$name.log" | tail -60 > "/tmp/results/$name.log"
+  [ -f "/tmp/runs/$name/metrics.json" ] && cp "/tmp/runs/$name/metrics.json" "/tmp/results/$name.json"
   python3 - "$name" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 name = sys.argv[1]
@@ -36,4 +38,5 @@ print(f"  {name}: {m['world_size']} x {m['device']} | effective {t['effective']:
       f"{(m['mfu'] or 0):.1%} | peak {m['peak_memory_gib'] or 0:.1f} GiB | T_eff {m['t_eff']:.0f} | oom {m['oom']}")
 PY
   rm -rf "/tmp/runs/$name/checkpoints" "/tmp/runs/$name/adapter"
+  tar czf "$OUT/runs.tgz" -C /tmp/results .  # after every run: a timed-out call still brings back the finished ones
 done < "$plan"

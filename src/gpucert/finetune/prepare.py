@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import torch
-from datasets import Dataset, Features, List, Value, load_from_disk
+from datasets import Dataset, DatasetInfo, Features, List, Value, load_from_disk
+from datasets.table import InMemoryTable
 from filelock import FileLock
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig
@@ -161,8 +163,12 @@ def tokenize_conversations(tokenizer: Any, conversations: Sequence[Conversation]
     return docs, counts
 
 
-def _dataset(rows: list[dict[str, Any]]) -> Dataset:
-    return Dataset.from_dict({name: [row[name] for row in rows] for name in COLUMNS}, features=FEATURES)
+def _dataset(rows: list[dict[str, Any]], fingerprint: str) -> Dataset:
+    """The rows as a Dataset named by our own fingerprint. Dataset.from_dict would hash the whole in-memory
+    table with dill to name it: slow on a large dataset, and it fails outright on some Python 3.12 stacks
+    (PicklingError on pyarrow's MonthDayNano, seen on the lent GPU machine)."""
+    arrays = {name: pa.array([row[name] for row in rows], type=pa.list_(pa.int32())) for name in COLUMNS}
+    return Dataset(InMemoryTable.from_pydict(arrays), info=DatasetInfo(features=FEATURES), fingerprint=fingerprint)
 
 
 def _split_stats(conversations: int, counts: dict[str, Any], pack_stats: PackStats, max_length: int) -> dict:
@@ -197,7 +203,7 @@ def _build_synthetic(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp:
         packed = PackStats(documents=n, rows=n, tokens=n * data.max_length, supervised_tokens=n * (data.max_length - 1))
         counts = {"no_assistant": 0, "render_failures": 0, "render_failure_examples": []}
         stats[name] = _split_stats(n, counts, packed, data.max_length)
-        _dataset(split).save_to_disk(str(tmp / name))
+        _dataset(split, f"{fingerprint}-{name}").save_to_disk(str(tmp / name))
     (tmp / "eval_conversations.jsonl").write_text("")  # nothing to generate from: random tokens
     return stats
 
@@ -229,7 +235,7 @@ def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) 
         docs, counts = tokenize_conversations(tokenizer, convs)
         rows, pack_stats = pack(docs, data.max_length, data.packing)
         stats[name] = _split_stats(len(convs), counts, pack_stats, data.max_length)
-        _dataset(rows).save_to_disk(str(tmp / name))
+        _dataset(rows, f"{fingerprint}-{name}").save_to_disk(str(tmp / name))
     with open(tmp / "eval_conversations.jsonl", "w", encoding="utf-8") as f:
         for conv in eval_convs:
             f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
