@@ -8,6 +8,7 @@ set -u
 plan=${1:?plan file}
 config=${CONFIG:-configs/finetune/qwen2-7b-speed.yaml}
 export PYTHONUNBUFFERED=1
+mkdir -p /tmp/results
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site
@@ -15,8 +16,8 @@ if [ "${SKIP_INSTALL:-0}" != 1 ]; then
 fi
 python3 -c "import flash_attn" 2>/dev/null && echo "flash_attn present" || echo "flash_attn absent"
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm --format=csv | tee "$OUT/gpus.csv"
-python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|triton|accelerate) " > /tmp/results/versions.txt
-mkdir -p /tmp/results
+python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|triton|accelerate) " > "$OUT/versions.txt"
+
 while read -r name nproc args; do
   case "$name" in ''|'#'*) continue ;; esac
   start=$(date +%s)
