@@ -130,3 +130,8 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer) -> None:
     assert compiled[0] == pytest.approx(eager[0], rel=1e-5)
     for a, b in zip(compiled[1], eager[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_flex_attention_is_refused_off_cuda(tokenizer) -> None:
+    with pytest.raises(ValueError, match="flex_attention trains on CUDA GPUs only"):
+        load_model(replace(TINY, attn_implementation="flex_attention"), LORA, tokenizer, torch.device("cpu"))

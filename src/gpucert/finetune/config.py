@@ -41,7 +41,9 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    # "sample" (bundled Glaive-format rows), a hub dataset id, or a local .json/.jsonl/.parquet file.
+    # "sample" (bundled Glaive-format rows), a hub dataset id, a local .json/.jsonl/.parquet file, or
+    # "synthetic": random tokens in full-length single-document rows, all labelled (throughput runs; max_rows
+    # of them, 512 by default).
     source: str = "sample"
     # "glaive" (system + chat columns), "alpaca" (instruction/input/output) or "messages" (OpenAI-style + tools).
     format: str = "glaive"

@@ -196,6 +196,9 @@ def load_model(
     Call after seeding: the adapters' A matrices take their random init from the global generator, and FSDP2
     relies on every rank building the same ones.
     """
+    if model_cfg.attn_implementation == "flex_attention" and device.type != "cuda":
+        # torch has no flex-attention backward off CUDA; say so before a 7B model is built, not at the first step.
+        raise ValueError(f"model.attn_implementation: flex_attention trains on CUDA GPUs only, this is {device.type}")
     vocab_size = len(tokenizer)
     base = load_base_model(model_cfg, vocab_size, device)
     shape = count_shape(base, vocab_size)
