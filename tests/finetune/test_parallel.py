@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,37 @@ def test_none_mode_leaves_the_model_alone() -> None:
     assert wrap(model, env, "none") is model
     with pytest.raises(ValueError, match="no decoder layers"):
         decoder_layers(model)
+
+
+def test_two_nodes_train_like_one_process(config: Path, one_process: dict[str, Any]) -> None:
+    """The multi-node launch path: two torchrun agents, one per "node" (--nnodes 2 --node-rank 0/1, the static
+    rendezvous a Slurm batch script uses), one process each, sharing the run and cache directories as nodes
+    share a filesystem."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = config.parent / "two-nodes"
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env["OMP_NUM_THREADS"] = "1"
+    agents = []
+    for node in (0, 1):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
+        argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+        argv += [
+            "-m",
+            "gpucert.finetune.train",
+            str(config),
+            "--output-dir",
+            str(run_dir),
+            "--set",
+            "train.parallel=ddp",
+        ]
+        agents.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [agent.communicate(timeout=LAUNCH_TIMEOUT_S) for agent in agents]
+    for agent, (_, err) in zip(agents, outputs, strict=True):
+        assert agent.returncode == 0, err[-3000:]
+    found = metrics(run_dir)
+    assert found["parallel"] == "ddp"
+    assert_same_training(found, one_process, rel=1e-4)
+    assert_same_adapter(run_dir, config.parent / "one")

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Run on the lent 4-GPU machine (carry .whl): the multi-node launch path on GPUs, as two "nodes" of two GPUs,
+# each its own torchrun agent (static rendezvous, --node-rank 0/1) over NCCL, the Qwen2-7B shape with DDP.
+# Usage: bash tools/device_two_nodes.sh  (metrics in $OUT/two-nodes.json)
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+args=(--set data.source=synthetic --set train.max_steps=10 --set model.gradient_checkpointing=false
+      --set model.compile=true --set lora.dropout=0 --set train.parallel=ddp)
+for node in 0 1; do
+  CUDA_VISIBLE_DEVICES=$((2 * node)),$((2 * node + 1)) timeout 300 torchrun --nnodes=2 --node-rank=$node \
+    --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29533 -m gpucert.finetune.train \
+    configs/finetune/qwen2-7b-speed.yaml --output-dir /tmp/runs/two-nodes "${args[@]}" > "/tmp/node$node.log" 2>&1 &
+done
+wait
+tail -5 /tmp/node0.log; tail -3 /tmp/node1.log
+cp /tmp/runs/two-nodes/metrics.json "$OUT/two-nodes.json"
