@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 args=(--set data.source=synthetic --set train.max_steps=10 --set model.gradient_checkpointing=false
-      --set model.compile=true --set lora.dropout=0 --set train.parallel=ddp)
+      --set model.compile=true --set model.attn_implementation=sdpa --set lora.dropout=0 --set train.parallel=ddp)
 per=${PER_NODE:-2}
 for node in 0 1; do
   CUDA_VISIBLE_DEVICES=$(seq -s, $((per * node)) $((per * node + per - 1))) timeout 300 torchrun --nnodes=2 \
