@@ -73,16 +73,14 @@ class ForwardPlan:
     autocast_dtype: torch.dtype | None = None
     # Pad every batch to this length (compiled layers keep static shapes); None: to the longest row.
     pad_to: int | None = None
+    # lm_head's frozen weight when the loss is fused (the model then returns hidden states); None: plain head.
+    # A plain tensor, not a parameter: neither DDP nor FSDP2 sees it, so FSDP2 does not shard it.
+    head_weight: torch.Tensor | None = None
 
 
 class DeferredHead(nn.Module):
     """Stands in for lm_head when the loss is fused: the hidden states pass through, and forward_loss applies
-    the head's weight chunk by chunk (loss.py). The weight is held as a plain tensor, not a parameter, so
-    neither DDP nor FSDP2 sees it (it is frozen) and FSDP2 does not shard it."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.head_weight = weight.detach()
+    the head's weight (ForwardPlan.head_weight) chunk by chunk (loss.py)."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
@@ -95,10 +93,6 @@ def forward_plan(model: nn.Module) -> ForwardPlan:
     inner = getattr(model, "module", model)  # DDP keeps the model in .module
     plan = getattr(inner, PLAN_ATTRIBUTE, None)
     return plan if isinstance(plan, ForwardPlan) else ForwardPlan()
-
-
-def deferred_head(model: nn.Module) -> DeferredHead | None:
-    return next((m for m in model.modules() if isinstance(m, DeferredHead)), None)
 
 
 @contextmanager
@@ -179,12 +173,14 @@ def count_shape(base: PreTrainedModel, vocab_size: int) -> dict[str, int]:
     }
 
 
-def defer_head(base: PreTrainedModel) -> None:
+def defer_head(base: PreTrainedModel) -> torch.Tensor | None:
     """Replace lm_head by a DeferredHead, so the model returns hidden states and forward_loss fuses the head
-    into the loss. Left alone where the fused loss does not apply (a head with a bias or adapters)."""
+    into the loss; its weight, or None where the fused loss does not apply (a head with a bias or adapters)."""
     head: Any = base.get_output_embeddings()
     if type(head) is nn.Linear and head.bias is None and not head.weight.requires_grad:
-        base.set_output_embeddings(DeferredHead(head.weight))
+        base.set_output_embeddings(DeferredHead())
+        return head.weight.detach()
+    return None
 
 
 def load_model(
@@ -239,12 +235,13 @@ def load_model(
             if hasattr(module, "cast_input_dtype_enabled"):
                 setattr(module, "cast_input_dtype_enabled", False)  # noqa: B010 (a plain attribute, not a submodule)
         autocast_dtype = base.dtype
-    if model_cfg.fused_loss:
-        defer_head(base)  # after counting: the head's weight is no longer a parameter
+    # After counting: a deferred head's weight is no longer a parameter.
+    head_weight = defer_head(base) if model_cfg.fused_loss else None
     if model_cfg.compile:
         for layer in decoder_layers(base):
             layer.compile()
-    setattr(model, PLAN_ATTRIBUTE, ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None))
+    plan = ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None, head_weight)
+    setattr(model, PLAN_ATTRIBUTE, plan)
     return model, info
 
 
@@ -282,9 +279,8 @@ def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: st
     autocast = torch.autocast(device.type, dtype=plan.autocast_dtype) if plan.autocast_dtype else nullcontext()
     with autocast:
         out = model(input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False)
-        head = deferred_head(model)
-        if head is not None:
-            loss_sum = linear_cross_entropy(out.logits, head.head_weight, batch["labels"])
+        if plan.head_weight is not None:
+            loss_sum = linear_cross_entropy(out.logits, plan.head_weight, batch["labels"])
             return loss_sum, supervised_count(batch["labels"])
     logits = out.logits[:, :-1]
     if logits.dtype in (torch.float16, torch.bfloat16):

@@ -183,11 +183,11 @@ def synthetic_rows(vocab_size: int, rows: int, length: int, seed: int) -> list[d
     """Rows of `length` random token ids in [0, vocab_size), each one document, every token but the first
     labelled: a throughput workload with the shape of real data and no meaning."""
     g = torch.Generator().manual_seed(seed)
-    out = []
-    for ids in torch.randint(0, vocab_size, (rows, length), generator=g).tolist():
-        out.append({"input_ids": ids, "labels": [IGNORE_INDEX, *ids[1:]], "position_ids": list(range(length))})
-        out[-1]["seq_lengths"] = [length]
-    return out
+    positions = list(range(length))
+    return [
+        {"input_ids": ids, "labels": [IGNORE_INDEX, *ids[1:]], "position_ids": positions, "seq_lengths": [length]}
+        for ids in torch.randint(0, vocab_size, (rows, length), generator=g).tolist()
+    ]
 
 
 def _build_synthetic(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp: Path) -> dict[str, Any]:
