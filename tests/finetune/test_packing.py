@@ -9,6 +9,7 @@ import torch
 
 from gpucert.finetune.config import DataConfig, ModelConfig
 from gpucert.finetune.glaive import parse_rows
+from gpucert.finetune.model import tiny_config
 from gpucert.finetune.packing import (
     additive_mask,
     attention_mask_for,
@@ -103,20 +104,10 @@ def test_sdpa_gets_no_mask_only_when_every_row_is_one_whole_document() -> None:
 
 
 def _tiny_qwen2(vocab_size: int, attn: str):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        attn_implementation=attn,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return Qwen2ForCausalLM(tiny_config(vocab_size, attn)).eval()
 
 
 def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -59,15 +59,20 @@ def one_process(config: Path) -> dict[str, Any]:
     return metrics(run_dir)
 
 
+def launcher_free_env() -> dict[str, str]:
+    """This process's environment without a launcher's rank variables (pytest may run under one), one thread
+    per process."""
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return {**{k: v for k, v in os.environ.items() if k not in launcher}, "OMP_NUM_THREADS": "1"}
+
+
 def torchrun(config: Path, run_dir: Path, *overrides: str) -> dict[str, Any]:
     """2 gloo processes under torchrun's --standalone rendezvous (a free port the OS picks)."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     argv += ["-m", "gpucert.finetune.train", str(config), "--output-dir", str(run_dir)]
     for item in overrides:
         argv += ["--set", item]
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in launcher}
-    env["OMP_NUM_THREADS"] = "1"
+    env = launcher_free_env()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "marked ready twice" not in done.stderr
@@ -148,9 +153,7 @@ def test_two_nodes_train_like_one_process(config: Path, one_process: dict[str, A
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run_dir = config.parent / "two-nodes"
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in launcher}
-    env["OMP_NUM_THREADS"] = "1"
+    env = launcher_free_env()
     agents = []
     for node in (0, 1):
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
