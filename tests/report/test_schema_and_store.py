@@ -103,9 +103,9 @@ def test_the_json_schema_rejects_what_it_should() -> None:
     data["results"][0]["extra"] = 1
     data["results"][1]["gpu_index"] = -1
     data["meta"]["started_at"] = "yesterday"
-    data["schema_version"] = "2.0"
+    data["schema_version"] = "3.0"
     assert schema_errors(data) == [
-        "'2.0' does not match '^1\\\\.[0-9]+$'",
+        "'3.0' does not match '^[12]\\\\.[0-9]+$'",
         "'OK' is not one of ['SKIP', 'PASS', 'WARN', 'FAIL', 'ERROR']",
         "'yesterday' is not a 'date-time'",
         "-1 is less than the minimum of 0",
@@ -117,7 +117,7 @@ def test_report_status_exit_code_and_counts() -> None:
     report = make_report()
     assert report.status is Status.FAIL
     data = report.to_dict()
-    assert data["schema_version"] == SCHEMA_VERSION == "1.0"
+    assert data["schema_version"] == SCHEMA_VERSION == "2.0"
     assert data["status"] == "FAIL"
     assert data["exit_code"] == 2
     assert data["counts"] == {"SKIP": 0, "PASS": 1, "WARN": 1, "FAIL": 1, "ERROR": 0}
@@ -139,6 +139,7 @@ def test_result_dict_carries_every_field_with_the_status_as_text() -> None:
         "category": "health",
         "gpu_index": 5,
         "details": {"volatile": {"dram": 3, "sram": 0}},
+        "node": None,
     }
 
 
@@ -169,17 +170,29 @@ def test_from_dict_round_trips() -> None:
 
 def test_from_dict_reads_a_newer_minor_version() -> None:
     data = make_report().to_dict()
-    data["schema_version"] = "1.7"
-    assert Report.from_dict(data).schema_version == "1.7"
+    data["schema_version"] = "2.7"
+    assert Report.from_dict(data).schema_version == "2.7"
 
 
-@pytest.mark.parametrize(("version", "shown"), [("2.0", "'2.0'"), ("10.0", "'10.0'"), (None, "None")])
+def test_a_1x_report_without_nodes_is_still_read_and_valid() -> None:
+    """Reports written before results named their node: no `node` per result, no `nodes`."""
+    data = make_report().to_dict()
+    data["schema_version"] = "1.0"
+    del data["nodes"]
+    for result in data["results"]:
+        del result["node"]
+    assert schema_errors(data) == []
+    report = Report.from_dict(data)
+    assert report.nodes == {} and all(r.node is None for r in report.results)
+
+
+@pytest.mark.parametrize(("version", "shown"), [("3.0", "'3.0'"), ("10.0", "'10.0'"), (None, "None")])
 def test_from_dict_rejects_another_major_version(version: str | None, shown: str) -> None:
     data = make_report().to_dict()
     data["schema_version"] = version
     with pytest.raises(ValueError) as info:
         Report.from_dict(data)
-    assert str(info.value) == f"report schema {shown} is not readable by this gpucert (reads 1.x)"
+    assert str(info.value) == f"report schema {shown} is not readable by this gpucert (reads 1.x, 2.x)"
 
 
 # store
@@ -243,13 +256,13 @@ def test_report_missing_a_section_names_the_path(tmp_path: Path) -> None:
 
 def test_report_of_another_major_version_names_the_path(tmp_path: Path) -> None:
     data = make_report().to_dict()
-    data["schema_version"] = "2.0"
+    data["schema_version"] = "3.0"
     path = tmp_path / "report.json"
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError) as info:
         load_report(path)
     assert str(info.value) == (
-        f"{path}: not a readable gpucert report: report schema '2.0' is not readable by this gpucert (reads 1.x)"
+        f"{path}: not a readable gpucert report: report schema '3.0' is not readable by this gpucert (reads 1.x, 2.x)"
     )
 
 
@@ -269,7 +282,7 @@ EXPECTED_MARKDOWN = "\n".join(
         "- **Node:** s",
         "- **Profile:** h100-sxm",
         "- **When:** 2026-11-21T18:50:00+00:00 (12.3 s)",
-        "- **Tool:** gpucert 0.1.0, method 1, schema 1.0",
+        "- **Tool:** gpucert 0.1.0, method 1, schema 2.0",
         "- **Command:** `gpucert health --set health.expected_gpus=8`",
         "- **Verdict:** FAIL (exit code 2); 1 PASS, 1 WARN, 1 FAIL",
         "",

@@ -13,7 +13,10 @@ from typing import Any
 
 from gpucert.status import Status, worst
 
-SCHEMA_VERSION = "1.0"
+# 2.0: every result may name its node (`node`), and a cluster run carries every node's inventory (`nodes`).
+# Reports of 1.x are still read: their results simply name no node.
+SCHEMA_VERSION = "2.0"
+READABLE_MAJORS = ("1", "2")
 
 Value = float | int | str | bool | None
 
@@ -39,6 +42,9 @@ class Result:
     # Set when the subject is one GPU: NVML's index, so consumers can find the bad GPU without parsing text.
     gpu_index: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # The node label (see gpucert.runtime.identity): set on every result of a node, None for results about
+    # the whole job (a collective across nodes, the golden-config diff).
+    node: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -64,6 +70,8 @@ class RunMeta:
     config: dict[str, Any]
     software: dict[str, Any]
     tool: str = "gpucert"
+    # Node labels in node-rank order; one entry for a one-node run, empty in 1.x reports.
+    nodes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,9 @@ class Report:
     inventory: dict[str, Any]
     results: list[Result]
     schema_version: str = SCHEMA_VERSION
+    # Every node's inventory, keyed by node label, in a run of more than one node (`inventory` is then the
+    # head node's); empty for one node, whose inventory is `inventory`.
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def status(self) -> Status:
@@ -89,19 +100,21 @@ class Report:
             "meta": dataclasses.asdict(self.meta),
             "inventory": self.inventory,
             "results": [r.to_dict() for r in self.results],
+            "nodes": self.nodes,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
         major = str(data.get("schema_version", "")).split(".")[0]
-        if major != SCHEMA_VERSION.split(".")[0]:
+        if major not in READABLE_MAJORS:
             raise ValueError(
                 f"report schema {data.get('schema_version')!r} is not readable by this gpucert "
-                f"(reads {SCHEMA_VERSION.split('.')[0]}.x)"
+                f"(reads {', '.join(m + '.x' for m in READABLE_MAJORS)})"
             )
         return cls(
             meta=RunMeta(**data["meta"]),
             inventory=data["inventory"],
             results=[Result.from_dict(r) for r in data["results"]],
             schema_version=data["schema_version"],
+            nodes=data.get("nodes", {}),
         )
