@@ -17,35 +17,18 @@ Usage and config errors exit 3 (ERROR: nothing was judged) with the file and key
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
-import tempfile
-import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
 
 import gpucert
 from gpucert.bench.catalog import BENCHMARKS
-from gpucert.bench.distributed import ranks_from_env
-from gpucert.bench.suite import run_benchmark
-from gpucert.config.loader import ConfigError, load_config
-from gpucert.config.profiles import Profile, available_profiles, load_profile, select_profile
-from gpucert.config.run import RunConfig
-from gpucert.finetune import commands
-from gpucert.hardware.capture import capture_node
-from gpucert.hardware.inventory import NodeSources, bundle_sources, collect_inventory, live_sources
-from gpucert.health.liveness import SubprocessLivenessProbe
-from gpucert.health.suite import run_health
-from gpucert.health.xid import collect_kernel_log
-from gpucert.report.markdown import render_markdown
-from gpucert.report.schema import Report, Result, RunMeta
-from gpucert.report.store import default_run_dir, load_report, write_html, write_report
-from gpucert.report.terminal import print_report
+from gpucert.config.loader import ConfigError
+from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.status import Status
 
 ERROR_EXIT = Status.ERROR.exit_code
@@ -81,24 +64,45 @@ def _common_options() -> _Parser:
     return common
 
 
+def _cluster_options() -> _Parser:
+    cluster = _Parser(add_help=False)
+    group = cluster.add_argument_group("several nodes (gpucert starts each node's GPU workers itself)")
+    group.add_argument("--nnodes", type=int, help="nodes in the run; run gpucert once per node, same flags")
+    group.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (0 writes the report)")
+    group.add_argument("--master-addr", help="node rank 0's address, reachable from every node")
+    group.add_argument("--master-port", type=int, default=29500, help="node rank 0's port (default 29500)")
+    return cluster
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from gpucert.finetune import commands  # its options only: no torch until a finetune runs
+
     parser = _Parser(prog="gpucert", description="Acceptance testing for NVIDIA GPU nodes and clusters.")
     parser.add_argument("--version", action="version", version=f"gpucert {gpucert.__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     common = _common_options()
     verbs.add_parser("discover", parents=[common], help="inventory of this node")
-    verbs.add_parser("health", parents=[common], help="GPU and node health checks")
-    accept = verbs.add_parser("accept", parents=[common], help="the acceptance suite: discover + health + benchmarks")
+    cluster = _cluster_options()
+    verbs.add_parser("health", parents=[common, cluster], help="GPU and node health checks")
+    accept = verbs.add_parser(
+        "accept", parents=[common, cluster], help="the acceptance suite: discover + health + benchmarks"
+    )
     accept.add_argument("--nproc", type=int, help="benchmark processes per node (default: one per GPU; 2 on CPU)")
     accept.add_argument("--skip", default="", help=f"comma-separated benchmarks to leave out ({', '.join(BENCHMARKS)})")
-    bench = verbs.add_parser("bench", parents=[common], help="run one benchmark and judge it")
+    bench = verbs.add_parser("bench", parents=[common, cluster], help="run one benchmark and judge it")
     bench.add_argument("benchmark", choices=BENCHMARKS)
     bench.add_argument("--nproc", type=int, help="processes per node (default: one per GPU; 2 gloo ranks on CPU)")
     report = verbs.add_parser("report", help="render a run's report, or compare two runs")
-    report.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directory or report.json (two: compare)")
+    report.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directory or report.json (two: compare); `merge DIR... -o OUT` joins per-node reports",
+    )
     report.add_argument("--html", action="store_true", help="write report.html next to the report and say where")
     report.add_argument("--markdown", action="store_true", help="print Markdown instead of tables")
     report.add_argument("--threshold", type=float, default=5.0, help="%% worse that counts as a regression (compare)")
+    report.add_argument("--output", "-o", type=Path, help="merge: directory for the cluster report")
     capture = verbs.add_parser("capture", help="save raw hardware answers as a bundle for --replay and support")
     capture.add_argument("--output", "-o", type=Path, required=True, help="bundle directory to create")
     verbs.add_parser("profiles", help="list built-in hardware profiles")
@@ -113,14 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
     evaluate.add_argument("--output", "-o", help="where evaluation.json goes (default: next to the adapter)")
     return parser
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _resolve_profile(config: RunConfig, gpu_names: list[str]) -> Profile:
-    return select_profile(gpu_names) if config.profile == "auto" else load_profile(config.profile)
 
 
 def _benchmarks_of(args: argparse.Namespace) -> list[str]:
@@ -138,69 +134,70 @@ def _benchmarks_of(args: argparse.Namespace) -> list[str]:
 
 
 def run_suite(args: argparse.Namespace, console: Console) -> int:
-    started, t0 = _now(), time.perf_counter()
+    from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_with_agents
+    from gpucert.runtime.launch_env import NodeEnv, node_env_from_flags, read_node_env, read_rank_env
+
     overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
-    if getattr(args, "nproc", None):
-        overrides.append(f"bench.nproc={args.nproc}")
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        if nproc < 1:
+            raise ConfigError(f"--nproc must be >= 1, found {nproc}")
+        overrides.append(f"bench.nproc={nproc}")
     benchmarks = _benchmarks_of(args)
     if benchmarks and args.replay:
         raise ConfigError("--replay reads a captured node: benchmarks need the live node")
-    config = load_config(RunConfig, args.config, overrides)
-    sources: NodeSources = bundle_sources(args.replay) if args.replay else live_sources()
-    inventory = collect_inventory(sources)
-    named = [g.name for g in inventory.gpu.gpus if "nvmlDeviceGetName" not in g.unreadable]
-    if inventory.gpu.gpus and not named and config.profile == "auto":
-        raise ConfigError("no GPU answered NVML's name query, so no profile can be chosen: name one with --profile")
-    profile = _resolve_profile(config, named)
-    # Now that the hardware is known, its profile's run defaults sit under the file and --set values.
-    config = load_config(RunConfig, args.config, overrides, base=profile.run_defaults)
-    # Under an outside torchrun/srun every rank runs this; only rank 0 checks health and writes the report.
-    main_rank = int((ranks_from_env(os.environ) or {}).get("RANK", "0")) == 0
-    results: list[Result] = []
-    if args.verb in ("health", "accept") and main_rank:
-        if sources.kernel_log is not None:
-            kernel_log: tuple[str | None, str | None] = (sources.kernel_log, None)
-        elif args.replay:
-            kernel_log = (None, "the bundle has no dmesg.txt")
-        else:
-            kernel_log = collect_kernel_log(config.health.command_timeout_s)
-        probe = None if args.replay else SubprocessLivenessProbe()
-        results = run_health(inventory, profile, config.health, kernel_log, probe, started)
-    with tempfile.TemporaryDirectory(prefix="gpucert-bench-") as workdir:
-        for name in benchmarks:
-            if not args.json and main_rank:
-                console.print(f"[dim]running benchmark {name}...[/]")
-            results += run_benchmark(name, config, profile, inventory, Path(workdir), sources.nvml)
-    if not main_rank:
-        return 0
-    finished = _now()
-    report = Report(
-        meta=RunMeta(
-            tool_version=gpucert.__version__,
-            method_version=gpucert.METHOD_VERSION,
-            verb=args.verb if args.verb != "bench" else f"bench {args.benchmark}",
-            command=["gpucert", *sys.argv[1:]],
-            host=inventory.hostname,
-            started_at=started.isoformat(),
-            finished_at=finished.isoformat(),
-            duration_s=round(time.perf_counter() - t0, 3),
-            profile=profile.name,
-            config=dataclasses.asdict(config),
-            software=inventory.to_dict()["software"],
-        ),
-        inventory=inventory.to_dict(),
-        results=results,
+    request = RunRequest(
+        verb=args.verb if args.verb != "bench" else f"bench {args.benchmark}",
+        benchmarks=benchmarks,
+        config_path=args.config,
+        overrides=overrides,
+        output=args.output,
+        replay=args.replay,
+        command=["gpucert", *sys.argv[1:]],
     )
-    out_dir = args.output or default_run_dir(Path(config.runs_dir), inventory.hostname, started)
-    path = write_report(report, out_dir, html=bool(benchmarks))
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+
+    def say(line: str) -> None:
+        if not args.json:
+            console.print(f"[dim]{line}[/]")
+
+    nnodes = getattr(args, "nnodes", None)
+    plan: NodeEnv | None
+    if nnodes is not None:
+        plan = node_env_from_flags(nnodes, args.node_rank, args.master_addr, args.master_port)
+    elif args.verb != "discover" and not args.replay and read_rank_env(os.environ) is not None:
+        # One rank of an outside torchrun/srun job: join it (a lone torchrun rank too, for a uniform path).
+        outcome = run_in_ranks(request, say)
+        return _show(outcome, args, console)
     else:
-        print_report(report, console, show_inventory=args.verb in ("discover", "accept"), report_path=str(path))
-    return report.status.exit_code
+        plan = None if args.replay else read_node_env(os.environ)
+    if args.verb == "discover" or (not benchmarks and (plan is None or plan.num_nodes == 1)):
+        outcome = run_local(request)
+    else:
+        outcome = run_with_agents(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, say)
+    return _show(outcome, args, console)
+
+
+def _show(outcome: object, args: argparse.Namespace, console: Console) -> int:
+    from gpucert.report.terminal import print_report
+
+    report, path, code = outcome.report, outcome.path, outcome.exit_code  # type: ignore[attr-defined]
+    if report is not None:
+        if args.json:
+            print(json.dumps(report.to_dict(), indent=1))
+        else:
+            show = args.verb in ("discover", "accept")
+            print_report(report, console, show_inventory=show, report_path=str(path))
+    return int(code)
 
 
 def run_report(args: argparse.Namespace, console: Console) -> int:
+    from gpucert.report.markdown import render_markdown
+    from gpucert.report.store import load_report, write_html
+    from gpucert.report.terminal import print_report
+
+    if args.runs[0] == "merge":
+        return run_merge(args, console)
+    args.runs = [Path(run) for run in args.runs]
     if len(args.runs) > 2:
         raise ConfigError("report takes one run (render) or two runs (baseline, candidate)")
     reports = [load_report(path) for path in args.runs]
@@ -231,19 +228,38 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     return report.status.exit_code
 
 
+def run_merge(args: argparse.Namespace, console: Console) -> int:
+    from gpucert.report.cluster import write_merged
+    from gpucert.report.terminal import print_report
+
+    if len(args.runs) < 3:
+        raise ConfigError("report merge takes two or more per-node run directories (or report.json files)")
+    if args.output is None:
+        raise ConfigError("report merge needs --output DIR for the cluster report")
+    report = write_merged([Path(p) for p in args.runs[1:]], args.output, ["gpucert", *sys.argv[1:]])
+    print_report(report, console, show_inventory=False, report_path=str(args.output / "report.json"))
+    return report.status.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console(stderr=False, highlight=False)
     try:
         if args.verb == "capture":
+            from gpucert.hardware.capture import capture_node
+
             problems = capture_node(args.output)
             for problem in problems:
                 console.print(f"[yellow]not captured:[/] {problem}")
             console.print(f"bundle written to {args.output} (replay: gpucert discover --replay {args.output})")
             return 0
         if args.verb == "finetune":
+            from gpucert.finetune import commands
+
             return commands.finetune(args)
         if args.verb == "evaluate":
+            from gpucert.finetune import commands
+
             return commands.evaluate(args)
         if args.verb == "report":
             return run_report(args, console)
@@ -253,7 +269,18 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"[bold]{name}[/]: {profile.description} (matches {profile.match or 'by name only'})")
             return 0
         return run_suite(args, console)
+    except KeyboardInterrupt:
+        # The workers were stopped on the way out (runtime/spawn.py); one line, the shell's code for SIGINT.
+        print("gpucert: interrupted", file=sys.stderr)
+        return 130
     except (ConfigError, ValueError) as exc:
+        print(f"gpucert: error: {exc}", file=sys.stderr)
+        return ERROR_EXIT
+    except RuntimeError as exc:
+        from gpucert.runtime.group import RendezvousError
+
+        if not isinstance(exc, RendezvousError):
+            traceback.print_exc()
         print(f"gpucert: error: {exc}", file=sys.stderr)
         return ERROR_EXIT
     except Exception as exc:

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpucert.bench.distributed import DistEnv, gather_to_main
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import CollectivesBenchConfig
 from gpucert.report.schema import Result
+from gpucert.runtime.group import Runtime, gather_to_main
 from gpucert.status import Status
 
 # busbw = algbw * factor(n), with n ranks (NVIDIA/nccl-tests doc/PERFORMANCE.md and src/*.cu). S is the
@@ -219,7 +219,7 @@ def _collective(name: str, fallback: str) -> Any:
     return getattr(dist, name, None) or getattr(dist, fallback)
 
 
-def make_call(op: str, inp: torch.Tensor, out: torch.Tensor, env: DistEnv) -> Callable[[int], object]:
+def make_call(op: str, inp: torch.Tensor, out: torch.Tensor, env: Runtime) -> Callable[[int], object]:
     """One blocking call of op (its argument, the repeat index, is unused); all_reduce and broadcast work in
     place on inp."""
     if op == "all_reduce":
@@ -256,7 +256,7 @@ def _buffers(
     return inp, out
 
 
-def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern, env: DistEnv) -> None:
+def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern, env: Runtime) -> None:
     """Inputs get the pattern; outputs (and broadcast receivers) the sentinel, so unwritten elements show."""
     if op == "broadcast" and env.rank != 0:
         inp.fill_(SENTINEL)
@@ -266,7 +266,7 @@ def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern
         out.fill_(SENTINEL)
 
 
-def check_once(op: str, size_bytes: int, dtype: str, env: DistEnv) -> int:
+def check_once(op: str, size_bytes: int, dtype: str, env: Runtime) -> int:
     """Run op once on freshly filled buffers; this rank's count of wrong output elements."""
     pattern = choose_pattern(op, dtype, env.world_size)
     if pattern is None:
@@ -282,7 +282,7 @@ def check_once(op: str, size_bytes: int, dtype: str, env: DistEnv) -> int:
     return count_wrong(out, expected_segments(op, pattern, env.rank, env.world_size, count_in))
 
 
-def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env: DistEnv) -> dict[str, Any]:
+def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env: Runtime) -> dict[str, Any]:
     """This rank's numbers for op: per size, S moved, median seconds, cv and wrong elements."""
     torch_dtype = DTYPES[dtype]
     pattern = choose_pattern(op, dtype, env.world_size) or choose_pattern(op, "fp32", env.world_size)
@@ -325,7 +325,7 @@ def _nccl_version(backend: str) -> str | None:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
+def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """Every rank times and checks each op; rank 0 returns {"ops": [...], ...}, other ranks None."""
     unknown = [op for op in cfg["ops"] if op not in BUSBW_FACTORS]
     if unknown:
@@ -334,6 +334,7 @@ def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
     nccl_env = nccl_environment()
     common: dict[str, Any] = {
         "world_size": env.world_size,
+        "num_nodes": env.num_nodes,
         "backend": env.backend,
         "dtype_requested": cfg["dtype"],
         "nccl_version": _nccl_version(env.backend),
@@ -355,7 +356,7 @@ def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
     return {**common, "applicable": True, "ops": ops} if env.is_main else None
 
 
-def _combine(op: str, dtype: str, env: DistEnv, ranks: list[dict[str, Any]], common: dict[str, Any]) -> dict:
+def _combine(op: str, dtype: str, env: Runtime, ranks: list[dict[str, Any]], common: dict[str, Any]) -> dict:
     """One op's curve from every rank's rows: the slowest rank's median, the widest cv, wrong summed."""
     sizes = ranks[0]["sizes_bytes"]
     seconds = [max(r["median_s"][k] for r in ranks) for k in range(len(sizes))]
@@ -364,6 +365,7 @@ def _combine(op: str, dtype: str, env: DistEnv, ranks: list[dict[str, Any]], com
         "op": op,
         "dtype": dtype,
         "world_size": env.world_size,
+        "num_nodes": env.num_nodes,
         "backend": env.backend,
         "sizes_bytes": sizes,
         "time_us": [round(t * 1e6, 3) for t in seconds],
@@ -392,13 +394,21 @@ def gate_index(sizes_bytes: list[int], gate_bytes: int) -> int | None:
     return max(below, key=lambda k: sizes_bytes[k]) if below else None
 
 
+def job_subject(data: dict[str, Any]) -> str:
+    """What a collective ran on: `4 ranks (nccl)`, or `2 nodes x 8 ranks (nccl)` across nodes."""
+    n, nodes, backend = data.get("world_size", 1), data.get("num_nodes", 1), data.get("backend", "?")
+    if nodes > 1:
+        return f"{nodes} nodes x {n // nodes} ranks ({backend})"
+    return f"{n} rank{'s' if n != 1 else ''} ({backend})"
+
+
 def judge(data: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -> list[Result]:
     """One Result per op, `collective.<op>`: busbw at the gate size against the profile floor."""
     if not data.get("applicable", True):
         return [
             Result(
                 name="collectives",
-                subject=f"{data.get('world_size', 1)} rank ({data.get('backend', '?')})",
+                subject=job_subject(data),
                 status=Status.SKIP,
                 message=f"collectives not measured: {data.get('reason', 'not applicable')}",
                 category="benchmark",
@@ -409,7 +419,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -
         results.append(
             Result(
                 name="collective.force_ring",
-                subject=f"{data['world_size']} ranks ({data['backend']})",
+                subject=job_subject(data),
                 status=Status.ERROR,
                 message=f"expected {' '.join(f'{k}={v}' for k, v in RING_ENV.items())} in the workers' "
                 f"environment (bench.collectives.force_ring), found {data.get('nccl_env') or 'no NCCL_* variables'}",
@@ -424,8 +434,8 @@ def judge(data: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -
 
 
 def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -> Result:
-    op, n, backend = curve["op"], curve["world_size"], curve["backend"]
-    subject = f"{n} ranks ({backend})"
+    op = curve["op"]
+    subject = job_subject(curve)
     floor = profile.benchmarks.busbw_gbps_min.get(op)
     source = f"profile {profile.name}: benchmarks.busbw_gbps_min.{op}"
     base: dict[str, Any] = dict(

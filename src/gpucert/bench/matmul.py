@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from gpucert.bench.distributed import DistEnv, gather_to_main
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import MatmulBenchConfig
 from gpucert.report.schema import Result
+from gpucert.runtime.group import Runtime, gather_to_main, rank_row
+from gpucert.runtime.identity import row_identity
 from gpucert.status import Status
 
 # Dense tensor-core peak of a dtype relative to the profile's BF16 peak (Hopper datasheet ratios).
@@ -129,7 +130,7 @@ def sweep_max(device: torch.device, budget_s: float, dtype: str) -> dict | None:
     return {"dtype": dtype, "best": best, "shapes_tried": len(tried), "of": len(shapes), "sweep": tried}
 
 
-def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
+def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     config = MatmulBenchConfig(**cfg)
     device = env.device
     if device.type == "cuda":
@@ -145,13 +146,8 @@ def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
             points.append(time_matmul(dtype, size, size, size, device, warmup=5, repeats=config.repeats))
     sweep_dtype = "bf16" if device.type == "cuda" else "fp32"
     sweep = sweep_max(device, config.sweep_budget_s, sweep_dtype)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None
     mine = {
-        "rank": env.rank,
-        "local_rank": env.local_rank,
-        "device": name,
-        "uuid": uuid,
+        **rank_row(env),
         "points": points,
         "skipped": skipped,
         "sweep": sweep,
@@ -183,10 +179,15 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
         if candidates:
             # Keyed by global rank: under srun every node has a local rank 0.
             best_by_rank[rank["rank"]] = max(candidates, key=lambda c: c["tflops"])
-    node_median = statistics.median(c["tflops"] for c in best_by_rank.values()) if best_by_rank else None
+    # The node median is per node: GPUs of another node are judged against the cluster in report/cluster.py.
+    node_of = {rank["rank"]: row_identity(rank)[2] for rank in data["ranks"]}
+    medians = {
+        node: statistics.median(c["tflops"] for r, c in best_by_rank.items() if node_of[r] == node)
+        for node in {node_of[r] for r in best_by_rank}
+    }
     for rank in data["ranks"]:
-        gpu = rank["local_rank"]
-        subject = f"GPU {gpu} ({rank['device']})" if rank["device"] != "cpu" else f"rank {gpu} (cpu)"
+        subject, gpu, node = row_identity(rank)
+        node_median = medians.get(node)
         for p in rank["points"]:
             peak = _peak(profile, p["dtype"])
             share = f", {100 * p['tflops'] / peak:.1f} % of the {peak:g} TFLOP/s peak" if peak else ""
@@ -199,6 +200,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
                     value=round(p["tflops"], 2),
                     unit="TFLOP/s",
                     gpu_index=gpu,
+                    node=node,
                     message=f"{p['m']}^3 {p['dtype']}: {p['tflops']:.1f} TFLOP/s{share} (cv {p['timing']['cv']:.3f})",
                     details=p,
                 )
@@ -211,12 +213,13 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
                     status=Status.SKIP,
                     category="benchmark",
                     gpu_index=gpu,
+                    node=node,
                     message=why,
                 )
             )
         sweep = rank["sweep"]
         if sweep:
-            results.append(_judge_max(best_by_rank[rank["rank"]], sweep, subject, gpu, profile, node_median))
+            results.append(_judge_max(best_by_rank[rank["rank"]], sweep, subject, gpu, node, profile, node_median))
         elif floors.matmul_bf16_tflops_min is not None:
             results.append(
                 Result(
@@ -225,6 +228,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
                     status=Status.ERROR,
                     category="benchmark",
                     gpu_index=gpu,
+                    node=node,
                     message="the max-achievable sweep did not run (sweep_budget_s 0?), "
                     f"so the {floors.matmul_bf16_tflops_min:g} TFLOP/s floor was not checked",
                 )
@@ -232,7 +236,15 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
     return results
 
 
-def _judge_max(best: dict, sweep: dict, subject: str, gpu: int, profile: Profile, node_median: float | None) -> Result:
+def _judge_max(
+    best: dict,
+    sweep: dict,
+    subject: str,
+    gpu: int | None,
+    node: str | None,
+    profile: Profile,
+    node_median: float | None,
+) -> Result:
     floors = profile.benchmarks
     floor = floors.matmul_bf16_tflops_min if sweep["dtype"] == "bf16" else None
     shape = f"{best['m']}x{best['n']}x{best['k']}"
@@ -259,6 +271,7 @@ def _judge_max(best: dict, sweep: dict, subject: str, gpu: int, profile: Profile
         value=best["tflops"],
         unit="TFLOP/s",
         gpu_index=gpu,
+        node=node,
         expected="; ".join(expected) or None,
         threshold_source="; ".join(sources) or None,
         message="; ".join(problems)

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpucert.bench.distributed import DistEnv, gather_to_main
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import MemoryBenchConfig
 from gpucert.report.schema import Result
+from gpucert.runtime.group import Runtime, gather_to_main, rank_row
+from gpucert.runtime.identity import row_identity
 from gpucert.status import Status
 
 # kernel -> bytes moved per element of one buffer
@@ -62,7 +63,7 @@ def _pcie_rows(config: MemoryBenchConfig, device: torch.device) -> dict[str, Any
     return rows
 
 
-def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
+def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     config = MemoryBenchConfig(**cfg)
     device = env.device
     n = config.size_mib * (1 << 20) // 4
@@ -82,9 +83,7 @@ def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
                 dist.barrier()
             if turn == env.rank:
                 rows.update(_pcie_rows(config, device))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else None
-    mine = {"rank": env.rank, "local_rank": env.local_rank, "device": name, "uuid": uuid, "rows": rows}
+    mine = {**rank_row(env), "rows": rows}
     ranks = gather_to_main(env, mine)
     return None if ranks is None else {"ranks": ranks, "config": asdict(config)}
 
@@ -94,8 +93,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MemoryBenchConfig) -> lis
     floors = profile.benchmarks
     results = []
     for rank in data["ranks"]:
-        gpu = rank["local_rank"]
-        subject = f"GPU {gpu} ({rank['device']})" if rank["device"] != "cpu" else f"rank {gpu} (cpu)"
+        subject, gpu, node = row_identity(rank)
         for kernel, row in rank["rows"].items():
             if kernel in TRAFFIC:
                 value, unit = row["tbps"], "TB/s"
@@ -114,6 +112,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MemoryBenchConfig) -> lis
                     subject=subject,
                     category="benchmark",
                     gpu_index=gpu,
+                    node=node,
                     status=Status.FAIL if low else Status.PASS,
                     value=round(value, 3),
                     unit=unit,

@@ -12,34 +12,40 @@ slow in its whole row and column is the GPU itself. GPU numbers are CUDA indices
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from gpucert.bench.distributed import DistEnv
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import P2pBenchConfig
 from gpucert.report.schema import Result
+from gpucert.runtime.group import Runtime, gather_to_main
 from gpucert.status import Status
 
 # Bytes compared at once when checking a copy (bounds the temporary buffers on the source GPU).
 _CHECK_CHUNK_BYTES = 256 << 20
 
 
-def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """Rank 0 measures the whole matrix; every rank returns after the barrier, rank 0 with the data."""
+def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """Each node's local rank 0 measures its node's matrix (p2p never crosses nodes); rank 0 gets them all."""
     data = None
-    if env.is_main:
+    if env.local_rank == 0:
         if env.device.type != "cuda":
             data = {"applicable": False, "reason": "no GPUs"}
+        elif env.local_world_size > 1 and torch.cuda.device_count() < env.local_world_size:
+            data = {
+                "applicable": False,
+                "reason": f"each rank sees {torch.cuda.device_count()} GPU(s) (srun --gpus-per-task?): p2p needs "
+                "a process that sees every GPU of the node; run one task per node",
+            }
         else:
             data = measure_matrix(cfg["size_mib"] << 20, cfg["warmup"], cfg["repeats"])
-    if dist.is_initialized():
-        dist.barrier()
-    return data
+        data["node"] = env.me.node
+    nodes = gather_to_main(env, data)
+    return None if nodes is None else {"nodes": [d for d in nodes if d is not None]}
 
 
 def measure_matrix(size_bytes: int, warmup: int, repeats: int) -> dict[str, Any]:
@@ -91,8 +97,20 @@ def _count_wrong_bytes(src: torch.Tensor, dst: torch.Tensor) -> int:
 
 
 def judge(data: dict[str, Any], profile: Profile, cfg: P2pBenchConfig) -> list[Result]:
-    """`p2p.matrix` for the node, and one FAIL `p2p.pair` per ordered pair that is slow or copied wrongly."""
+    """Per node: `p2p.matrix`, and one FAIL `p2p.pair` per ordered pair that is slow or copied wrongly."""
     del cfg  # the size is in the data; nothing else of the config is judged
+    if "nodes" not in data:  # one node's matrix, as before node identity
+        return judge_node(data, profile)
+    return [
+        dataclasses.replace(
+            r, node=node["node"], subject=node["node"] if r.subject == "node" else f"{node['node']} {r.subject}"
+        )
+        for node in data["nodes"]
+        for r in judge_node(node, profile)
+    ]
+
+
+def judge_node(data: dict[str, Any], profile: Profile) -> list[Result]:
     base: dict[str, Any] = dict(name="p2p.matrix", unit="GB/s", category="benchmark")
     if not data.get("applicable", False):
         reason = data.get("reason", "not applicable")

@@ -1,27 +1,30 @@
-"""Run benchmarks by name: launch the workers (or join an outside torchrun), sample telemetry, judge.
+"""Run benchmarks by name and judge them: as a step of gpucert's node agents (one set of workers per
+benchmark on every node) or inside an outside launcher's ranks (torchrun, srun), sampling telemetry meanwhile.
 
-A benchmark that crashes or hangs becomes an ERROR result naming what happened; it never stops the suite
-and never passes.
+A benchmark that crashes or hangs becomes an ERROR result naming the rank, its node and the cause; under the
+agents it never stops the suite and never passes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from gpucert.bench import catalog, worker
-from gpucert.bench.distributed import LaunchError, default_nproc, launch_local, ranks_from_env
 from gpucert.bench.telemetry import TelemetrySampler, judge_telemetry
 from gpucert.config.profiles import Profile
 from gpucert.config.run import RunConfig
-from gpucert.hardware.inventory import NodeInventory
 from gpucert.report.schema import Result
+from gpucert.runtime.agent import NodeAgent
+from gpucert.runtime.group import Runtime
 from gpucert.status import Status
 
 
-def _spec(name: str, config: RunConfig, profile: Profile, has_gpus: bool) -> tuple[dict[str, Any], dict[str, str]]:
+def bench_spec(name: str, config: RunConfig, profile: Profile, has_gpus: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """What a worker needs (benchmark, its config, the runtime's timeouts) and the environment it starts with."""
     section = getattr(config.bench, name)
     cfg = dataclasses.asdict(section)
     env: dict[str, str] = {}
@@ -31,55 +34,77 @@ def _spec(name: str, config: RunConfig, profile: Profile, has_gpus: bool) -> tup
         from gpucert.bench.collectives import ring_env
 
         env = ring_env()
-    return {"benchmark": name, "config": cfg}, env
+    return {"benchmark": name, "config": cfg, "runtime": dataclasses.asdict(config.runtime)}, env
 
 
-def run_benchmark(
-    name: str, config: RunConfig, profile: Profile, inventory: NodeInventory, workdir: Path, nvml: Any | None
-) -> list[Result]:
-    """Results of one benchmark on rank 0; an empty list on the other ranks of an outside launcher."""
-    spec, env = _spec(name, config, profile, bool(inventory.gpu.gpus))
-    outside = ranks_from_env(os.environ)
-    sampler = TelemetrySampler(nvml).start() if nvml is not None and inventory.gpu.gpus else None
+def judge(name: str, data: dict[str, Any], config: RunConfig, profile: Profile) -> list[Result]:
+    return catalog.load(name).judge(data, profile, getattr(config.bench, name))
+
+
+def error_result(name: str, subject: str, message: str, node: str | None = None) -> Result:
+    return Result(
+        name=f"bench.{name}",
+        subject=subject,
+        status=Status.ERROR,
+        category="benchmark",
+        node=node,
+        message=f"the {name} benchmark did not finish: {message}",
+        remediation=f"re-run `gpucert bench {name}`; each rank's log is in the run's work directory",
+    )
+
+
+def sampler_for(nvml: Any | None, has_gpus: bool) -> TelemetrySampler | None:
+    return TelemetrySampler(nvml).start() if nvml is not None and has_gpus else None
+
+
+def telemetry_results(name: str, sampler: TelemetrySampler | None, label: str) -> list[Result]:
+    telemetry = sampler.stop() if sampler else None
+    return judge_telemetry(name, telemetry, label)
+
+
+def run_step(
+    agent: NodeAgent,
+    name: str,
+    config: RunConfig,
+    profile: Profile,
+    has_gpus: bool,
+    workdir: Path,
+    nvml: Any | None,
+) -> tuple[list[Result], list[Result]]:
+    """One benchmark across every node's agent: (judged results on node 0, this node's telemetry results)."""
+    spec, env = bench_spec(name, config, profile, has_gpus)
+    step_dir = workdir / name
+    step_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = step_dir / "spec.json", step_dir / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "gpucert.bench.worker", str(spec_path), str(out_path)]
+    sampler = sampler_for(nvml, has_gpus)
     try:
-        if outside:
-            # Already one rank of a torchrun/srun job: measure here, with the others.
-            data = worker.run(spec)
-        else:
-            nproc = config.bench.nproc or default_nproc()
-            data = launch_local(nproc, spec, workdir / name, config.bench.timeout_s, env)
-    except (LaunchError, RuntimeError) as exc:
-        return [
-            Result(
-                name=f"bench.{name}",
-                subject=inventory.hostname,
-                status=Status.ERROR,
-                category="benchmark",
-                message=f"the {name} benchmark did not finish: {exc}",
-                remediation="re-run `gpucert bench " + name + "` alone to see the workers' output",
-            )
-        ]
+        step = agent.run_step(name, argv, config.bench.timeout_s, env)
     finally:
-        telemetry = sampler.stop() if sampler else None
-    if data is None:
-        return []
-    section = getattr(config.bench, name)
-    results = catalog.load(name).judge(data, profile, section)
-    return nvml_indexed(results, data, inventory) + judge_telemetry(name, telemetry, inventory.hostname)
+        telemetry = telemetry_results(name, sampler, agent.label)
+    if not agent.is_head:
+        return [], telemetry
+    if step.failure is not None:
+        return [
+            error_result(name, step.failure.node or agent.label, step.failure.message(), step.failure.node)
+        ], telemetry
+    if not out_path.exists():
+        return [error_result(name, agent.label, "rank 0 wrote no result", agent.label)], telemetry
+    return judge(name, json.loads(out_path.read_text()), config, profile), telemetry
 
 
-def nvml_indexed(results: list[Result], data: dict[str, Any], inventory: NodeInventory) -> list[Result]:
-    """Per-GPU benchmark results carry the worker's CUDA index; health results carry NVML's. Under
-    CUDA_VISIBLE_DEVICES=4,5,6,7 CUDA's 0 is NVML's 4: match by UUID so a slow GPU is named as health names it."""
-    by_uuid = {gpu.uuid: gpu.index for gpu in inventory.gpu.gpus}
-    cuda_to_nvml = {
-        rank["local_rank"]: by_uuid[rank["uuid"]]
-        for rank in data.get("ranks", [])
-        if isinstance(rank, dict) and rank.get("uuid") in by_uuid
-    }
-    return [
-        dataclasses.replace(r, gpu_index=cuda_to_nvml[r.gpu_index])
-        if r.gpu_index is not None and r.gpu_index in cuda_to_nvml
-        else r
-        for r in results
-    ]
+def run_in_ranks(
+    rt: Runtime, name: str, config: RunConfig, profile: Profile, has_gpus: bool, nvml: Any | None
+) -> tuple[list[Result], list[Result]]:
+    """One benchmark inside an outside launcher's job (every rank calls this); a failure raises (the caller
+    records it so every rank stops) instead of becoming ERROR: the job's process group cannot recover."""
+    spec, _ = bench_spec(name, config, profile, has_gpus)
+    rt.set_phase(f"bench {name}")
+    sampler = sampler_for(nvml, has_gpus) if rt.local_rank == 0 else None
+    try:
+        data = worker.run(rt, spec)
+    finally:
+        telemetry = telemetry_results(name, sampler, rt.me.node) if rt.local_rank == 0 else []
+    return (judge(name, data, config, profile) if data is not None else []), telemetry

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gpucert.bench.distributed import DistEnv
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import TrainBenchConfig
 from gpucert.report.schema import Result
+from gpucert.runtime.group import Runtime
 from gpucert.status import Status
 
 
@@ -172,7 +172,7 @@ def synthetic_batches(p: ModelPreset, cfg: TrainBenchConfig, rank: int) -> torch
     return table[picks].flatten(2)[..., : cfg.seq_len + 1]
 
 
-def train_phase(env: DistEnv, p: ModelPreset, cfg: TrainBenchConfig, ddp: bool) -> dict[str, Any]:
+def train_phase(env: Runtime, p: ModelPreset, cfg: TrainBenchConfig, ddp: bool) -> dict[str, Any]:
     """cfg.steps AdamW steps from the seeded weights; throughput over the steps after cfg.warmup_steps."""
     device, cuda = env.device, env.device.type == "cuda"
     if cuda:
@@ -185,7 +185,7 @@ def train_phase(env: DistEnv, p: ModelPreset, cfg: TrainBenchConfig, ddp: bool) 
     total_params, matmul_params = count_params(model)
     if ddp:
         model = DistributedDataParallel(
-            model, device_ids=[env.local_rank] if cuda else None, gradient_as_bucket_view=True
+            model, device_ids=[env.device.index] if cuda else None, gradient_as_bucket_view=True
         )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=p.lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY, fused=True if cuda else None
@@ -224,7 +224,7 @@ def train_phase(env: DistEnv, p: ModelPreset, cfg: TrainBenchConfig, ddp: bool) 
     }
 
 
-def measure(env: DistEnv, cfg: dict[str, Any]) -> dict[str, Any] | None:
+def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """Every rank: rank 0 trains alone (others wait), then all train with DDP. Rank 0 returns the data."""
     peak_tflops = cfg.get("peak_tflops")
     bench = TrainBenchConfig(**{k: v for k, v in cfg.items() if k != "peak_tflops"})

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpucert.runtime.config import RuntimeConfig
+
 
 @dataclass(frozen=True)
 class HealthConfig:
@@ -100,3 +102,5 @@ class RunConfig:
     runs_dir: str = "runs"
     health: HealthConfig = field(default_factory=HealthConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    # Rendezvous, collective and heartbeat timeouts of multi-process runs (runtime/config.py).
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)

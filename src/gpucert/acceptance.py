@@ -1,0 +1,321 @@
+"""One judged run (discover, health, accept, bench) on one node or many, ending in one report.
+
+Three ways a run meets its nodes, one result:
+- **gpucert's node agents** (a lone node; `--nnodes N --node-rank R --master-addr A`; `srun --ntasks-per-node=1`;
+  a Kubernetes indexed Job): every node's gpucert checks its own node, then each benchmark is a step whose
+  workers (one per GPU) span all nodes. Node 0 judges and writes the report; every node exits with its verdict.
+- **an outside launcher's ranks** (`torchrun ... -m gpucert accept`, `srun` with one task per GPU): every rank
+  runs this; each node's local rank 0 checks its node; the benchmarks run in the job's one process group.
+- **a local check** (discover/health of this node only): no process group at all.
+
+Every result names its node (`place_on_node`): per-GPU subjects read `<node> GPU <i> ...`, node subjects the
+node's label, and the messages say the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import gpucert
+from gpucert.config.loader import ConfigError, load_config
+from gpucert.config.profiles import Profile, load_profile, select_profile
+from gpucert.config.run import RunConfig
+from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
+from gpucert.report.schema import Report, Result, RunMeta
+from gpucert.report.store import default_run_dir, write_report
+from gpucert.status import Status
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the command line asked for, checked before any work."""
+
+    verb: str  # discover | health | accept | bench <name>
+    benchmarks: list[str]
+    config_path: Path | None
+    overrides: list[str]
+    output: Path | None
+    replay: Path | None
+    command: list[str]
+
+
+@dataclass
+class NodeWork:
+    """One node's own share: its inventory, profile, resolved config and (node-tagged) health results."""
+
+    label: str
+    sources: NodeSources
+    inventory: NodeInventory
+    profile: Profile
+    config: RunConfig
+    results: list[Result] = field(default_factory=list)
+
+    def part(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "inventory": self.inventory.to_dict(),
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+def place_on_node(results: Sequence[Result], label: str, host: str) -> list[Result]:
+    """Results of one node, named by that node: `node` set, GPU and rank subjects prefixed with the label,
+    subjects that were the hostname replaced by the label, and the messages saying the same."""
+    placed = []
+    for r in results:
+        if r.node is not None:
+            placed.append(r)
+            continue
+        subject = r.subject
+        if subject == host or subject in ("node", ""):
+            subject = label
+        elif subject.startswith(("GPU ", "rank ")):
+            subject = f"{label} {subject}"
+        message = r.message
+        if subject != r.subject and r.subject not in (host, "node") and r.subject in message:
+            message = _replace_word(message, r.subject, subject)
+        elif label != host:
+            message = _replace_word(message, host, label)
+        placed.append(dataclasses.replace(r, node=label, subject=subject, message=message))
+    return placed
+
+
+def _replace_word(text: str, old: str, new: str) -> str:
+    return re.sub(rf"(?<![\w.\[-]){re.escape(old)}(?![\w\[])", lambda _m: new, text)
+
+
+def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> RunConfig:
+    config = load_config(RunConfig, request.config_path, request.overrides, base=base)
+    problems = config.runtime.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return config
+
+
+def collect_node(request: RunRequest, label: str | None = None) -> NodeWork:
+    """This node's inventory, the profile it selects, and the config with that profile's run defaults."""
+    config = load_run_config(request)
+    sources = bundle_sources(request.replay) if request.replay else live_sources()
+    inventory = collect_inventory(sources)
+    named = [g.name for g in inventory.gpu.gpus if "nvmlDeviceGetName" not in g.unreadable]
+    if inventory.gpu.gpus and not named and config.profile == "auto":
+        raise ConfigError("no GPU answered NVML's name query, so no profile can be chosen: name one with --profile")
+    profile = select_profile(named) if config.profile == "auto" else load_profile(config.profile)
+    # Now that the hardware is known, its profile's run defaults sit under the file and --set values.
+    config = load_run_config(request, base=profile.run_defaults)
+    return NodeWork(label or inventory.hostname, sources, inventory, profile, config)
+
+
+def check_health(work: NodeWork, request: RunRequest, now: datetime) -> list[Result]:
+    """discover/health/accept: this node's health checks, named by the node."""
+    if request.verb not in ("health", "accept"):
+        return []
+    from gpucert.health.liveness import SubprocessLivenessProbe
+    from gpucert.health.suite import run_health
+    from gpucert.health.xid import collect_kernel_log
+
+    if work.sources.kernel_log is not None:
+        kernel_log: tuple[str | None, str | None] = (work.sources.kernel_log, None)
+    elif request.replay:
+        kernel_log = (None, "the bundle has no dmesg.txt")
+    else:
+        kernel_log = collect_kernel_log(work.config.health.command_timeout_s)
+    probe = None if request.replay else SubprocessLivenessProbe()
+    results = run_health(work.inventory, work.profile, work.config.health, kernel_log, probe, now)
+    return place_on_node(results, work.label, work.inventory.hostname)
+
+
+def build_report(
+    request: RunRequest,
+    started: datetime,
+    t0: float,
+    head: NodeWork,
+    parts: list[dict[str, Any]],
+    job_results: list[Result],
+) -> Report:
+    """One report: every node's part (inventory, results) and the results about the whole job."""
+    results = [Result.from_dict(r) for part in parts for r in part["results"]] + job_results
+    nodes = {part["label"]: part["inventory"] for part in parts}
+    if len(parts) > 1:
+        from gpucert.report.cluster import cluster_results
+
+        results += cluster_results(nodes, results, head.profile)
+    meta = RunMeta(
+        tool_version=gpucert.__version__,
+        method_version=gpucert.METHOD_VERSION,
+        verb=request.verb,
+        command=request.command,
+        host=head.inventory.hostname,
+        started_at=started.isoformat(),
+        finished_at=datetime.now(timezone.utc).isoformat(),
+        duration_s=round(time.perf_counter() - t0, 3),
+        profile=head.profile.name,
+        config=dataclasses.asdict(head.config),
+        software=head.inventory.to_dict()["software"],
+        nodes=[part["label"] for part in parts],
+    )
+    return Report(
+        meta=meta,
+        inventory=parts[0]["inventory"] if parts else head.inventory.to_dict(),
+        results=results,
+        nodes=nodes if len(parts) > 1 else {},
+    )
+
+
+def output_dir(request: RunRequest, head: NodeWork, started: datetime) -> Path:
+    return request.output or default_run_dir(Path(head.config.runs_dir), head.inventory.hostname, started)
+
+
+@dataclass
+class RunOutcome:
+    report: Report | None  # None on the nodes and ranks that do not write it
+    path: Path | None
+    exit_code: int
+
+
+def run_local(request: RunRequest) -> RunOutcome:
+    """discover/health of this node: nothing to meet, no process group."""
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    work = collect_node(request)
+    work.results = check_health(work, request, started)
+    report = build_report(request, started, t0, work, [work.part()], [])
+    path = write_report(report, output_dir(request, work, started))
+    return RunOutcome(report, path, report.status.exit_code)
+
+
+def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Callable[[str], None]) -> RunOutcome:
+    """This node's agent: meet the other nodes, check this node, run every benchmark as a step across nodes."""
+    from gpucert.bench.suite import run_step
+    from gpucert.runtime.agent import NodeAgent
+    from gpucert.runtime.device import default_nproc
+
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    work = collect_node(request)
+    nproc = nproc or work.config.bench.nproc or default_nproc()
+    if nproc < 1:
+        raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
+    with tempfile.TemporaryDirectory(prefix="gpucert-run-") as tmp:
+        agent = NodeAgent.start(plan, nproc, work.config.runtime, Path(tmp))
+        work.label = agent.label
+        work.results = check_health(work, request, started)
+        agent.put(f"part/{agent.node_rank}", work.part())
+        job_results: list[Result] = []
+        has_gpus = bool(work.inventory.gpu.gpus)
+        for name in request.benchmarks:
+            if agent.is_head:
+                say(f"running benchmark {name}...")
+            judged, telemetry = run_step(agent, name, work.config, work.profile, has_gpus, Path(tmp), work.sources.nvml)
+            job_results += judged
+            agent.put(f"telemetry/{name}/{agent.node_rank}", [r.to_dict() for r in telemetry])
+        if not agent.is_head:
+            code = agent.finish(None)
+            say(f"node {agent.label}: the report is written by node 0 ({agent.labels[0]}); verdict exit code {code}")
+            return RunOutcome(None, None, code)
+        wait = work.config.runtime.collective_timeout_s
+        parts = [agent.get(f"part/{r}", wait, f"node rank {r}'s checks") for r in range(agent.num_nodes)]
+        for r in range(agent.num_nodes):
+            for name in request.benchmarks:
+                parts[r]["results"] += agent.get(f"telemetry/{name}/{r}", wait, f"node rank {r}'s telemetry")
+        report = build_report(request, started, t0, work, parts, job_results)
+        path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
+        agent.finish(report.status.exit_code)
+        return RunOutcome(report, path, report.status.exit_code)
+
+
+def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
+    """Every rank of an outside launcher's job runs this; rank 0 writes the report, all exit with its verdict."""
+    import torch.distributed as dist
+
+    from gpucert.bench.suite import run_in_ranks as bench_in_ranks
+    from gpucert.runtime.group import AbortRecord, fail, start_runtime, stop_runtime
+
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    pre = load_run_config(request)
+    done: list[Result] = []
+    holder: dict[str, Any] = {}
+
+    def write_partial(record: AbortRecord) -> None:
+        """Rank 0, when another rank failed: the report still says what ran, and who failed."""
+        work = holder.get("work")
+        if work is None or not holder.get("main"):
+            return
+        failed = Result(
+            name="run.aborted",
+            subject=record.node or work.label,
+            node=record.node,
+            status=Status.ERROR,
+            message=f"the run stopped: {record.message()}",
+            remediation="look at that rank's output and node; nothing after this point was judged",
+        )
+        report = build_report(request, started, t0, work, [work.part()], [*done, failed])
+        path = write_report(report, output_dir(request, work, started))
+        say(f"partial report written to {path}")
+
+    rt = start_runtime(pre.runtime, on_abort=write_partial)
+    try:
+        rt.set_phase("node checks")
+        work = collect_node(request, rt.me.node)
+        holder.update(work=work, main=rt.is_main)
+        if rt.local_rank == 0:
+            work.results = check_health(work, request, started)
+            rt.store.set(f"part/{rt.node_rank}", json.dumps(work.part()))
+        has_gpus = bool(work.inventory.gpu.gpus)
+        for name in request.benchmarks:
+            rt.set_phase(f"bench {name}")
+            dist.barrier()
+            if rt.is_main:
+                say(f"running benchmark {name}...")
+            judged, telemetry = bench_in_ranks(rt, name, work.config, work.profile, has_gpus, work.sources.nvml)
+            done += judged
+            if rt.local_rank == 0:
+                rt.store.set(f"telemetry/{name}/{rt.node_rank}", json.dumps([r.to_dict() for r in telemetry]))
+        rt.set_phase("report")
+        outcome = RunOutcome(None, None, 0)
+        if rt.is_main:
+            parts = _read_parts(rt, request.benchmarks)
+            report = build_report(request, started, t0, work, parts, done)
+            path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
+            rt.store.set("verdict", str(report.status.exit_code))
+            outcome = RunOutcome(report, path, report.status.exit_code)
+        else:
+            from datetime import timedelta
+
+            rt.store.wait(["verdict"], timedelta(seconds=rt.config.collective_timeout_s))
+            outcome = RunOutcome(None, None, int(rt.store.get("verdict")))
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        record = fail(rt, exc)
+        if rt.is_main and record.rank == rt.rank:
+            write_partial(record)
+        say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
+        sys.stderr.flush()
+        os._exit(Status.ERROR.exit_code)  # a group whose peer failed can block in teardown
+    stop_runtime(rt)
+    return outcome
+
+
+def _read_parts(rt: Any, benchmarks: list[str]) -> list[dict[str, Any]]:
+    from datetime import timedelta
+
+    wait = timedelta(seconds=rt.config.collective_timeout_s)
+    parts = []
+    for node in range(rt.num_nodes):
+        keys = [f"part/{node}"] + [f"telemetry/{name}/{node}" for name in benchmarks]
+        rt.store.wait(keys, wait)
+        part = json.loads(rt.store.get(keys[0]))
+        for key in keys[1:]:
+            part["results"] += json.loads(rt.store.get(key))
+        parts.append(part)
+    return parts

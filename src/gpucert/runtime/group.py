@@ -1,0 +1,352 @@
+"""The job's store and process group, the rendezvous that names who is missing, and abort records.
+
+`start_runtime()` is the one place a process joins its job: it binds the GPU, meets every rank in the job's
+TCP store (bounded by runtime.rendezvous_timeout_s; a timeout names the missing ranks and their node ranks),
+swaps identities so every rank can name every other, creates the process group with the collective timeout,
+and starts the watchdog. A rank that fails records *why* in the store (`fail()`); every other rank's watchdog
+reads it and exits within a heartbeat, saying which rank, on which node, failed and how.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpucert.config.loader import ConfigError
+from gpucert.runtime.config import RuntimeConfig
+from gpucert.runtime.device import gpu_uuid_and_index, pick_ordinal
+from gpucert.runtime.identity import RankIdentity, relabel
+from gpucert.runtime.launch_env import RankEnv, read_rank_env
+
+# Exit code of a rank that stopped because another rank failed (the job's verdict: ERROR, nothing judged).
+ABORTED_EXIT = 3
+POLL_S = 0.2
+
+
+class RendezvousError(RuntimeError):
+    """Not every rank or node joined in time; the message names the missing ones and the address."""
+
+
+@dataclass(frozen=True)
+class AbortRecord:
+    """Why the job stopped: the first failure recorded wins; later ones are its consequences."""
+
+    who: str
+    cause: str
+    phase: str
+    rank: int | None = None
+    node: str | None = None
+
+    def message(self) -> str:
+        return f"{self.who} failed during {self.phase}: {self.cause}"
+
+
+def record_abort(store: Any, record: AbortRecord) -> AbortRecord:
+    """Record this failure unless one is recorded already; the record in force comes back."""
+    payload = json.dumps(asdict(record))
+    current = store.compare_set("abort", "", payload)
+    return AbortRecord(**json.loads(current)) if current else record
+
+
+def read_abort(store: Any) -> AbortRecord | None:
+    if not store.check(["abort"]):
+        return None
+    return AbortRecord(**json.loads(store.get("abort")))
+
+
+def connect_store(addr: str, port: int, serve: bool, timeout_s: float, who: str) -> dist.TCPStore:
+    """A client of the job's store (or its server, on the rank or agent that serves it), errors named."""
+    try:
+        return dist.TCPStore(
+            addr,
+            port,
+            None,
+            serve,
+            timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            multi_tenant=serve,
+        )
+    except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError are RuntimeErrors
+        if serve:
+            raise RendezvousError(
+                f"{who}: cannot serve the job's store on port {port}: {str(exc).splitlines()[0]}; "
+                "is another job using that port? choose another (--master-port / MASTER_PORT)"
+            ) from None
+        raise RendezvousError(
+            f"{who}: could not reach the job's store at {addr}:{port} within {timeout_s:g} s "
+            "(runtime.rendezvous_timeout_s): is node rank 0 running gpucert, and is that address reachable "
+            "from this host?"
+        ) from None
+
+
+@dataclass
+class Runtime:
+    """This process in its job: identity, device, backend, the job's store and every peer's identity."""
+
+    me: RankIdentity
+    peers: list[RankIdentity]
+    device: torch.device
+    backend: str
+    config: RuntimeConfig
+    store: Any
+    endpoint: tuple[str, int] | None = None
+    watchdog: Any = None
+    phase: str = "start"
+    serves_store: bool = False
+    _node_group: Any = field(default=None, repr=False)
+
+    # The names benchmarks and the training loop use.
+    @property
+    def rank(self) -> int:
+        return self.me.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.me.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.me.local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self.me.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.me.node_rank
+
+    @property
+    def num_nodes(self) -> int:
+        return self.me.num_nodes
+
+    @property
+    def is_main(self) -> bool:
+        return self.me.rank == 0
+
+    def set_phase(self, phase: str) -> None:
+        """What this rank is doing, so a failure or a hang elsewhere can say where everyone was."""
+        self.phase = phase
+        if self.world_size > 1:
+            self.store.set(f"phase/{self.rank}", phase)
+
+    def node_group(self) -> Any:
+        """The process group of this node's ranks (collective: every rank of the job calls it, in order)."""
+        if self._node_group is None:
+            by_node: dict[int, list[int]] = {}
+            for peer in self.peers:
+                by_node.setdefault(peer.node_rank, []).append(peer.rank)
+            groups = [dist.new_group(ranks) for _, ranks in sorted(by_node.items())]
+            self._node_group = groups[sorted(by_node).index(self.node_rank)]
+        return self._node_group
+
+
+def _lone_identity(device: torch.device, uuid: str | None, index: int | None) -> RankIdentity:
+    host = socket.gethostname()
+    return RankIdentity(0, 1, 0, 1, 0, 1, host, host, str(device), uuid, index)
+
+
+def _bind_device(env: RankEnv | None) -> tuple[torch.device, str | None, int | None]:
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), None, None
+    local_rank, local_world = (env.local_rank, env.local_world_size) if env else (0, 1)
+    ordinal = pick_ordinal(local_rank, local_world, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    torch.cuda.set_device(ordinal)
+    uuid, index = gpu_uuid_and_index(ordinal)
+    return torch.device("cuda", ordinal), uuid, index
+
+
+def start_runtime(
+    config: RuntimeConfig | None = None,
+    environ: Mapping[str, str] | None = None,
+    on_abort: Callable[[AbortRecord], None] | None = None,
+) -> Runtime:
+    """Join this process's job (or stand alone) and return who it is; errors name the rank and what to do."""
+    config = config or RuntimeConfig()
+    problems = config.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    env = read_rank_env(os.environ if environ is None else environ)
+    device, uuid, index = _bind_device(env)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if env is None or env.world_size == 1:
+        # A lone process needs no rendezvous: an in-memory store binds no port.
+        store: Any = dist.HashStore()
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=config.collective_timeout_s)
+            )
+        me = _lone_identity(device, uuid, index)
+        return Runtime(me=me, peers=[me], device=device, backend=backend, config=config, store=store)
+    host = socket.gethostname()
+    mine = RankIdentity(
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        env.local_world_size,
+        env.node_rank,
+        env.num_nodes,
+        env.node_name or host,
+        host,
+        str(device),
+        uuid,
+        index,
+    )
+    serves = env.rank == 0 and not env.agent_store
+    who = f"rank {env.rank} (node rank {env.node_rank}, host {host})"
+    base = connect_store(env.master_addr, env.master_port, serves, config.rendezvous_timeout_s, who)
+    store = dist.PrefixStore(f"gpucert/{env.store_prefix}/", base)
+    peers = _meet(store, mine, env, config)
+    me = peers[env.rank]
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore("pg/", store),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=config.collective_timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    rt = Runtime(
+        me=me,
+        peers=peers,
+        device=device,
+        backend=backend,
+        config=config,
+        store=store,
+        endpoint=(env.master_addr, env.master_port),
+        serves_store=serves,
+    )
+    from gpucert.runtime.watchdog import Watchdog
+
+    rt.watchdog = Watchdog(rt, f"gpucert/{env.store_prefix}/", on_abort).begin()
+    return rt
+
+
+def _meet(store: Any, mine: RankIdentity, env: RankEnv, config: RuntimeConfig) -> list[RankIdentity]:
+    """Every rank writes who it is, then waits for all; a timeout names the ranks (and nodes) that never came."""
+    store.set(f"rank/{mine.rank}", json.dumps(mine.to_dict()))
+    store.set(f"hb/{mine.rank}", "0")
+    store.add("joined", 1)
+    deadline = time.monotonic() + config.rendezvous_timeout_s
+    while store.add("joined", 0) < env.world_size:
+        if time.monotonic() > deadline:
+            raise RendezvousError(_missing_message(store, mine, env, config))
+        time.sleep(POLL_S)
+    raw = store.multi_get([f"rank/{r}" for r in range(env.world_size)])
+    return relabel(RankIdentity.from_dict(json.loads(blob)) for blob in raw)
+
+
+def _missing_message(store: Any, mine: RankIdentity, env: RankEnv, config: RuntimeConfig) -> str:
+    present = [r for r in range(env.world_size) if store.check([f"rank/{r}"])]
+    missing = sorted(set(range(env.world_size)) - set(present))
+    per_node = max(env.local_world_size, 1)
+    missing_nodes = sorted({r // per_node for r in missing})
+    joined_nodes = sorted({json.loads(store.get(f"rank/{r}"))["host"] for r in present})
+    return (
+        f"rank {mine.rank} (node rank {mine.node_rank}, host {mine.host}): rendezvous at "
+        f"{env.master_addr}:{env.master_port} timed out after {config.rendezvous_timeout_s:g} s "
+        f"(runtime.rendezvous_timeout_s): {len(present)} of {env.world_size} ranks joined (hosts "
+        f"{', '.join(joined_nodes)}); missing rank(s) {_ranges(missing)} = node rank(s) "
+        f"{_ranges(missing_nodes)}. Start gpucert on those nodes, or check that they reach "
+        f"{env.master_addr}:{env.master_port}"
+    )
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5': a 1,000-rank job's missing half stays one line."""
+    parts: list[str] = []
+    for v in values:
+        if parts and parts[-1].split("-")[-1] == str(v - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{v}"
+        else:
+            parts.append(str(v))
+    return ", ".join(parts)
+
+
+def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
+    """This rank failed: record why, unless a peer's failure came first (a collective broken by a dead peer
+    is a consequence, not the culprit: wait a heartbeat timeout for the real cause before claiming it)."""
+    cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    if rt.world_size == 1:
+        return AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
+    if rt.watchdog is not None:
+        rt.watchdog.stop()
+    if _looks_like_peer_failure(exc):
+        deadline = time.monotonic() + rt.config.heartbeat_timeout_s + 2 * rt.config.heartbeat_interval_s
+        while time.monotonic() < deadline:
+            try:
+                found = read_abort(rt.store)
+            except RuntimeError:
+                break  # the store went with node 0: nobody else can name the cause
+            if found:
+                return found
+            time.sleep(POLL_S)
+    record = AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
+    try:
+        return record_abort(rt.store, record)
+    except RuntimeError:
+        return record
+
+
+def _looks_like_peer_failure(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, dist.DistError) or any(
+        k in text for k in ("connection closed", "connection reset", "broken pipe", "nccl", "timed out", "gloo")
+    )
+
+
+def stop_runtime(rt: Runtime) -> None:
+    """Leave the job: the watchdog first (a peer that finished is not a dead peer), then the group. The rank
+    that serves the store waits (bounded) until every rank has stopped watching it."""
+    if rt.watchdog is not None:
+        rt.watchdog.stop()
+    if rt.world_size > 1:
+        try:
+            rt.store.add("closed", 1)
+            if rt.serves_store:
+                deadline = time.monotonic() + rt.config.rendezvous_timeout_s
+                while rt.store.add("closed", 0) < rt.world_size and time.monotonic() < deadline:
+                    time.sleep(POLL_S)
+        except RuntimeError:
+            pass
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather_to_main(rt: Runtime, payload: Any) -> list[Any] | None:
+    """Every rank's JSON-able payload on rank 0 (None elsewhere)."""
+    if rt.world_size == 1:
+        return [payload]
+    out: list[Any] | None = [None] * rt.world_size if rt.is_main else None
+    dist.gather_object(payload, out, dst=0)
+    return out
+
+
+def say(line: str) -> None:
+    """One line on stderr, flushed: what an operator reads when the job ends."""
+    print(f"gpucert: {line}", file=sys.stderr, flush=True)
+
+
+def rank_row(rt: Runtime) -> dict[str, Any]:
+    """Who measured a per-rank row: the fields judges name a GPU by (see identity.row_identity)."""
+    name = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else "cpu"
+    return {
+        "rank": rt.rank,
+        "local_rank": rt.local_rank,
+        "node": rt.me.node,
+        "host": rt.me.host,
+        "device": name,
+        "uuid": rt.me.gpu_uuid,
+        "gpu_index": rt.me.gpu_index,
+        "subject": rt.me.subject,
+    }
