@@ -69,6 +69,9 @@ class BenchmarkExpectations:
     busbw_gbps_min: dict[str, float] = field(default_factory=dict)
     train_mfu_min: float | None = None
     train_scaling_efficiency_min: float = 0.9
+    # A GPU or node this far below the cluster median of a per-GPU figure FAILs (gpu-fryer's 10 % rule, taken
+    # across the nodes of a run); None turns the rule off, as on CPU ranks sharing cores.
+    cluster_deviation_pct: float | None = 10.0
 
 
 @dataclass(frozen=True)
