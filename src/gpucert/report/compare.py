@@ -19,16 +19,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpucert.report.direction import HIGHER, LOWER, direction_of
 from gpucert.report.schema import Report, Result, Value
 from gpucert.report.terminal import STATUS_STYLE
 from gpucert.status import Status
-
-HIGHER = "higher is better"
-LOWER = "lower is better"
-
-# Units whose direction is plain; a unit not listed here (GiB, links, ports) is compared but never judged.
-HIGHER_IS_BETTER_UNITS = frozenset({"GB/s", "TB/s", "Gb/s", "MB/s", "TFLOP/s", "tokens/s", "samples/s", "%"})
-LOWER_IS_BETTER_UNITS = frozenset({"C", "W", "errors", "events", "rows", "s", "ms", "us", "relative error"})
 
 
 @dataclass(frozen=True)
@@ -85,26 +79,6 @@ def _number(value: Value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
-
-
-def direction_of(result: Result) -> str | None:
-    """Which way is better: the threshold's comparison if it has one (">= 690 W"), else the unit's.
-
-    Only measured performance has a direction. Health readings (an idle GPU's temperature or utilisation,
-    the liveness error) and telemetry move with the room and the moment: they are compared by status only.
-    """
-    if result.category not in ("benchmark", "evaluation"):
-        return None
-    expected = (result.expected or "").lstrip()
-    if expected.startswith(">"):
-        return HIGHER
-    if expected.startswith("<"):
-        return LOWER
-    if result.unit in HIGHER_IS_BETTER_UNITS:
-        return HIGHER
-    if result.unit in LOWER_IS_BETTER_UNITS:
-        return LOWER
-    return None
 
 
 def _subject_key(result: Result, host_names: set[str]) -> str:
