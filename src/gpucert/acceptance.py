@@ -80,8 +80,8 @@ def place_on_node(results: Sequence[Result], label: str, host: str) -> list[Resu
         subject = r.subject
         if subject == host or subject in ("node", ""):
             subject = label
-        elif subject.startswith(("GPU ", "rank ")):
-            subject = f"{label} {subject}"
+        elif not subject.startswith(f"{label} "):
+            subject = f"{label} {subject}"  # GPU 3 (bus id), mlx5_1 port 1: unique across nodes
         message = r.message
         if subject != r.subject and r.subject not in (host, "node") and r.subject in message:
             message = _replace_word(message, r.subject, subject)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpucert.bench import collectives as coll
-from gpucert.bench.distributed import launch_local
+from gpucert.bench.suite import launch_local
 from gpucert.config.profiles import BenchmarkExpectations, Profile
 from gpucert.config.run import CollectivesBenchConfig
 from gpucert.status import Status

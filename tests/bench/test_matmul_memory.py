@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpucert.bench import matmul, memory
-from gpucert.bench.distributed import launch_local
+from gpucert.bench.suite import launch_local
 from gpucert.config.profiles import load_profile
 from gpucert.config.run import MatmulBenchConfig, MemoryBenchConfig
 from gpucert.status import Status
@@ -132,16 +132,15 @@ def test_cpu_profile_does_not_hold_ranks_to_each_other() -> None:
     assert results[1].subject == "rank 1 (cpu)"
 
 
-def test_benchmark_results_take_nvml_indices_by_uuid() -> None:
-    """Two workers saw CUDA GPUs 0 and 1, which are NVML's GPUs 3 and 2 (CUDA_VISIBLE_DEVICES=3,2)."""
-    from tests.conftest import NODE_BUNDLES
-
-    from gpucert.bench.suite import nvml_indexed
-    from gpucert.hardware.inventory import bundle_sources, collect_inventory
-
-    inventory = collect_inventory(bundle_sources(NODE_BUNDLES / "h200x4"))
-    uuids = [gpu.uuid for gpu in inventory.gpu.gpus]
-    data = {"ranks": [{**memory_rank(0, 4.2, 53.0), "uuid": uuids[3]}, {**memory_rank(1, 3.0, 53.0), "uuid": uuids[2]}]}
-    results = nvml_indexed(memory.judge(data, H200, None), data, inventory)
-    copy = {r.gpu_index: r.status for r in results if r.name == "memory.copy"}
-    assert copy == {3: Status.PASS, 2: Status.FAIL}
+def test_benchmark_results_name_the_node_and_nvml_index_the_worker_reported() -> None:
+    """Two workers on node-b drove CUDA devices 0 and 1, which NVML calls GPUs 3 and 2
+    (CUDA_VISIBLE_DEVICES=3,2): the worker looked its GPU up by UUID, so the results name NVML's index."""
+    rows = [
+        {**memory_rank(0, 4.2, 53.0), "node": "node-b", "gpu_index": 3, "subject": "node-b GPU 3", "uuid": "GPU-3"},
+        {**memory_rank(1, 3.0, 53.0), "node": "node-b", "gpu_index": 2, "subject": "node-b GPU 2", "uuid": "GPU-2"},
+    ]
+    results = memory.judge({"ranks": rows}, H200, None)
+    copy = {(r.node, r.gpu_index, r.subject): r.status for r in results if r.name == "memory.copy"}
+    assert copy == {("node-b", 3, "node-b GPU 3"): Status.PASS, ("node-b", 2, "node-b GPU 2"): Status.FAIL}
+    [slow] = [r for r in results if r.name == "memory.copy" and r.status is Status.FAIL]
+    assert "on node-b GPU 2" in slow.message

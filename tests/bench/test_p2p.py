@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpucert.bench import p2p
-from gpucert.bench.distributed import DistEnv
+from gpucert.runtime.group import start_runtime, stop_runtime
 from gpucert.config.profiles import BenchmarkExpectations, Profile
 from gpucert.config.run import P2pBenchConfig
 from gpucert.status import Status
@@ -86,5 +86,11 @@ def test_one_gpu_and_no_gpu_are_skipped() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
 def test_measure_on_a_cpu_is_not_applicable() -> None:
-    env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="gloo", device=torch.device("cpu"))
-    assert p2p.measure(env, {"size_mib": 4, "warmup": 1, "repeats": 3}) == {"applicable": False, "reason": "no GPUs"}
+    rt = start_runtime(environ={})
+    try:
+        data = p2p.measure(rt, {"size_mib": 4, "warmup": 1, "repeats": 3})
+    finally:
+        stop_runtime(rt)
+    assert data == {"nodes": [{"applicable": False, "reason": "no GPUs", "node": rt.me.node}]}
+    [skip] = p2p.judge(data, _profile(), CFG)
+    assert (skip.status, skip.subject, skip.node) == (Status.SKIP, rt.me.node, rt.me.node)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpucert.bench import train_proxy
-from gpucert.bench.distributed import launch_local
+from gpucert.bench.suite import launch_local
 from gpucert.bench.train_proxy import PRESETS, Decoder, count_params, flops_per_token, judge
 from gpucert.config.profiles import load_profile
 from gpucert.config.run import TrainBenchConfig

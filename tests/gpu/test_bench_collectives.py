@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpucert.bench import collectives, p2p
-from gpucert.bench.distributed import launch_local
+from gpucert.bench.suite import launch_local
 from gpucert.config.profiles import load_profile
 from gpucert.config.run import CollectivesBenchConfig, P2pBenchConfig
 from gpucert.status import Status

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpucert.bench.distributed import launch_local
+from gpucert.bench.suite import launch_local
 from gpucert.bench.train_proxy import judge
 from gpucert.config.profiles import select_profile
 from gpucert.config.run import TrainBenchConfig

@@ -108,3 +108,33 @@ def run_in_ranks(
     finally:
         telemetry = telemetry_results(name, sampler, rt.me.node) if rt.local_rank == 0 else []
     return (judge(name, data, config, profile) if data is not None else []), telemetry
+
+
+class LaunchError(RuntimeError):
+    """The benchmark's workers failed or hung: the message names the rank, its node and the cause."""
+
+
+def launch_local(
+    nproc: int,
+    spec: dict[str, Any],
+    workdir: Path,
+    timeout_s: float,
+    env_overrides: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One benchmark on this node alone in nproc worker processes; rank 0's data (tests, GPU plans)."""
+    from gpucert.runtime.config import RuntimeConfig
+    from gpucert.runtime.launch_env import NodeEnv
+
+    spec = {"runtime": {}, **spec}
+    agent = NodeAgent.start(NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, RuntimeConfig(**spec["runtime"]), workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = workdir / "spec.json", workdir / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "gpucert.bench.worker", str(spec_path), str(out_path)]
+    step = agent.run_step(spec["benchmark"], argv, timeout_s, env_overrides)
+    if step.failure is not None:
+        raise LaunchError(f"{spec['benchmark']}: {step.failure.message()}")
+    if not out_path.exists():
+        raise LaunchError(f"{spec['benchmark']}: rank 0 wrote no result")
+    return json.loads(out_path.read_text())
