@@ -1,5 +1,6 @@
 """The cluster report: golden-config diff on the captured 4xH200 inventory (one copy altered per test),
-outliers across nodes on synthetic per-GPU figures, and `report merge` of per-node reports written to disk.
+outliers across nodes on synthetic per-GPU figures, `report merge` of per-node reports written to disk, and
+the views of a report of several nodes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from rich.console import Console
 from tests.conftest import NODE_BUNDLES
 
 import gpucert.report
@@ -24,10 +26,14 @@ from gpucert.report.cluster import (
     cross_node_outliers,
     golden_config_diff,
     merge_reports,
+    split_by_node,
     write_merged,
 )
+from gpucert.report.html import render_html
+from gpucert.report.markdown import render_markdown
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.report.store import load_report, write_report
+from gpucert.report.terminal import print_report
 from gpucert.status import Status
 
 SCHEMA = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json").read_text())
@@ -437,3 +443,80 @@ def test_merge_with_an_unloadable_profile_errors_instead_of_judging_outliers() -
     (error,) = by_status(merged.results, Status.ERROR)
     assert error.name == "cluster.outlier" and "/nowhere/site.yaml" in error.message
     assert not [r for r in merged.results if r.name.startswith("cluster.outlier.")]
+
+
+# views
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Report:
+    reports = [node_report("node-a", [800] * 4), node_report("node-b", [800, 800, 640, 800])]
+    merged = merge_reports(reports, ["a", "b"])
+    collective = Result(
+        name="collective.all_reduce",
+        subject="2 nodes x 4 GPUs (nccl)",
+        status=Status.PASS,
+        message="ok",
+        value=350.0,
+        unit="GB/s",
+        category="benchmark",
+        details={"sizes_bytes": [2**20, 2**30], "busbw_gbps": [90.0, 350.0]},
+    )
+    return dataclasses.replace(merged, results=[*merged.results, collective])
+
+
+def test_split_by_node_puts_job_wide_and_cluster_results_first(two_nodes: Report) -> None:
+    cluster, sections = split_by_node(two_nodes)
+    assert [s.label for s in sections] == ["node-a", "node-b"]
+    assert [s.status for s in sections] == [Status.PASS, Status.FAIL]
+    assert all(r.node is None or r.category == "cluster" for r in cluster)
+    assert "collective.all_reduce" in {r.name for r in cluster}
+    assert all(r.category != "cluster" for s in sections for r in s.results)
+
+
+def test_markdown_of_two_nodes_has_a_cluster_section_then_one_per_node(two_nodes: Report) -> None:
+    text = render_markdown(two_nodes)
+    lines = text.splitlines()
+    assert lines[0] == "# gpucert report merge: FAIL on 2 nodes"
+    assert lines[2].startswith("- **Cluster:** 2 nodes x 4 GPUs = 8 NVIDIA H200")
+    assert lines[3] == "- **Nodes:** node-a (PASS), node-b (FAIL)"
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings == ["## Cluster", "## Node node-a: PASS", "## Node node-b: FAIL"]
+    cluster_part = text.split("## Node node-a")[0]
+    assert "| FAIL | cluster.outlier.matmul.bf16.max | node-b GPU 2 |" in cluster_part
+    assert "| PASS | collective.all_reduce | 2 nodes x 4 GPUs (nccl) |" in cluster_part
+    assert "| PASS | cluster.config.driver | cluster | 580.159.04 |" in cluster_part
+    node_b = text.split("## Node node-b: FAIL")[1]
+    assert "| PASS | matmul.bf16.max | node-b GPU 2 | 640 TFLOP/s |" in node_b
+    assert "cluster.outlier" not in node_b
+
+
+def test_terminal_of_two_nodes(two_nodes: Report) -> None:
+    console = Console(record=True, width=160)
+    print_report(two_nodes, console, show_inventory=False, report_path=None)
+    text = console.export_text()
+    assert text.startswith("cluster: 2 nodes x 4 GPUs = 8 NVIDIA H200")
+    assert "cluster checks" in text and "node node-a PASS" in text and "node node-b FAIL" in text
+    assert text.index("cluster checks") < text.index("node node-a") < text.index("node node-b")
+    assert "verdict: FAIL" in text
+
+
+def test_html_of_two_nodes_has_anchored_node_sections_and_per_node_plots(two_nodes: Report) -> None:
+    page = render_html(two_nodes)
+    assert '<section id="cluster">' in page
+    assert '<section id="node-node-a" class="node">' in page and '<a href="#node-node-b">' in page
+    assert page.index('id="cluster"') < page.index('id="node-node-a"') < page.index('id="node-node-b"')
+    assert 'data-plot="node-a/matmul"' in page and 'data-plot="node-b/matmul"' in page
+    assert 'data-plot="cluster/collectives"' in page
+
+
+def test_html_anchors_stay_unique_for_odd_labels() -> None:
+    merged = merge_reports([node_report("vm", [800]), node_report("vm", [800])], ["a", "b"])
+    page = render_html(merged)
+    assert 'id="node-vm-n0"' in page and 'id="node-vm-n1"' in page
+
+
+def test_single_node_reports_render_as_before() -> None:
+    report = node_report("node-a", [800] * 4)
+    assert render_markdown(report).startswith("# gpucert accept: PASS on node-a\n\n- **Node:** ")
+    assert "## Cluster" not in render_markdown(report)

@@ -8,11 +8,14 @@ escaped: a message may carry anything a driver or a command printed.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import re
 import struct
 from html import escape
 from typing import Any
 
+from gpucert.report.cluster import cluster_summary, is_cluster, split_by_node
 from gpucert.report.plots import report_plots
 from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import format_value
@@ -79,6 +82,9 @@ figure img { display: block; max-width: 100%; height: auto; border: 1px solid #e
 figcaption { font-size: 12px; color: #57606a; margin-top: 4px; }
 footer { color: #8c959f; font-size: 12px; text-align: center; }
 .legend span { margin-right: 12px; }
+.node-nav { margin-top: 8px; }
+.node-nav a { margin-left: 10px; color: #0969da; text-decoration: none; }
+.node-nav a:first-child { margin-left: 0; }
 """ + "\n".join(
     f".s-{s.value} {{ color: {STATUS_COLOUR[s]}; }}\n"
     f"td.s-{s.value}.bad, .badge.s-{s.value} {{ background: {STATUS_BACKGROUND[s]}; }}\n"
@@ -226,9 +232,8 @@ def _node_table(results: list[Result], title: str) -> str:
     )
 
 
-def _results(results: list[Result]) -> str:
-    if not results:
-        return ""
+def _result_parts(results: list[Result]) -> list[str]:
+    """Results grouped by category: a check x GPU grid for per-GPU ones, a table for the rest."""
     parts = []
     categories = list(dict.fromkeys(r.category for r in results))
     for category in categories:
@@ -240,12 +245,18 @@ def _results(results: list[Result]) -> str:
             parts.append(_gpu_grid(per_gpu, f"per-GPU {label}"))
         if node:
             parts.append(_node_table(node, f"node {label}"))
+    return parts
+
+
+def _legend() -> str:
     legend = " ".join(f'<span class="s-{s.value}">■ {s.value}</span>' for s in Status)
-    return (
-        '<section id="results"><h2>Results</h2>'
-        f'<div class="legend">{legend} <span class="none">(hover a cell for its message)</span></div>'
-        f"{''.join(parts)}</section>"
-    )
+    return f'<div class="legend">{legend} <span class="none">(hover a cell for its message)</span></div>'
+
+
+def _results(results: list[Result]) -> str:
+    if not results:
+        return ""
+    return f'<section id="results"><h2>Results</h2>{_legend()}{"".join(_result_parts(results))}</section>'
 
 
 def _png_size(png: bytes) -> str:
@@ -254,15 +265,18 @@ def _png_size(png: bytes) -> str:
     return f'width="{width}" height="{height}"'
 
 
-def _plots(report: Report) -> str:
-    plots = report_plots(report)
-    if not plots:
-        return ""
-    figures = "".join(
-        f'<figure><img data-plot="{_e(p.key)}" alt="{_e(p.title)}" {_png_size(p.png)} '
+def _figures(report: Report, key_prefix: str = "") -> str:
+    return "".join(
+        f'<figure><img data-plot="{_e(key_prefix + p.key)}" alt="{_e(p.title)}" {_png_size(p.png)} '
         f'src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}"></figure>'
-        for p in plots
+        for p in report_plots(report)
     )
+
+
+def _plots(report: Report) -> str:
+    figures = _figures(report)
+    if not figures:
+        return ""
     return f'<section id="plots"><h2>Benchmarks</h2>{figures}</section>'
 
 
@@ -388,27 +402,93 @@ def _host(inv: dict[str, Any]) -> str:
     return f'<h3>Host {_e(inv.get("hostname", ""))}</h3><table class="meta"><tbody>{body}</tbody></table>'
 
 
+def _inventory_parts(inv: dict[str, Any]) -> str:
+    return "".join([_gpu_inventory(inv), _topology(inv), _infiniband(inv), _host(inv)])
+
+
 def _inventory(inv: dict[str, Any]) -> str:
-    parts = [_gpu_inventory(inv), _topology(inv), _infiniband(inv), _host(inv)]
-    return f'<section id="inventory"><h2>Inventory</h2>{"".join(parts)}</section>'
+    return f'<section id="inventory"><h2>Inventory</h2>{_inventory_parts(inv)}</section>'
+
+
+def _anchors(labels: list[str]) -> dict[str, str]:
+    """An id per node label: labels may hold any character (`host[n1]`), ids keep to a URL-safe few."""
+    anchors: dict[str, str] = {}
+    for i, label in enumerate(labels):
+        anchor = "node-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or str(i))
+        anchors[label] = anchor if anchor not in anchors.values() else f"{anchor}-{i}"
+    return anchors
+
+
+def _cluster_body(report: Report) -> str:
+    """Verdict, problems, the cluster section, one section per node (results, plots, inventory), run."""
+    meta, status = report.meta, report.status
+    cluster, sections = split_by_node(report)
+    anchors = _anchors([s.label for s in sections])
+    counts = "".join(f'<span class="s-{s}">{n} {_e(s)}</span>' for s, n in report.counts().items() if n)
+    nav = " ".join(f'<a href="#{anchors[s.label]}">{_e(s.label)}</a> {_badge(s.status)}' for s in sections)
+    summary = cluster_summary(report.nodes) if report.nodes else f"{len(sections)} nodes"
+    header = (
+        f'<header class="verdict b-{status.value}">'
+        f"<h1>gpucert {_e(meta.verb)} on {len(sections)} nodes {_badge(status, big=True)}</h1>"
+        f'<div class="summary">{_e(summary)}</div>'
+        f'<div class="counts">{counts or "no results"}; exit code {status.exit_code}</div>'
+        f'<nav class="node-nav">{nav}</nav></header>'
+    )
+    # Cluster results name many nodes' GPUs: one table, never a grid keyed by GPU index.
+    job = _figures(dataclasses.replace(report, results=cluster), "cluster/")
+    cluster_html = (
+        '<section id="cluster"><h2>Cluster</h2>'
+        + (_legend() if report.results else "")
+        + (_node_table(cluster, "cluster checks") if cluster else '<p class="none">No cluster result.</p>')
+        + job
+        + "</section>"
+    )
+    nodes_html = []
+    for section in sections:
+        anchor = anchors[section.label]
+        inv = section.inventory
+        nodes_html.append(
+            f'<section id="{anchor}" class="node"><h2>Node {_e(section.label)} {_badge(section.status)}</h2>'
+            + (f'<div class="summary">{_e(inv["summary"])}</div>' if inv.get("summary") else "")
+            + "".join(_result_parts(section.results))
+            + _figures(dataclasses.replace(report, results=section.results), f"{section.label}/")
+            + (f"<details><summary>inventory</summary>{_inventory_parts(inv)}</details>" if inv else "")
+            + "</section>"
+        )
+    return "".join(
+        [
+            header,
+            _problems(report.results) if report.results else "",
+            cluster_html,
+            *nodes_html,
+            _run_meta(report),
+        ]
+    )
 
 
 def render_html(report: Report) -> str:
     """The whole report as one HTML page: verdict, problems, results, benchmark plots, inventory, run."""
     meta = report.meta
-    title = f"gpucert {meta.verb}: {report.status.value} on {meta.host}"
-    body = "".join(
-        [
-            _header(report),
-            _problems(report.results) if report.results else "",
-            _results(report.results),
-            _plots(report),
-            _inventory(report.inventory),
-            _run_meta(report),
-            f"<footer>gpucert {_e(meta.tool_version)}, report schema {_e(report.schema_version)}, "
-            f"method {_e(meta.method_version)}</footer>",
-        ]
+    where = f"{len(split_by_node(report)[1])} nodes" if is_cluster(report) else meta.host
+    title = f"gpucert {meta.verb}: {report.status.value} on {where}"
+    footer = (
+        f"<footer>gpucert {_e(meta.tool_version)}, report schema {_e(report.schema_version)}, "
+        f"method {_e(meta.method_version)}</footer>"
     )
+    if is_cluster(report):
+        body = _cluster_body(report) + footer
+    else:
+        body = "".join(
+            [
+                _header(report),
+                _problems(report.results) if report.results else "",
+                _results(report.results),
+                _plots(report),
+                _inventory(report.inventory),
+                _run_meta(report),
+                footer,
+            ]
+        )
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpucert.report.cluster import cluster_summary, is_cluster, split_by_node
 from gpucert.report.schema import Report, Result
 from gpucert.status import Status
 
@@ -29,15 +31,17 @@ def format_value(result: Result) -> str:
     return f"{text} {result.unit}" if result.unit and not isinstance(result.value, bool) else text
 
 
-def gpu_matrix(results: list[Result]) -> Table | None:
-    """Per-GPU checks as a check x GPU grid of values coloured by status: a bad GPU stands out as a column."""
+def gpu_matrix(results: list[Result], title: str = "per-GPU checks") -> Table | None:
+    """Per-GPU checks as a check x GPU grid of values coloured by status: a bad GPU stands out as a column.
+
+    Columns are NVML indices, so give it one node's results at a time."""
     per_gpu = [r for r in results if r.gpu_index is not None]
     if not per_gpu:
         return None
     gpus = sorted({r.gpu_index for r in per_gpu if r.gpu_index is not None})
     checks = list(dict.fromkeys(r.name for r in per_gpu))
     cells = {(r.name, r.gpu_index): r for r in per_gpu}
-    table = Table(title="per-GPU checks")
+    table = Table(title=title)
     table.add_column("check", no_wrap=True)
     for index in gpus:
         table.add_column(f"GPU{index}", overflow="fold")
@@ -50,13 +54,13 @@ def gpu_matrix(results: list[Result]) -> Table | None:
     return table
 
 
-def node_table(results: list[Result]) -> Table | None:
+def node_table(results: list[Result], title: str = "node checks", check_width: int = 24) -> Table | None:
     node = [r for r in results if r.gpu_index is None]
     if not node:
         return None
-    table = Table(title="node checks", expand=True)
+    table = Table(title=title, expand=True)
     table.add_column("status", no_wrap=True, min_width=5)
-    table.add_column("check", overflow="fold", max_width=24)
+    table.add_column("check", overflow="fold", max_width=check_width)
     table.add_column("subject", overflow="fold", max_width=20)
     table.add_column("value", overflow="fold", max_width=16)
     table.add_column("message", overflow="fold", min_width=30, ratio=1)
@@ -178,7 +182,57 @@ def _host_table(inv: dict[str, Any]) -> Table:
     return host
 
 
+def _print_cluster(report: Report, console: Console, show_inventory: bool) -> None:
+    """The cluster's line and judgements first, then each node as a one-node report shows it."""
+    cluster, sections = split_by_node(report)
+    summary = cluster_summary(report.nodes) if report.nodes else f"{len(sections)} nodes"
+    console.print(Text(f"cluster: {summary}", style="bold"))
+    if show_inventory:
+        for section in sections:
+            if section.inventory:
+                console.rule(f"node {section.label}: {section.inventory.get('summary', '')}")
+                for table in inventory_tables(section.inventory):
+                    console.print(table)
+    if not report.results:
+        return
+    console.print(Text(f"gpucert {report.meta.verb}, profile {report.meta.profile}", style="bold"))
+    # Every cluster result sits in one table, per-GPU outliers included (they name their node and GPU).
+    cluster_table = node_table([dataclasses.replace(r, gpu_index=None) for r in cluster], "cluster checks", 36)
+    if cluster_table is not None:
+        console.print(cluster_table)
+    for section in sections:
+        console.rule(Text.assemble(f"node {section.label} ", (section.status.value, STATUS_STYLE[section.status])))
+        if section.inventory.get("summary"):
+            console.print(Text(section.inventory["summary"], style="dim"))
+        for part in (gpu_matrix(section.results), node_table(section.results)):
+            if part is not None:
+                console.print(part)
+
+
+def _print_verdict(report: Report, console: Console) -> None:
+    problems = problem_lines(report.results)
+    if problems:
+        console.print(Text("problems:", style="bold"))
+        for line in problems:
+            console.print(line)
+    counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
+    console.print(
+        Text.assemble(
+            ("verdict: ", "bold"),
+            (report.status.value, STATUS_STYLE[report.status]),
+            f"  ({counts}; exit code {report.status.exit_code})",
+        )
+    )
+
+
 def print_report(report: Report, console: Console, show_inventory: bool, report_path: str | None) -> None:
+    if is_cluster(report):
+        _print_cluster(report, console, show_inventory)
+        if report.results:
+            _print_verdict(report, console)
+        if report_path:
+            console.print(Text(f"report: {report_path}", style="dim"))
+        return
     inv = report.inventory
     console.print(Text(f"{inv['hostname']}: {inv['summary']}", style="bold"))
     if inv.get("replayed_from"):
@@ -191,18 +245,6 @@ def print_report(report: Report, console: Console, show_inventory: bool, report_
         for section in (gpu_matrix(report.results), node_table(report.results)):
             if section is not None:
                 console.print(section)
-        problems = problem_lines(report.results)
-        if problems:
-            console.print(Text("problems:", style="bold"))
-            for line in problems:
-                console.print(line)
-        counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
-        console.print(
-            Text.assemble(
-                ("verdict: ", "bold"),
-                (report.status.value, STATUS_STYLE[report.status]),
-                f"  ({counts}; exit code {report.status.exit_code})",
-            )
-        )
+        _print_verdict(report, console)
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
