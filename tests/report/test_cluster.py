@@ -1,6 +1,6 @@
 """The cluster report: golden-config diff on the captured 4xH200 inventory (one copy altered per test),
 outliers across nodes on synthetic per-GPU figures, `report merge` of per-node reports written to disk, and
-the views of a report of several nodes.
+the views and comparison of reports that name their nodes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gpucert.report.cluster import (
     split_by_node,
     write_merged,
 )
+from gpucert.report.compare import compare_reports
 from gpucert.report.html import render_html
 from gpucert.report.markdown import render_markdown
 from gpucert.report.schema import Report, Result, RunMeta
@@ -520,3 +521,27 @@ def test_single_node_reports_render_as_before() -> None:
     report = node_report("node-a", [800] * 4)
     assert render_markdown(report).startswith("# gpucert accept: PASS on node-a\n\n- **Node:** ")
     assert "## Cluster" not in render_markdown(report)
+
+
+# compare
+
+
+def test_single_node_runs_of_different_hosts_pair_by_gpu_and_node() -> None:
+    a = node_report("host-a", [800, 800, 800, 800])
+    b = node_report("host-b", [800, 800, 700, 800])
+    comparisons = compare_reports(a, b)
+    assert not [c for c in comparisons if c.only_in]
+    (regressed,) = [c for c in comparisons if c.regressed]
+    assert (regressed.name, regressed.subject) == ("matmul.bf16.max", "GPU 2")
+    assert ("gpu.count", "node") in {(c.name, c.subject) for c in comparisons}
+
+
+def test_cluster_runs_pair_by_full_subject() -> None:
+    first = merge_reports([node_report("a", [800] * 2), node_report("b", [800] * 2)], ["1", "2"])
+    second = merge_reports([node_report("a", [800] * 2), node_report("b", [800, 600])], ["1", "2"])
+    comparisons = compare_reports(first, second)
+    regressed = {(c.name, c.subject) for c in comparisons if c.regressed}
+    assert regressed == {("matmul.bf16.max", "b GPU 1")}
+    # A node's result whose subject does not carry its label gets it, so the nodes' pairs stay apart.
+    assert {c.subject for c in comparisons if c.name == "p2p.pair"} == {"a: GPU 1 -> GPU 2", "b: GPU 1 -> GPU 2"}
+    assert ("cluster.outlier.matmul.bf16.max", "b GPU 1") in {(c.name, c.subject) for c in comparisons}

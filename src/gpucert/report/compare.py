@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpucert.report.cluster import is_cluster
 from gpucert.report.direction import HIGHER, LOWER, direction_of
 from gpucert.report.schema import Report, Result, Value
 from gpucert.report.terminal import STATUS_STYLE
@@ -81,20 +82,30 @@ def _number(value: Value) -> float | None:
     return float(value)
 
 
-def _subject_key(result: Result, host_names: set[str]) -> str:
+def _subject_key(result: Result, hosts: set[str], single_node: bool) -> str:
+    if not single_node:
+        # A cluster's subjects carry the node label ("hostA GPU 3"); a node's result whose subject does not
+        # (a merged 1.x report's "GPU 1 -> GPU 2") gets it here, so two nodes' results never pair up.
+        if result.node is not None and not result.subject.startswith(result.node):
+            return f"{result.node}: {result.subject}"
+        return result.subject
     # Two nodes have different hosts and bus ids: pair per-GPU results by GPU index and node results as
     # "node", so a node can be compared against a golden node as well as against itself last week.
     if result.gpu_index is not None:
         return f"GPU {result.gpu_index}"
-    return "node" if result.subject in host_names else result.subject
+    if result.subject in hosts:
+        return "node"
+    host = next((h for h in hosts if result.subject.startswith(f"{h} ")), None)
+    return result.subject[len(host) + 1 :] if host else result.subject
 
 
-def _keyed(report: Report) -> dict[tuple[str, str, int], Result]:
-    hosts = {report.meta.host, str(report.inventory.get("hostname", ""))}
+def _keyed(report: Report, single_node: bool) -> dict[tuple[str, str, int], Result]:
+    names = {report.meta.host, str(report.inventory.get("hostname", "")), *report.meta.nodes}
     keyed: dict[tuple[str, str, int], Result] = {}
     seen: Counter[tuple[str, str]] = Counter()
     for r in report.results:
-        subject = _subject_key(r, hosts)
+        hosts = (names | {r.node} if r.node else names) - {""}
+        subject = _subject_key(r, hosts, single_node)
         # The n-th result of one name and subject pairs with the n-th in the other report.
         keyed[(r.name, subject, seen[(r.name, subject)])] = r
         seen[(r.name, subject)] += 1
@@ -145,7 +156,10 @@ def compare_reports(baseline: Report, candidate: Report, threshold_pct: float = 
     """
     if threshold_pct < 0:
         raise ValueError(f"threshold_pct must be >= 0, got {threshold_pct}")
-    base, cand = _keyed(baseline), _keyed(candidate)
+    # Two one-node runs pair by GPU index whatever their hosts; once either is a cluster, by full subject
+    # (a node's own run then pairs with its part in the cluster run).
+    single_node = not is_cluster(baseline) and not is_cluster(candidate)
+    base, cand = _keyed(baseline, single_node), _keyed(candidate, single_node)
     comparisons = []
     for key in [*base, *(k for k in cand if k not in base)]:
         comp = _compare_pair(key[0], key[1], base.get(key), cand.get(key), threshold_pct)
