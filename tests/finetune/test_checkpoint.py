@@ -16,7 +16,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpucert.bench.distributed import cleanup, init_distributed
 from gpucert.finetune.checkpoint import (
     COMPLETE,
     TrainerState,
@@ -30,7 +29,8 @@ from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, Mode
 from gpucert.finetune.model import forward_loss, load_model
 from gpucert.finetune.packing import collate
 from gpucert.finetune.tokenizer import load_tokenizer
-from gpucert.finetune.train import run_finetune
+from gpucert.finetune.train import FinetuneFailed, run_finetune
+from gpucert.runtime.group import start_runtime, stop_runtime
 
 CONFIG = """\
 model: {name: tiny, dtype: fp32, attn_implementation: sdpa}
@@ -47,8 +47,8 @@ from gpucert.finetune import train
 
 real_save = train.save_checkpoint
 
-def save_then_stall(run_dir, model, optimizer, scheduler, state, env, keep):
-    path = real_save(run_dir, model, optimizer, scheduler, state, env, keep)
+def save_then_stall(run_dir, model, optimizer, scheduler, state, rt, keep):
+    path = real_save(run_dir, model, optimizer, scheduler, state, rt, keep)
     if state.step == 6:
         time.sleep(600)
     return path
@@ -60,7 +60,7 @@ sys.exit(train.main(sys.argv[1:]))
 
 @pytest.fixture
 def single_process(monkeypatch: pytest.MonkeyPatch):
-    """init_distributed writes RANK/WORLD_SIZE into os.environ; monkeypatch puts the environment back after."""
+    """A lone rank (pytest may run under a launcher): RANK=0 of WORLD_SIZE=1, no rendezvous."""
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("MASTER_PORT", raising=False)
@@ -98,7 +98,7 @@ def test_prune_keeps_the_newest_and_drops_debris(tmp_path: Path) -> None:
 
 
 def test_round_trip_restores_model_optimizer_scheduler_rng(tmp_path: Path, single_process: None) -> None:
-    env = init_distributed()
+    rt = start_runtime()
     try:
         cfg = ModelConfig(name="tiny", dtype="fp32")
         lora = LoraConfig(r=4, alpha=8, dropout=0.0)
@@ -108,7 +108,7 @@ def test_round_trip_restores_model_optimizer_scheduler_rng(tmp_path: Path, singl
         )
 
         def fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-            model, _ = load_model(cfg, lora, tokenizer, env.device)
+            model, _ = load_model(cfg, lora, tokenizer, rt.device)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
             return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
 
@@ -121,15 +121,15 @@ def test_round_trip_restores_model_optimizer_scheduler_rng(tmp_path: Path, singl
             sched.step()
             opt.zero_grad()
         state = TrainerState(step=3, epoch=1, index=8, global_batch=4, loss_history=[3.0, 2.0, 1.0])
-        path = save_checkpoint(tmp_path, model, opt, sched, state, env, keep=2)
+        path = save_checkpoint(tmp_path, model, opt, sched, state, rt, keep=2)
         assert path == tmp_path / "checkpoints" / "step-3" and (path / COMPLETE).is_file()
         expected_rand = torch.rand(3)
 
         torch.manual_seed(123)
         model2, opt2, sched2 = fresh()
-        restored = load_checkpoint(path, model2, opt2, sched2, env)
+        restored = load_checkpoint(path, model2, opt2, sched2, rt)
     finally:
-        cleanup()
+        stop_runtime(rt)
     assert restored == state
     assert torch.equal(torch.rand(3), expected_rand)
     trainable = {k: v for k, v in model.state_dict().items() if "lora_" in k}
@@ -190,5 +190,5 @@ def test_resume_refuses_another_global_batch(tmp_path: Path, single_process: Non
         output_dir=str(tmp_path / "run"),
     )
     run_finetune(cfg)
-    with pytest.raises(ValueError, match="expected a global batch of 4 rows, found 2"):
+    with pytest.raises(FinetuneFailed, match="expected a global batch of 4 rows, found 2"):
         run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, grad_accum=2, max_steps=4)))

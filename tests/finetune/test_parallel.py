@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from gpucert.bench.distributed import DistEnv
 from gpucert.finetune.parallel import decoder_layers, resolve_mode, wrap
 from gpucert.finetune.train import main
+from gpucert.runtime.group import start_runtime, stop_runtime
 
 pytestmark = pytest.mark.slow
 
@@ -139,8 +139,11 @@ def test_modes() -> None:
 
 def test_none_mode_leaves_the_model_alone() -> None:
     model = nn.Linear(2, 2)
-    env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="gloo", device=torch.device("cpu"))
-    assert wrap(model, env, "none") is model
+    rt = start_runtime(environ={})
+    try:
+        assert wrap(model, rt, "none") is model
+    finally:
+        stop_runtime(rt)
     with pytest.raises(ValueError, match="no decoder layers"):
         decoder_layers(model)
 

@@ -14,13 +14,13 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from gpucert.bench.distributed import cleanup, init_distributed
 from gpucert.finetune.checkpoint import find_latest, save_adapter
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.model import forward_loss, load_base_model, load_model
 from gpucert.finetune.packing import collate
 from gpucert.finetune.tokenizer import load_tokenizer
 from gpucert.finetune.train import epoch_order, lr_factor, main, plan_steps, rank_micro_batches, run_finetune
+from gpucert.runtime.group import start_runtime, stop_runtime
 
 METRICS_KEYS = {
     "schema",
@@ -80,7 +80,7 @@ def tiny_run(tmp_path: Path, **train: object) -> FinetuneConfig:
 
 @pytest.fixture
 def single_process(monkeypatch: pytest.MonkeyPatch):
-    """init_distributed writes RANK/WORLD_SIZE into os.environ; monkeypatch puts the environment back after."""
+    """A lone rank (pytest may run under a launcher): RANK=0 of WORLD_SIZE=1, no rendezvous."""
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("MASTER_PORT", raising=False)
@@ -165,12 +165,12 @@ def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> No
 
 
 def test_saved_adapter_reloads_with_identical_outputs(tmp_path: Path, single_process: None) -> None:
-    env = init_distributed()
+    rt = start_runtime()
     try:
         cfg = tiny_run(tmp_path)
         tokenizer = load_tokenizer(cfg.model, cfg.data)
         torch.manual_seed(0)
-        model, _ = load_model(cfg.model, cfg.lora, tokenizer, env.device)
+        model, _ = load_model(cfg.model, cfg.lora, tokenizer, rt.device)
         rows = [{"input_ids": list(range(5, 45)), "labels": list(range(5, 45)), "position_ids": list(range(40))}]
         batch = collate(rows, tokenizer.pad_token_id)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
@@ -179,9 +179,9 @@ def test_saved_adapter_reloads_with_identical_outputs(tmp_path: Path, single_pro
             (loss / n).backward()
             opt.step()
             opt.zero_grad()
-        save_adapter(model, tokenizer, tmp_path / "adapter", env)
+        save_adapter(model, tokenizer, tmp_path / "adapter", rt)
     finally:
-        cleanup()
+        stop_runtime(rt)
     model.eval()
     base = load_base_model(cfg.model, len(tokenizer), torch.device("cpu"))
     reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter")

@@ -8,11 +8,14 @@ ignores. It holds what an exact continuation needs:
     optimizer.pt                AdamW state by module path (the same file from 1 GPU, DDP or FSDP2)
     scheduler.pt                the LR scheduler's state
     rng.pt                      python, numpy, torch CPU and CUDA generator states, one entry per rank
-    trainer_state.json          step, sampler position (epoch, rows of its order consumed), loss history
+    trainer_state.json          step, sampler position (epoch, rows of its order consumed), loss history, and the
+                                fingerprint of the prepared data it trained on
 
 Model and optimizer states go through torch.distributed.checkpoint.state_dict, which gathers FSDP2 shards
 into full tensors (all ranks take part) and loads them back into whatever sharding the resuming run has.
-Every rank reads the files on resume: the run directory must be on a filesystem all nodes see.
+Every rank reads the files on resume: the run directory must be on a filesystem all nodes see. Which checkpoint
+`resume: auto` continues from is rank 0's choice, sent to every rank: NFS attribute caching can show nodes
+different directory listings, and ranks resuming from different steps would train different models.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -39,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from gpucert.bench.distributed import DistEnv, gather_to_main
+from gpucert.runtime.group import Runtime, gather_to_main
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
@@ -61,6 +65,8 @@ class TrainerState:
     # Rows per optimizer step (micro_batch x grad_accum x world): a resume must keep it to continue exactly.
     global_batch: int = 0
     world_size: int = 1
+    # prepare.data_fingerprint of the data trained on; None in checkpoints written before it was recorded.
+    data_fingerprint: str | None = None
     loss_history: list[float] = field(default_factory=list)
     step_log: list[dict[str, Any]] = field(default_factory=list)
     eval_losses: list[dict[str, Any]] = field(default_factory=list)
@@ -89,16 +95,66 @@ def find_latest(run_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def choose_checkpoint(resume: str, run_dir: Path) -> Path | None:
+    """What `resume` (none, auto or a directory) means for run_dir as this process sees it."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return find_latest(run_dir)
+    return Path(resume)
+
+
+def agree_on_checkpoint(rt: Runtime, resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint every rank resumes from: rank 0's choice, broadcast (collective, even for "none", so a
+    rank with another config cannot skip it and leave the others waiting)."""
+    choice = choose_checkpoint(resume, run_dir) if rt.is_main else None
+    if rt.world_size == 1:
+        return choice
+    chosen = [str(choice) if choice is not None else None]
+    dist.broadcast_object_list(chosen, src=0)
+    return Path(chosen[0]) if chosen[0] is not None else None
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    """The trainer state of a complete checkpoint (cheap: no tensors), or an error naming what is missing."""
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker): pick another one")
+    return TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+
+
+def judge_data_change(saved: str | None, current: str, path: Path, allow_change: bool) -> str | None:
+    """Resuming over the prepared data `current`: None when it is the data the checkpoint trained on, a warning
+    when that is unknown (an older checkpoint) or allowed to differ, else an error naming both fingerprints."""
+    if saved is None:
+        return (
+            f"{path} does not record which data it trained on (written before gpucert kept data fingerprints): "
+            f"resuming on data {current[:12]} unchecked"
+        )
+    if saved == current:
+        return None
+    if allow_change:
+        return (
+            f"{path} trained on data {saved[:12]}, this run prepares {current[:12]}: continuing on the new data "
+            "(resume_allow_data_change: true)"
+        )
+    raise ValueError(
+        f"{path}: expected the prepared data the checkpoint trained on (fingerprint {saved[:12]}), found "
+        f"{current[:12]}: data.source, its file, the template, tokenizer or data.* settings changed. Resume with "
+        "the same data, start a new output_dir, or set resume_allow_data_change: true to continue on the new data"
+    )
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
     """The trainable weights as full CPU tensors by module path, on rank 0 (empty elsewhere). Collective."""
     return get_model_state_dict(model, options=GATHER)
 
 
-def save_adapter(model: nn.Module, tokenizer: Any, out_dir: Path, env: DistEnv) -> Path | None:
+def save_adapter(model: nn.Module, tokenizer: Any, out_dir: Path, rt: Runtime) -> Path | None:
     """The final adapter in PEFT format (adapter_config.json + adapter_model.safetensors) with the tokenizer,
     loadable by PeftModel.from_pretrained. Collective (FSDP2 shards are gathered first); rank 0 writes."""
     adapter = adapter_state_dict(model)
-    if not env.is_main:
+    if not rt.is_main:
         return None
     peft_model = model.module if isinstance(model, DistributedDataParallel) else model
     peft_model.save_pretrained(str(out_dir), state_dict=adapter)  # type: ignore[operator]
@@ -141,14 +197,14 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: TrainerState,
-    env: DistEnv,
+    rt: Runtime,
     keep: int,
 ) -> Path | None:
     """Write step-<state.step> (collective: every rank calls it; rank 0 writes). The path on rank 0."""
     adapter = adapter_state_dict(model)
     optim = get_optimizer_state_dict(model, optimizer, options=GATHER)
-    rngs = gather_to_main(env, rng_state(env.device))
-    if not env.is_main:
+    rngs = gather_to_main(rt, rng_state(rt.device))
+    if not rt.is_main:
         return None
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -193,13 +249,11 @@ def load_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    env: DistEnv,
+    rt: Runtime,
 ) -> TrainerState:
     """Restore model, optimizer, scheduler and this rank's RNG from a complete checkpoint (collective)."""
     path = Path(path)
-    if not (path / COMPLETE).is_file():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker): pick another one")
-    state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+    state = read_trainer_state(path)
     adapter: dict[str, Any] = load_file(str(path / ADAPTER_FILE))
     set_model_state_dict(model, adapter, options=SCATTER)
     optim = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
@@ -207,5 +261,5 @@ def load_checkpoint(
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     rngs = torch.load(path / "rng.pt", weights_only=True)
     # Another world size gets the same global batches; only dropout masks would differ, from the rank reuse.
-    set_rng_state(rngs[env.rank % len(rngs)], env.device)
+    set_rng_state(rngs[rt.rank % len(rngs)], rt.device)
     return state

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpucert.runtime.config import RuntimeConfig
+
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -102,5 +104,11 @@ class FinetuneConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     # Run directory; None: runs/<timestamp>-finetune.
     output_dir: str | None = None
-    # "none", "auto" (latest complete checkpoint in output_dir), or a checkpoint directory.
+    # "none", "auto" (rank 0 picks the latest complete checkpoint in output_dir; every rank loads that one), or a
+    # checkpoint directory.
     resume: str = "none"
+    # A checkpoint remembers the fingerprint of the prepared data it trained on; resuming over other data
+    # (another source file, template, max_length...) is an error unless this is true.
+    resume_allow_data_change: bool = False
+    # Timeouts of the multi-process job: rendezvous, collectives, heartbeats (runtime.heartbeat_timeout_s...).
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)

@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from gpucert.bench.distributed import DistEnv
+from gpucert.runtime.group import Runtime
 
 MODES = ("auto", "none", "ddp", "fsdp2")
 
@@ -43,10 +43,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def wrap(model: nn.Module, env: DistEnv, mode: str) -> nn.Module:
+def wrap(model: nn.Module, rt: Runtime, mode: str) -> nn.Module:
     """The model ready for training under `mode` ("auto": DDP when more than one process, else none)."""
-    mode = resolve_mode(mode, env.world_size)
-    cuda = env.device.type == "cuda"
+    mode = resolve_mode(mode, rt.world_size)
+    cuda = rt.device.type == "cuda"
     if mode == "none":
         return model
     if mode == "ddp":
@@ -54,10 +54,10 @@ def wrap(model: nn.Module, env: DistEnv, mode: str) -> nn.Module:
         # search is what trips over checkpointed LoRA layers.
         return DistributedDataParallel(
             model,
-            device_ids=[env.device.index] if cuda else None,
+            device_ids=[rt.device.index] if cuda else None,
             find_unused_parameters=False,
         )
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    mesh = init_device_mesh(rt.device.type, (rt.world_size,))
     # bf16 compute with fp32 gradient reduction on GPUs; gloo on CPUs stays in fp32, which it is built for.
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else None
     kwargs = {"mesh": mesh, "mp_policy": policy} if policy else {"mesh": mesh}

@@ -5,7 +5,14 @@ Run it:
     torchrun --nproc-per-node 8 -m gpucert.finetune.train configs/finetune/qwen2-7b-glaive.yaml \
         --set output_dir=runs/qwen-glaive --resume auto                                # 8 GPUs, DDP
 Precedence is config defaults < YAML file < --set key.path=value; `--resume auto` continues from the newest
-complete checkpoint of output_dir (exactly: same batches, same RNG, same loss curve).
+complete checkpoint of output_dir as rank 0 sees it (exactly: same batches, same RNG, same loss curve), refused
+when the prepared data changed since (resume_allow_data_change: true continues on the new data).
+
+A failure on any rank ends the job on every rank, never a hang: the failing rank records the cause in the job's
+store and exits 3 after one line and its traceback,
+    gpucert: rank 1 (node-b rank 0 (cpu)) failed during step 12: RuntimeError: ...
+and every other rank's watchdog reads it within runtime.heartbeat_interval_s and exits 3 naming that rank. A rank
+that dies or freezes without a word is named after runtime.heartbeat_timeout_s. Ctrl-C exits 130.
 
 Reading the output (output_dir):
     metrics.json      the run's one result: losses per step, eval losses, tokens/s (padded, effective,
@@ -26,10 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import resource
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -42,10 +51,18 @@ import yaml
 from datasets import Dataset
 from torch import nn
 
-from gpucert.bench.distributed import DistEnv, cleanup, init_distributed
 from gpucert.config.loader import ConfigError, load_config
 from gpucert.finetune import metrics as flops
-from gpucert.finetune.checkpoint import TrainerState, find_latest, load_checkpoint, save_adapter, save_checkpoint
+from gpucert.finetune.checkpoint import (
+    TrainerState,
+    agree_on_checkpoint,
+    find_latest,
+    judge_data_change,
+    load_checkpoint,
+    read_trainer_state,
+    save_adapter,
+    save_checkpoint,
+)
 from gpucert.finetune.config import FinetuneConfig
 from gpucert.finetune.model import (
     IGNORE_INDEX,
@@ -60,6 +77,7 @@ from gpucert.finetune.packing import collate
 from gpucert.finetune.parallel import gradient_sync, resolve_mode, wrap
 from gpucert.finetune.prepare import Prepared, prepare_dataset
 from gpucert.finetune.tokenizer import load_tokenizer
+from gpucert.runtime.group import AbortRecord, RendezvousError, Runtime, fail, say, start_runtime, stop_runtime
 from gpucert.status import Status
 
 SCHEMA = "gpucert.finetune.metrics/1"
@@ -69,6 +87,9 @@ TIMING_WARMUP_STEPS = 2
 FINAL_LOSS_WINDOW = 5
 ADAM_BETAS = (0.9, 0.999)
 GIB = 1 << 30
+# The shell's convention for a run ended by Ctrl-C (128 + SIGINT).
+INTERRUPTED_EXIT = 130
+TENSORBOARD_FLUSH_S = 10
 
 
 # --- The order of the data --------------------------------------------------------------------------------
@@ -143,21 +164,21 @@ def train_step(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     micro_rows: list[list[dict[str, Any]]],
     cfg: FinetuneConfig,
-    env: DistEnv,
+    rt: Runtime,
     pad_id: int,
 ) -> StepStats:
     started = time.perf_counter()
     pad_to = forward_plan(model).pad_to
-    batches = [batch_to(rows, pad_id, env.device, pad_to) for rows in micro_rows]
+    batches = [batch_to(rows, pad_id, rt.device, pad_to) for rows in micro_rows]
     local_supervised = sum(int(supervised_count(b["labels"])) for b in batches)
     # The divisor of every micro-step's loss: all supervised tokens of the global batch, known before any backward.
-    global_supervised = max(all_reduce_sum([local_supervised], env.device)[0], 1.0)
-    loss_sum = torch.zeros((), device=env.device)
+    global_supervised = max(all_reduce_sum([local_supervised], rt.device)[0], 1.0)
+    loss_sum = torch.zeros((), device=rt.device)
     for i, batch in enumerate(batches):
         with gradient_sync(model, enabled=i == len(batches) - 1):
             token_loss_sum, _ = forward_loss(model, batch, cfg.model.attn_implementation)
             # DDP and FSDP2 average gradients over ranks; x world turns that average back into the global sum.
-            (token_loss_sum * env.world_size / global_supervised).backward()
+            (token_loss_sum * rt.world_size / global_supervised).backward()
         loss_sum += token_loss_sum.detach()
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
@@ -178,7 +199,7 @@ def train_step(
             sum(s * s for d in docs for s in d),
             sum(s for d in docs for s in d),
         ],
-        env.device,
+        rt.device,
     )
     return StepStats(
         loss=totals[0] / global_supervised,
@@ -194,85 +215,155 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate_loss(model: nn.Module, rows: Dataset, cfg: FinetuneConfig, env: DistEnv, pad_id: int) -> dict[str, Any]:
+def evaluate_loss(model: nn.Module, rows: Dataset, cfg: FinetuneConfig, rt: Runtime, pad_id: int) -> dict[str, Any]:
     """Token-weighted loss over the whole eval split, rows dealt round-robin to ranks."""
     model.eval()
-    mine = list(range(env.rank, len(rows), env.world_size))
+    mine = list(range(rt.rank, len(rows), rt.world_size))
     micro = cfg.train.micro_batch
     # Every rank runs the same number of forwards (FSDP2 gathers parameters collectively in each one);
     # a rank out of rows repeats its first row with no labels, which adds nothing to the sums.
-    batches = math.ceil(math.ceil(len(rows) / env.world_size) / micro)
+    batches = math.ceil(math.ceil(len(rows) / rt.world_size) / micro)
     loss_sum, count = 0.0, 0
     for b in range(batches):
         chunk = [rows[i] for i in mine[b * micro : (b + 1) * micro]]
         if not chunk:
             first = rows[mine[0] if mine else 0]
             chunk = [{**first, "labels": [IGNORE_INDEX] * len(first["labels"])}]
-        batch = batch_to(chunk, pad_id, env.device, forward_plan(model).pad_to)
+        batch = batch_to(chunk, pad_id, rt.device, forward_plan(model).pad_to)
         s, n = forward_loss(model, batch, cfg.model.attn_implementation)
         loss_sum += float(s)
         count += int(n)
     model.train()
-    total_loss, total_count = all_reduce_sum([loss_sum, count], env.device)
+    total_loss, total_count = all_reduce_sum([loss_sum, count], rt.device)
     return {"loss": total_loss / max(total_count, 1.0), "tokens": int(total_count)}
 
 
 # --- The run ----------------------------------------------------------------------------------------------
 
 
+class FinetuneFailed(RuntimeError):
+    """A rank of the run failed; the cause is recorded for the job and was printed."""
+
+    def __init__(self, record: AbortRecord) -> None:
+        super().__init__(record.message())
+        self.record = record
+
+
 def run_finetune(cfg: FinetuneConfig, profile_peak_tflops: float | None = None) -> dict[str, Any]:
     """Train as configured in this process (one rank of a torchrun/srun job, or alone); the metrics dict,
-    also written to output_dir/metrics.json by rank 0."""
-    env = init_distributed()
+    also written to output_dir/metrics.json by rank 0.
+
+    A failure is recorded for the whole job (every other rank exits within a heartbeat interval, naming this
+    one) and printed. A lone process then raises FinetuneFailed (KeyboardInterrupt for Ctrl-C); a rank of a
+    larger job exits at once with 3 (130 for Ctrl-C), as its peers' watchdogs do: with a peer gone, tearing
+    down the process group could hang.
+    """
+    rt: Runtime | None = None
+
+    def where_this_rank_was(_: AbortRecord) -> None:
+        if rt is not None:
+            say(f"{rt.me.describe()} was in {rt.phase}")
+
     try:
-        return train(cfg, env, cfg.train.peak_tflops or profile_peak_tflops)
-    finally:
-        cleanup()
+        rt = start_runtime(cfg.runtime, on_abort=where_this_rank_was)
+    except KeyboardInterrupt:
+        say("interrupted while joining the job")
+        raise
+    try:
+        result = train(cfg, rt, cfg.train.peak_tflops or profile_peak_tflops)
+    except (Exception, KeyboardInterrupt) as exc:
+        record, code = report_failure(rt, exc)
+        if rt.world_size > 1:
+            leave_failed_job(rt, code)
+        stop_runtime(rt)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise FinetuneFailed(record) from exc
+    stop_runtime(rt)
+    return result
 
 
-def train(cfg: FinetuneConfig, env: DistEnv, peak_tflops: float | None) -> dict[str, Any]:
+def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
+    """Record this rank's failure for the job and say it: one line naming the rank and phase, then the
+    traceback. An error that only followed a peer's failure (a broken collective) names that peer instead."""
+    record = fail(rt, exc)
+    if isinstance(exc, KeyboardInterrupt):
+        say(f"{rt.me.describe()} interrupted during {rt.phase}")
+        return record, INTERRUPTED_EXIT
+    if record.rank in (None, rt.rank):
+        say(record.message())
+        traceback.print_exception(exc)
+    else:
+        say(f"{rt.me.describe()} stops: {record.message()}")
+        say(f"{rt.me.describe()} saw, during {rt.phase}: {type(exc).__name__}: {str(exc).strip()[:300]}")
+    return record, Status.ERROR.exit_code
+
+
+def leave_failed_job(rt: Runtime, code: int) -> None:
+    """Exit now, without tearing down a process group whose peers may be gone (that can hang)."""
+    if rt.serves_store:
+        # The other ranks read the abort record from this process's store: keep it up for two of their polls.
+        time.sleep(2 * rt.config.heartbeat_interval_s)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def train(cfg: FinetuneConfig, rt: Runtime, peak_tflops: float | None) -> dict[str, Any]:
     started = time.time()
     tc = cfg.train
-    run_dir = resolve_run_dir(cfg, env)
-    log = RankZeroLog(env, run_dir)
+    rt.set_phase("setup")
+    run_dir = resolve_run_dir(cfg, rt)
+    resume_from = agree_on_checkpoint(rt, cfg.resume, run_dir)
+    log = RankZeroLog(rt, run_dir)
     seed_everything(tc.seed)
 
+    rt.set_phase("data preparation")
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     # Preparation is guarded by a file lock, not a collective: no rank waits on a barrier through it.
     data = prepare_dataset(cfg, tokenizer)
+    if resume_from is not None:
+        # Checked before the model loads: a refused resume costs seconds, not a 7B load.
+        saved = read_trainer_state(resume_from)
+        warning = judge_data_change(saved.data_fingerprint, data.fingerprint, resume_from, cfg.resume_allow_data_change)
+        if warning:
+            log(f"warning: {warning}")
     pad_id = tokenizer.pad_token_id
-    mode = resolve_mode(tc.parallel, env.world_size)
-    global_batch = tc.micro_batch * tc.grad_accum * env.world_size
+    mode = resolve_mode(tc.parallel, rt.world_size)
+    global_batch = tc.micro_batch * tc.grad_accum * rt.world_size
     per_epoch, total_steps = plan_steps(len(data.train), global_batch, tc.epochs, tc.max_steps)
     warmup_steps = math.ceil(tc.warmup_ratio * total_steps)
 
-    peft_model, info = load_model(cfg.model, cfg.lora, tokenizer, env.device, cfg.data.max_length)
-    model = wrap(peft_model, env, mode)
+    rt.set_phase("model load")
+    peft_model, info = load_model(cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length)
+    model = wrap(peft_model, rt, mode)
     model.train()
     counts = info.flop_counts()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=tc.lr, betas=ADAM_BETAS, weight_decay=tc.weight_decay, fused=env.device.type == "cuda" or None
+        params, lr=tc.lr, betas=ADAM_BETAS, weight_decay=tc.weight_decay, fused=rt.device.type == "cuda" or None
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup_steps))
 
-    state = TrainerState(global_batch=global_batch, world_size=env.world_size)
-    resume_from = resume_point(cfg, run_dir)
+    state = TrainerState(global_batch=global_batch, world_size=rt.world_size, data_fingerprint=data.fingerprint)
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model, optimizer, scheduler, env)
+        rt.set_phase(f"resume from {resume_from}")
+        state = load_checkpoint(resume_from, model, optimizer, scheduler, rt)
         if state.global_batch != global_batch:
             raise ValueError(
                 f"{resume_from}: expected a global batch of {global_batch} rows, found {state.global_batch}: "
                 "resume with the same micro_batch x grad_accum x processes, or start a new output_dir"
             )
-        state.world_size = env.world_size
+        state.world_size = rt.world_size
+        # What the next checkpoints trained on (differs from the loaded one only under resume_allow_data_change).
+        state.data_fingerprint = data.fingerprint
         log(f"resumed from {resume_from} at step {state.step}")
     elif cfg.resume == "auto":
         log(f"resume auto: no complete checkpoint under {run_dir}, starting at step 0")
     log(
         f"{info.total_params:,} parameters, {info.trainable_params:,} trainable (LoRA r{cfg.lora.r}); "
         f"{len(data.train):,} train / {len(data.eval):,} eval rows; {total_steps} steps of {global_batch} rows "
-        f"({per_epoch} per epoch) on {env.world_size} x {env.device.type}, parallel {mode}"
+        f"({per_epoch} per epoch) on {rt.world_size} x {rt.device.type}, parallel {mode}"
     )
 
     oom: str | None = None
@@ -281,19 +372,20 @@ def train(cfg: FinetuneConfig, env: DistEnv, peak_tflops: float | None) -> dict[
         order: list[int] = []
         order_epoch = -1
         while state.step < total_steps:
+            rt.set_phase(f"step {state.step + 1}")
             if state.index + global_batch > per_epoch * global_batch:
                 state.epoch, state.index = state.epoch + 1, 0
             if order_epoch != state.epoch:
                 order, order_epoch = epoch_order(len(data.train), tc.seed, state.epoch), state.epoch
             global_rows = order[state.index : state.index + global_batch]
-            micro_ids = rank_micro_batches(global_rows, env.rank, tc.micro_batch, tc.grad_accum)
+            micro_ids = rank_micro_batches(global_rows, rt.rank, tc.micro_batch, tc.grad_accum)
             micro_rows = [[data.train[i] for i in ids] for ids in micro_ids]
 
-            stats = train_step(model, optimizer, scheduler, micro_rows, cfg, env, pad_id)
+            stats = train_step(model, optimizer, scheduler, micro_rows, cfg, rt, pad_id)
             state.step += 1
             state.index += global_batch
             steps_this_process += 1
-            record = step_record(state.step, stats, counts, env, peak_tflops, steps_this_process)
+            record = step_record(state.step, stats, counts, rt, peak_tflops, steps_this_process)
             state.loss_history.append(stats.loss)
             state.step_log.append(record)
             if state.step % tc.log_every == 0 or state.step == total_steps:
@@ -301,50 +393,48 @@ def train(cfg: FinetuneConfig, env: DistEnv, peak_tflops: float | None) -> dict[
 
             last = state.step == total_steps
             if len(data.eval) and (state.step % tc.eval_every == 0 or last):
-                result = {"step": state.step, **evaluate_loss(model, data.eval, cfg, env, pad_id)}
+                rt.set_phase(f"evaluation at step {state.step}")
+                result = {"step": state.step, **evaluate_loss(model, data.eval, cfg, rt, pad_id)}
                 state.eval_losses.append(result)
                 log.scalar("eval/loss", result["loss"], state.step)
                 log(f"step {state.step}: eval loss {result['loss']:.4f} over {result['tokens']:,} tokens")
             if state.step % tc.save_every == 0 or last:
-                save_checkpoint(run_dir, model, optimizer, scheduler, state, env, tc.keep_checkpoints)
+                rt.set_phase(f"checkpoint step {state.step}")
+                save_checkpoint(run_dir, model, optimizer, scheduler, state, rt, tc.keep_checkpoints)
     except torch.cuda.OutOfMemoryError as exc:
+        if rt.world_size > 1:
+            raise  # the other ranks are inside a collective: the job ends, naming this rank
         oom = str(exc).splitlines()[0]
         log(f"out of memory at step {state.step + 1}: {oom}")
 
     adapter_dir = run_dir / "adapter"
     merged_dir: Path | None = None
     if oom is None:
-        save_adapter(model, tokenizer, adapter_dir, env)
-        if env.is_main and tc.merge_adapter:
+        rt.set_phase("saving the adapter")
+        save_adapter(model, tokenizer, adapter_dir, rt)
+        if rt.is_main and tc.merge_adapter:
             merged_dir = merge_adapter(cfg.model, tokenizer, adapter_dir, run_dir / "merged")
             if merged_dir is None:
                 log("not merging: a random_init base cannot be rebuilt to merge into")
-    result = summarise(cfg, env, info, data, state, run_dir, started, peak_tflops, oom, resume_from, merged_dir)
-    if env.is_main:
+    rt.set_phase("summary")
+    result = summarise(cfg, rt, info, data, state, run_dir, started, peak_tflops, oom, resume_from, merged_dir)
+    if rt.is_main:
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=1))
         log(f"{result['status']}: metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}")
     log.close()
     return result
 
 
-def resolve_run_dir(cfg: FinetuneConfig, env: DistEnv) -> Path:
+def resolve_run_dir(cfg: FinetuneConfig, rt: Runtime) -> Path:
     """output_dir, or runs/<timestamp>-finetune named by rank 0 (ranks' clocks may straddle a second)."""
     names = [cfg.output_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-finetune"]
-    if env.world_size > 1:
+    if rt.world_size > 1:
         dist.broadcast_object_list(names, src=0)
     run_dir = Path(names[0])
-    if env.is_main:
+    if rt.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
     return run_dir
-
-
-def resume_point(cfg: FinetuneConfig, run_dir: Path) -> Path | None:
-    if cfg.resume == "none":
-        return None
-    if cfg.resume == "auto":
-        return find_latest(run_dir)
-    return Path(cfg.resume)
 
 
 def seed_everything(seed: int) -> None:
@@ -358,7 +448,7 @@ def seed_everything(seed: int) -> None:
 
 
 def step_record(
-    step: int, s: StepStats, counts: flops.FlopCounts, env: DistEnv, peak: float | None, nth: int
+    step: int, s: StepStats, counts: flops.FlopCounts, rt: Runtime, peak: float | None, nth: int
 ) -> dict[str, Any]:
     t_eff = s.doc_sq / s.doc_len if s.doc_len else 0.0
     per_token = flops.lora_flops_per_token(counts, t_eff)
@@ -373,25 +463,25 @@ def step_record(
         "tokens_per_s": rates,
         "t_eff": t_eff,
         "doc_sq": s.doc_sq,
-        "mfu": flops.utilisation(per_token, rates["effective"] / env.world_size, peak),
+        "mfu": flops.utilisation(per_token, rates["effective"] / rt.world_size, peak),
         "warmup": nth <= TIMING_WARMUP_STEPS,
     }
 
 
-def peak_memory(env: DistEnv) -> dict[str, float | None]:
+def peak_memory(rt: Runtime) -> dict[str, float | None]:
     """The largest peak over ranks: device memory (CUDA) and host RSS."""
     rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # ru_maxrss is KiB on Linux
-    cuda = env.device.type == "cuda"
+    cuda = rt.device.type == "cuda"
     values = torch.tensor(
         [
-            torch.cuda.max_memory_allocated(env.device) / GIB if cuda else 0.0,
-            torch.cuda.max_memory_reserved(env.device) / GIB if cuda else 0.0,
+            torch.cuda.max_memory_allocated(rt.device) / GIB if cuda else 0.0,
+            torch.cuda.max_memory_reserved(rt.device) / GIB if cuda else 0.0,
             rss_gib,
         ],
         dtype=torch.float64,
-        device=env.device,
+        device=rt.device,
     )
-    if env.world_size > 1:
+    if rt.world_size > 1:
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
     allocated, reserved, rss = values.tolist()
     return {
@@ -401,7 +491,7 @@ def peak_memory(env: DistEnv) -> dict[str, float | None]:
     }
 
 
-def versions(env: DistEnv) -> dict[str, str | None]:
+def versions(rt: Runtime) -> dict[str, str | None]:
     found: dict[str, str | None] = {}
     for package in ("gpucert", "torch", "transformers", "peft", "datasets"):
         try:
@@ -410,13 +500,13 @@ def versions(env: DistEnv) -> dict[str, str | None]:
             found[package] = None
     found["python"] = sys.version.split()[0]
     found["cuda"] = torch.version.cuda
-    found["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if env.device.type == "cuda" else None
+    found["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if rt.device.type == "cuda" else None
     return found
 
 
 def summarise(
     cfg: FinetuneConfig,
-    env: DistEnv,
+    rt: Runtime,
     info: ModelInfo,
     data: Prepared,
     state: TrainerState,
@@ -428,7 +518,7 @@ def summarise(
     merged_dir: Path | None,
 ) -> dict[str, Any]:
     """metrics.json: the run's numbers and its verdict. Collective (peak memory is the max over ranks)."""
-    memory = peak_memory(env)
+    memory = peak_memory(rt)
     counts = info.flop_counts()
     log_ = state.step_log
     timed = [r for r in log_ if not r["warmup"]] or log_
@@ -438,7 +528,7 @@ def summarise(
     rates = flops.tokens_per_s(timed_tokens["padded"], timed_tokens["effective"], timed_tokens["supervised"], seconds)
     t_eff = sum(r["doc_sq"] for r in timed) / max(timed_tokens["effective"], 1)
     per_token = flops.lora_flops_per_token(counts, t_eff)
-    per_gpu = {k: v / env.world_size for k, v in rates.items()}
+    per_gpu = {k: v / rt.world_size for k, v in rates.items()}
     hfu = None
     if cfg.model.gradient_checkpointing:
         hfu = flops.utilisation(per_token + flops.recompute_flops_per_token(counts, t_eff), per_gpu["effective"], peak)
@@ -457,10 +547,10 @@ def summarise(
         "criteria": criteria,
         "wall_time_s": time.time() - started,
         "train_time_s": sum(r["step_time_s"] for r in log_),
-        "world_size": env.world_size,
-        "parallel": resolve_mode(cfg.train.parallel, env.world_size),
-        "device": torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu",
-        "versions": versions(env),
+        "world_size": rt.world_size,
+        "parallel": resolve_mode(cfg.train.parallel, rt.world_size),
+        "device": torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else "cpu",
+        "versions": versions(rt),
         "model": {"name": cfg.model.name, "dtype": cfg.model.dtype, **asdict(info)},
         "dataset": {
             "source": cfg.data.source,
@@ -503,8 +593,8 @@ def summarise(
 class RankZeroLog:
     """Progress lines on stderr and TensorBoard scalars, from rank 0 only; silent elsewhere."""
 
-    def __init__(self, env: DistEnv, run_dir: Path) -> None:
-        self.enabled = env.is_main
+    def __init__(self, rt: Runtime, run_dir: Path) -> None:
+        self.enabled = rt.is_main
         self.writer: Any = None
         if self.enabled:
             try:
@@ -512,7 +602,8 @@ class RankZeroLog:
             except ImportError:
                 self("tensorboard is not installed: no TensorBoard logs (metrics.json has every number)")
             else:
-                self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+                # A peer's failure ends this process at once (os._exit): lose at most this many seconds of curves.
+                self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), flush_secs=TENSORBOARD_FLUSH_S)
 
     def __call__(self, message: str) -> None:
         if self.enabled:
@@ -567,10 +658,14 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"output_dir={json.dumps(args.output_dir)}")
     try:
         cfg = load_config(FinetuneConfig, args.config, overrides)
-    except ConfigError as exc:
+        result = run_finetune(cfg, profile_peak())
+    except (ConfigError, RendezvousError) as exc:
         print(f"gpucert finetune: error: {exc}", file=sys.stderr)
         return Status.ERROR.exit_code
-    result = run_finetune(cfg, profile_peak())
+    except FinetuneFailed:
+        return Status.ERROR.exit_code  # run_finetune said which rank failed, where, and why
+    except KeyboardInterrupt:
+        return INTERRUPTED_EXIT
     return Status(result["status"]).exit_code
 
 
