@@ -206,7 +206,7 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
     if nproc < 1:
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
     with tempfile.TemporaryDirectory(prefix="gpucert-run-") as tmp:
-        agent = NodeAgent.start(plan, nproc, work.config.runtime, Path(tmp))
+        agent = NodeAgent.start(plan, nproc, work.config.runtime, Path(tmp), work.inventory.hostname)
         work.label = agent.label
         work.results = check_health(work, request, started)
         agent.put(f"part/{agent.node_rank}", work.part())

@@ -76,8 +76,11 @@ class NodeAgent:
         return sum(n for r, n in self.nprocs.items() if r < self.node_rank)
 
     @classmethod
-    def start(cls, plan: NodeEnv, nproc: int, config: RuntimeConfig, workdir: Path) -> NodeAgent:
-        host = socket.gethostname()
+    def start(
+        cls, plan: NodeEnv, nproc: int, config: RuntimeConfig, workdir: Path, host: str | None = None
+    ) -> NodeAgent:
+        """host: this node's name when it is not this machine's (a replayed capture bundle)."""
+        host = host or socket.gethostname()
         who = f"node rank {plan.node_rank} (host {host})"
         serve = plan.node_rank == 0
         # A lone node takes a free port from the OS (no port races between runs on one machine).

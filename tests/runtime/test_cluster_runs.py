@@ -1,0 +1,237 @@
+"""Runs of several processes and "nodes" on one CPU machine: gpucert's own node agents and an outside torchrun,
+and the faults a cluster has: a node that never comes, a stopped rank, a hung benchmark, Ctrl-C.
+
+Two "nodes" are two gpucert (or torchrun) processes on localhost with node ranks 0 and 1; they share a
+hostname, so their labels are `<host>[n0]` and `<host>[n1]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from gpucert.report.schema import SCHEMA_VERSION
+from tests.conftest import NODE_BUNDLES
+from tests.report.test_schema_and_store import schema_errors
+
+pytestmark = pytest.mark.slow
+GPUCERT = [sys.executable, "-m", "gpucert"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """No launcher variables from whatever runs pytest; one thread per process on the 2-core CI machine."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
+    return {**env, "OMP_NUM_THREADS": "1", "COLUMNS": "200", **extra}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def two_nodes(argv: list[str], port: int, timeout_s: float = 240) -> list[subprocess.CompletedProcess[str]]:
+    """The same gpucert command on node ranks 0 and 1, started together; both outputs."""
+    procs = [
+        subprocess.Popen(
+            [*GPUCERT, *argv, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1"]
+            + ["--master-port", str(port)],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout_s)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def load(run: Path) -> dict[str, Any]:
+    report = json.loads((run / "report.json").read_text())
+    assert schema_errors(report) == []
+    assert report["schema_version"] == SCHEMA_VERSION
+    return report
+
+
+def worker_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if "gpucert.bench.worker" in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_two_agents_as_two_nodes_accept_into_one_cluster_report(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    head, other = two_nodes(["accept", "--profile", "cpu", "--nproc", "1", "-o", str(out)], free_port())
+    assert head.returncode == 0, head.stderr[-3000:]
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert "the report is written by node 0" in other.stdout
+    report = load(out)
+    labels = report["meta"]["nodes"]
+    host = socket.gethostname()
+    assert labels == [f"{host}[n0]", f"{host}[n1]"]
+    assert set(report["nodes"]) == set(labels)
+    results = report["results"]
+    # Health ran on both nodes; every benchmark ran on both nodes' ranks; each names its node.
+    assert {r["node"] for r in results if r["name"] == "node.xid"} == set(labels)
+    for name in ("matmul.fp32.max", "memory.copy"):
+        rows = [r for r in results if r["name"] == name]
+        assert sorted(r["subject"] for r in rows) == [f"{label} rank 0 (cpu)" for label in labels]
+        assert all(r["subject"].startswith(r["node"]) for r in rows)
+    [all_reduce] = [r for r in results if r["name"] == "collective.all_reduce"]
+    assert all_reduce["subject"] == "2 nodes x 1 ranks (gloo)" and all_reduce["node"] is None
+    assert all_reduce["status"] == "PASS"
+    golden = {r["name"]: r["status"] for r in results if r["name"].startswith("cluster.config.")}
+    assert golden["cluster.config.kernel"] == golden["cluster.config.gpucert"] == "PASS"
+    assert not [r for r in results if r["status"] in ("FAIL", "ERROR")]
+    subjects = [(r["name"], r["subject"]) for r in results if r["node"] is not None]
+    assert len(subjects) == len(set(subjects)), "two results of the run collide"
+
+
+def test_an_outside_torchrun_of_two_nodes_runs_accept_without_hanging(tmp_path: Path) -> None:
+    """Two torchrun agents (node ranks 0/1), every rank running `gpucert accept`: one process group for
+    the whole run (it used to hang after matmul re-initialising it), rank 0 writes one report."""
+    port, out = free_port(), tmp_path / "run"
+    procs = []
+    for node in (0, 1):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
+        argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+        argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out)]
+        procs.append(subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    report = load(out)
+    host = socket.gethostname()
+    assert report["meta"]["nodes"] == [f"{host}[n0]", f"{host}[n1]"]
+    benchmarks = {r["name"].split(".")[0] for r in report["results"] if r["status"] != "SKIP"}
+    assert {"matmul", "memory", "collective", "train"} <= benchmarks
+    assert report["status"] == "PASS"
+
+
+def test_a_node_whose_driver_differs_fails_the_golden_config_naming_it(tmp_path: Path) -> None:
+    """Two nodes replaying captured bundles, one with another driver: the diff names the field and node."""
+    import shutil
+
+    bundles = []
+    for name, driver in (("gpu-a", None), ("gpu-b", "570.86.15")):
+        bundle = tmp_path / name
+        shutil.copytree(NODE_BUNDLES / "h200x4", bundle, symlinks=True)
+        if driver:
+            snapshot = json.loads((bundle / "nvml-snapshot.json").read_text())
+            snapshot["system"]["nvmlSystemGetDriverVersion"] = driver
+            (bundle / "nvml-snapshot.json").write_text(json.dumps(snapshot))
+        bundles.append(bundle)
+    out, port = tmp_path / "run", free_port()
+    procs = [
+        subprocess.Popen(
+            [*GPUCERT, "health", "--replay", str(bundle), "--set", "health.expected_gpus=4", "-o", str(out)]
+            + ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, bundle in enumerate(bundles)
+    ]
+    codes = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
+    assert [c for c, _ in codes] == [2, 2], codes
+    report = load(out)
+    assert report["meta"]["nodes"] == ["gpu-a", "gpu-b"]
+    [driver] = [r for r in report["results"] if r["name"] == "cluster.config.driver"]
+    assert (driver["status"], driver["node"], driver["subject"]) == ("FAIL", "gpu-b", "gpu-b")
+    assert "570.86.15" in driver["message"] and "580.159.04" in driver["message"]
+    assert {r["node"] for r in report["results"] if r["name"] == "gpu.ecc_mode"} == {"gpu-a", "gpu-b"}
+
+
+def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_node(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [*GPUCERT, "accept", "--profile", "cpu", "-o", str(tmp_path / "run"), "--nnodes", "2"]
+    argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--set", "runtime.rendezvous_timeout_s=5"]
+    t0 = time.monotonic()
+    head = subprocess.run([*argv, "--node-rank", "0"], env=clean_env(), capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert head.returncode == 3
+    assert took < 20, f"node 0 waited {took:.0f} s"
+    assert f"waited 5 s (runtime.rendezvous_timeout_s) at 127.0.0.1:{port} for 2 nodes" in head.stderr
+    assert "missing node rank(s) 1" in head.stderr
+    assert "Traceback" not in head.stderr
+    # Node 1 without node 0 says whom it could not reach.
+    other = subprocess.run([*argv, "--node-rank", "1"], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert other.returncode == 3
+    assert f"could not reach the job's store at 127.0.0.1:{port} within 5 s" in other.stderr
+
+
+def test_a_hung_benchmark_times_out_as_error_and_leaves_no_worker(tmp_path: Path) -> None:
+    """The matmul warm-up outlasts bench.timeout_s: ERROR naming the timeout, every worker gone."""
+    out = tmp_path / "run"
+    argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
+    argv += ["--set", "bench.timeout_s=8", "--set", "bench.matmul.warmup_s=120"]
+    done = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    [error] = load(out)["results"]
+    assert error["name"] == "bench.matmul" and error["status"] == "ERROR"
+    assert "no result within 8 s" in error["message"] and "bench matmul" in error["message"]
+    assert worker_processes() == []
+
+
+def _worker_of_rank(parent: psutil.Process, rank: int, timeout_s: float) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in parent.children(recursive=True):
+            try:
+                if child.environ().get("RANK") == str(rank) and "gpucert.bench.worker" in child.cmdline():
+                    return child
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no worker of rank {rank} appeared within {timeout_s} s")
+
+
+def test_a_stopped_rank_is_named_by_the_watchdog(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
+    argv += ["--set", "bench.matmul.warmup_s=120", "--set", "runtime.heartbeat_interval_s=0.5"]
+    argv += ["--set", "runtime.heartbeat_timeout_s=3"]
+    proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = _worker_of_rank(psutil.Process(proc.pid), 1, 60)
+    time.sleep(5)  # past the rendezvous: its heartbeats have started
+    worker.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    proc.communicate(timeout=60)
+    assert time.monotonic() - stopped < 20
+    assert proc.returncode == 3
+    [error] = load(out)["results"]
+    assert error["status"] == "ERROR"
+    assert "rank 1 (" in error["message"] and "no heartbeat" in error["message"], error["message"]
+    assert worker_processes() == []
+
+
+def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path: Path) -> None:
+    argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(tmp_path / "run")]
+    argv += ["--set", "bench.matmul.warmup_s=120"]
+    proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _worker_of_rank(psutil.Process(proc.pid), 1, 60)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "gpucert: interrupted"
+    assert "Traceback" not in err
+    assert worker_processes() == []
