@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 .PHONY: install test lint typecheck unit demo
 
 install:
-	$(PYTHON) -m pip install $(TORCH) -e '.[dev]'
+	$(PYTHON) -m pip install $(TORCH) -e '.[all,dev]'
 
 test: lint typecheck unit
 

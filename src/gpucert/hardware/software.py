@@ -1,14 +1,18 @@
 """Versions of the software stack that decide how a GPU node behaves.
 
 Package versions come from installed metadata, so nothing heavy is imported for them. Only the CUDA, cuDNN
-and NCCL versions that torch was built with need ``import torch``, done lazily and optionally.
+and NCCL versions that torch was built with need ``import torch``, done in a child process and optionally.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import json
 import platform
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,23 +93,37 @@ def _gpucert_version() -> str | None:
     return str(__version__)
 
 
-def _torch_build_versions() -> tuple[str | None, str | None, str | None]:
-    """(CUDA, cuDNN, NCCL) that torch was built with; None for each that a CPU build lacks."""
+_TORCH_PROBE = """
+import json, torch
+def ask(fn):
     try:
-        import torch
-    except Exception:  # a broken install can raise more than ImportError
+        return fn()
+    except Exception:
+        return None
+print(json.dumps([torch.version.cuda, ask(torch.backends.cudnn.version), ask(torch.cuda.nccl.version)]))
+"""
+
+
+def _torch_build_versions(timeout_s: float = 120.0) -> tuple[str | None, str | None, str | None]:
+    """(CUDA, cuDNN, NCCL) that torch was built with; None for each that a CPU build lacks.
+
+    Asked in a child process: `gpucert health` itself never imports torch (seconds, more from a slow shared
+    filesystem; absent in a light `pip install gpucert`).
+    """
+    if importlib.util.find_spec("torch") is None:
         return None, None, None
-    cuda = getattr(torch.version, "cuda", None)
     try:
-        cudnn = format_cudnn_version(torch.backends.cudnn.version())
-    except Exception:
-        cudnn = None
-    try:
-        # CPU builds lack torch._C._nccl_version and raise AttributeError.
-        nccl = format_nccl_version(torch.cuda.nccl.version())
-    except Exception:
-        nccl = None
-    return (str(cuda) if cuda else None), cudnn, nccl
+        done = subprocess.run(
+            [sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        cuda, cudnn, nccl = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
+        return None, None, None
+    return (
+        str(cuda) if cuda else None,
+        format_cudnn_version(cudnn) if cudnn else None,
+        format_nccl_version(tuple(nccl) if isinstance(nccl, list) else nccl) if nccl else None,
+    )
 
 
 def collect_os_name(root: Path = Path("/")) -> str | None:

@@ -591,8 +591,18 @@ def check_software(inv: NodeInventory, profile: Profile) -> list[Result]:
             expected=f">= {minimum}",
             threshold_source=_src(profile, key),
         )
+        if what == "nccl" and version is None and inv.software.torch is None:
+            results.append(
+                Result(
+                    **base,
+                    status=Status.SKIP,
+                    message="NCCL comes with torch, which is not installed here (a light `pip install gpucert`); "
+                    "install gpucert[bench] to check it",
+                )
+            )
+            continue
         if version is None:
-            why = inv.gpu.nvml_error if what != "nccl" else "torch has no NCCL (CPU build?) or is not installed"
+            why = inv.gpu.nvml_error if what != "nccl" else "torch has no NCCL (CPU build?)"
             results.append(
                 Result(
                     **base,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from datetime import datetime
 
 from gpucert.config.profiles import Profile
@@ -26,6 +27,16 @@ from gpucert.status import Status
 def run_liveness(inv: NodeInventory, config: HealthConfig, probe: LivenessProbe | None) -> list[Result]:
     if not inv.gpu.gpus:
         return []
+    if config.liveness and probe is not None and importlib.util.find_spec("torch") is None:
+        return [
+            Result(
+                name="gpu.liveness",
+                subject=inv.hostname,
+                status=Status.SKIP,
+                message="not run: the liveness matmul needs torch, which is not installed here (a light "
+                "`pip install gpucert`); install gpucert[bench] to prove every GPU computes",
+            )
+        ]
     if not config.liveness or probe is None:
         return [
             Result(

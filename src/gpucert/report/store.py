@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -29,12 +30,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def write_report(report: Report, directory: Path, html: bool = False) -> Path:
-    """report.json and report.md, and report.html when asked (plots take a few seconds)."""
+    """report.json and report.md, and report.html when asked (plots take a few seconds) and matplotlib is
+    installed (gpucert[html]); `gpucert report RUN --html` draws it later where it is."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "report.json"
     _write_atomic(path, json.dumps(report.to_dict(), indent=1) + "\n")
     _write_atomic(directory / "report.md", render_markdown(report))
-    if html:
+    if html and importlib.util.find_spec("matplotlib") is not None:
         write_html(report, directory)
     return path
 
