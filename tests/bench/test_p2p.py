@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gpucert.bench import p2p
-from gpucert.runtime.group import start_runtime, stop_runtime
 from gpucert.config.profiles import BenchmarkExpectations, Profile
 from gpucert.config.run import P2pBenchConfig
+from gpucert.runtime.group import start_runtime, stop_runtime
 from gpucert.status import Status
 
 CFG = P2pBenchConfig()

@@ -19,10 +19,10 @@ from typing import Any
 
 import psutil
 import pytest
-
-from gpucert.report.schema import SCHEMA_VERSION
 from tests.conftest import NODE_BUNDLES
 from tests.report.test_schema_and_store import schema_errors
+
+from gpucert.report.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.slow
 GPUCERT = [sys.executable, "-m", "gpucert"]
@@ -41,12 +41,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def node_flags(rank: int, port: int) -> list[str]:
+    return ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+
+
 def two_nodes(argv: list[str], port: int, timeout_s: float = 240) -> list[subprocess.CompletedProcess[str]]:
     """The same gpucert command on node ranks 0 and 1, started together; both outputs."""
     procs = [
         subprocess.Popen(
-            [*GPUCERT, *argv, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1"]
-            + ["--master-port", str(port)],
+            [*GPUCERT, *argv, *node_flags(rank, port)],
             env=clean_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -142,8 +145,17 @@ def test_a_node_whose_driver_differs_fails_the_golden_config_naming_it(tmp_path:
     out, port = tmp_path / "run", free_port()
     procs = [
         subprocess.Popen(
-            [*GPUCERT, "health", "--replay", str(bundle), "--set", "health.expected_gpus=4", "-o", str(out)]
-            + ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)],
+            [
+                *GPUCERT,
+                "health",
+                "--replay",
+                str(bundle),
+                "--set",
+                "health.expected_gpus=4",
+                "-o",
+                str(out),
+                *node_flags(rank, port),
+            ],
             env=clean_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
