@@ -1,0 +1,146 @@
+"""A fine-tuning job fails fast instead of hanging: two torchrun agents as two "nodes" on localhost (the static
+rendezvous of a Slurm batch script), one gloo rank each, and a failure on node 1 ends both agents within 60 s with
+the failed rank named. A SIGKILLed rank says nothing, so rank 0's watchdog names it from its heartbeats; a rank
+that raises (its data file is missing on its node) records the cause, which rank 0 reads and prints.
+
+Heartbeats are tightened (every 1 s, silent 6 s means dead) to keep each test near 20 s on 2 CPU cores."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpucert.runtime.launch_env import RANK_VARIABLES
+
+pytestmark = pytest.mark.slow
+
+# A run of minutes if nothing stopped it: the failure always lands mid-run.
+CONFIG = """\
+model: {name: tiny, dtype: fp32, attn_implementation: sdpa}
+lora: {r: 8, alpha: 16, dropout: 0.0}
+data: {max_length: 256, eval_fraction: 0.1, cache_dir: CACHE}
+train: {micro_batch: 2, grad_accum: 1, lr: 1.0e-3, epochs: 1000, max_steps: 5000, eval_every: 100000,
+        save_every: 100000}
+"""
+HEARTBEATS = ("runtime.heartbeat_interval_s=1", "runtime.heartbeat_timeout_s=6")
+START_TIMEOUT_S = 120
+# What the issue promises: from the failure to the end of every node's agent.
+END_TIMEOUT_S = 60
+
+
+@dataclass
+class Node:
+    """One torchrun agent (a "node") and the file its output goes to."""
+
+    agent: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[Callable[[dict[int, list[str]]], list[Node]]]:
+    """Start node 0 and node 1 (`extra[n]`: --set items for node n only) through the returned function; every
+    agent still running at the end is killed with its workers."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
+    nodes: list[Node] = []
+    env = {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    port = free_port()
+
+    def start(extra: dict[int, list[str]]) -> list[Node]:
+        for rank in (0, 1):
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}"]
+            argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+            argv += ["-m", "gpucert.finetune.train", str(config), "--output-dir", str(tmp_path / "run")]
+            for item in (*HEARTBEATS, *extra.get(rank, [])):
+                argv += ["--set", item]
+            log = tmp_path / f"node{rank}.log"
+            with log.open("wb") as out:
+                agent = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+            nodes.append(Node(agent, log))
+        return nodes
+
+    yield start
+    for node in nodes:
+        if node.agent.poll() is None:
+            for child in psutil.Process(node.agent.pid).children(recursive=True):
+                child.kill()
+            node.agent.kill()
+            node.agent.wait()
+
+
+def wait_all(nodes: list[Node], since: float) -> float:
+    """Seconds from `since` until every agent exited; fails past END_TIMEOUT_S."""
+    for node in nodes:
+        left = END_TIMEOUT_S - (time.monotonic() - since)
+        try:
+            node.agent.wait(timeout=max(left, 0.1))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job still runs {END_TIMEOUT_S} s after the failure:\n{node.output()[-3000:]}")
+    return time.monotonic() - since
+
+
+def test_a_killed_rank_ends_both_nodes_and_is_named(two_nodes: Callable[..., list[Node]]) -> None:
+    node0, node1 = two_nodes({})
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not re.search(r"\[finetune\] step 3/", node0.output()):
+        assert node0.agent.poll() is None and node1.agent.poll() is None, node0.output()[-3000:]
+        assert time.monotonic() < deadline, f"no training step within {START_TIMEOUT_S} s:\n{node0.output()[-3000:]}"
+        time.sleep(0.2)
+    workers = [
+        p for p in psutil.Process(node1.agent.pid).children(recursive=True) if "gpucert.finetune.train" in p.cmdline()
+    ]
+    assert len(workers) == 1, workers
+    workers[0].send_signal(signal.SIGKILL)
+    took = wait_all([node0, node1], time.monotonic())
+
+    assert node0.agent.returncode != 0 and node1.agent.returncode != 0
+    # Node 0: its rank's watchdog saw rank 1's heartbeats stop and named it, with the step it was in.
+    out0 = node0.output()
+    assert re.search(r"gpucert: rank 0 \(.*\) stops: rank 1 \(.*\) failed during step \d+: no heartbeat", out0), out0[
+        -3000:
+    ]
+    # Node 1: its torchrun agent reports its rank killed.
+    out1 = node1.output()
+    assert re.search(r"rank\s*: 1 \(local_rank: 0\)", out1) and "SIGKILL" in out1, out1[-3000:]
+    print(f"both nodes ended {took:.1f} s after the kill")
+
+
+def test_an_error_on_one_rank_ends_both_nodes_with_its_cause(
+    two_nodes: Callable[..., list[Node]], tmp_path: Path
+) -> None:
+    """Node 1 is given a data file its filesystem does not have: rank 1 fails in data preparation while rank 0
+    has gone on to load the model and waits for it in DDP's first broadcast."""
+    missing = tmp_path / "not-mounted" / "chats.jsonl"
+    started = time.monotonic()
+    node0, node1 = two_nodes({1: [f"data.source={missing}"]})
+    took = wait_all([node0, node1], started)
+
+    assert node0.agent.returncode != 0 and node1.agent.returncode != 0
+    cause = f"failed during data preparation: FileNotFoundError: data.source: file {missing} not found"
+    out1 = node1.output()
+    # The failed rank: one line naming it, where it was and why, then its traceback.
+    assert re.search(rf"gpucert: rank 1 \(.*\) {re.escape(cause)}\nTraceback", out1), out1[-3000:]
+    out0 = node0.output()
+    assert re.search(rf"gpucert: rank 0 \(.*\) stops: rank 1 \(.*\) {re.escape(cause)}", out0), out0[-3000:]
+    assert "exitcode  : 3" in out0 and "exitcode  : 3" in out1  # ERROR, on both
+    print(f"both nodes ended {took:.1f} s after the start")
