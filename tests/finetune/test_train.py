@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
+from gpucert.finetune import train as train_module
 from gpucert.finetune.checkpoint import find_latest, save_adapter
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.model import forward_loss, load_base_model, load_model
@@ -192,3 +194,44 @@ def test_saved_adapter_reloads_with_identical_outputs(tmp_path: Path, single_pro
     assert int(trained_n) == int(reloaded_n)
     assert float(reloaded_loss) == pytest.approx(float(trained_loss), rel=1e-6)
     assert (tmp_path / "adapter" / "tokenizer.json").is_file()
+
+
+# --- Failures ---------------------------------------------------------------------------------------------
+
+
+def write_tiny_config(tmp_path: Path) -> Path:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"model: {{name: tiny, dtype: fp32}}\ndata: {{cache_dir: {tmp_path / 'cache'}}}\n")
+    return config
+
+
+def test_an_error_names_the_rank_and_phase_then_exits_3(
+    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def disk_full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_module, "prepare_dataset", disk_full)
+    assert main([str(write_tiny_config(tmp_path)), "--output-dir", str(tmp_path / "run")]) == 3
+    err = capsys.readouterr().err
+    first, *rest = [line for line in err.splitlines() if line.startswith("gpucert:")]
+    assert re.fullmatch(
+        r"gpucert: rank 0 \(.* rank 0 \(cpu\)\) failed during data preparation: "
+        r"OSError: \[Errno 28\] No space left on device",
+        first,
+    ), err
+    assert rest == [] and "Traceback (most recent call last)" in err
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(
+    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "load_model", interrupted)
+    assert main([str(write_tiny_config(tmp_path)), "--output-dir", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("gpucert:")]
+    assert len(lines) == 1 and re.fullmatch(r"gpucert: rank 0 \(.*\) interrupted during model load", lines[0]), err
+    assert "Traceback" not in err

@@ -1,0 +1,166 @@
+"""Resuming: every rank continues from the checkpoint rank 0 chose (two ranks that see different checkpoint
+listings, as NFS attribute caching can show them), and a checkpoint is only continued on the prepared data it
+trained on: another fingerprint is refused with both named, unless resume_allow_data_change; a checkpoint from
+before fingerprints were recorded resumes with a warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpucert.finetune.checkpoint import COMPLETE, choose_checkpoint, judge_data_change
+from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
+from gpucert.finetune.train import FinetuneFailed, run_finetune
+from gpucert.runtime.launch_env import RANK_VARIABLES
+
+FP_OLD, FP_NEW = "a" * 64, "b" * 64
+# One rank of a 2-rank gloo job (RANK etc. from the environment): print the checkpoint it will resume from,
+# given the run directory *this* rank sees.
+AGREE = """\
+import json, sys
+from pathlib import Path
+from gpucert.finetune.checkpoint import agree_on_checkpoint
+from gpucert.runtime.config import RuntimeConfig
+from gpucert.runtime.group import start_runtime, stop_runtime
+
+rt = start_runtime(RuntimeConfig(rendezvous_timeout_s=30, heartbeat_interval_s=1, heartbeat_timeout_s=6))
+chosen = agree_on_checkpoint(rt, "auto", Path(sys.argv[1 + rt.rank]))
+print(json.dumps(str(chosen)))
+stop_runtime(rt)
+"""
+
+
+def fake_checkpoint(run: Path, step: int) -> Path:
+    path = run / "checkpoints" / f"step-{step}"
+    path.mkdir(parents=True)
+    (path / COMPLETE).write_text(f"{step}\n")
+    return path
+
+
+@pytest.fixture
+def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone rank (pytest may run under a launcher): RANK=0 of WORLD_SIZE=1, no rendezvous."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+
+
+# --- What a rank would choose, and what data it may continue on -------------------------------------------
+
+
+def test_choose_checkpoint(tmp_path: Path) -> None:
+    assert choose_checkpoint("none", tmp_path) is None
+    assert choose_checkpoint("auto", tmp_path) is None
+    fake_checkpoint(tmp_path, 4)
+    latest = fake_checkpoint(tmp_path, 8)
+    assert choose_checkpoint("auto", tmp_path) == latest
+    assert choose_checkpoint("/elsewhere/step-2", tmp_path) == Path("/elsewhere/step-2")
+
+
+def test_same_data_resumes_silently_another_is_refused_with_both_fingerprints() -> None:
+    path = Path("run/checkpoints/step-8")
+    assert judge_data_change(FP_OLD, FP_OLD, path, allow_change=False) is None
+    with pytest.raises(ValueError) as refused:
+        judge_data_change(FP_OLD, FP_NEW, path, allow_change=False)
+    message = str(refused.value)
+    assert str(path) in message and FP_OLD[:12] in message and FP_NEW[:12] in message
+    assert "resume_allow_data_change: true" in message
+    allowed = judge_data_change(FP_OLD, FP_NEW, path, allow_change=True)
+    assert allowed is not None and FP_OLD[:12] in allowed and FP_NEW[:12] in allowed
+
+
+def test_a_checkpoint_without_a_fingerprint_resumes_with_a_warning() -> None:
+    warning = judge_data_change(None, FP_NEW, Path("run/checkpoints/step-8"), allow_change=False)
+    assert warning is not None and "does not record which data" in warning
+
+
+# --- Every rank loads rank 0's choice ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_every_rank_resumes_from_rank_0s_choice(tmp_path: Path) -> None:
+    """Rank 0 sees checkpoints 4 and 8; rank 1's (stale) view only 4. Both must take 8."""
+    seen_by_0, seen_by_1 = tmp_path / "view0", tmp_path / "view1"
+    fake_checkpoint(seen_by_0, 4)
+    newest = fake_checkpoint(seen_by_0, 8)
+    fake_checkpoint(seen_by_1, 4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+    ranks = []
+    for rank in (0, 1):
+        env = {**base, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        env |= {"GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        argv = [sys.executable, "-c", AGREE, str(seen_by_0), str(seen_by_1)]
+        ranks.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [r.communicate(timeout=60) for r in ranks]
+    for r, (_, err) in zip(ranks, outputs, strict=True):
+        assert r.returncode == 0, err[-3000:]
+    assert [json.loads(out) for out, _ in outputs] == [str(newest), str(newest)]
+
+
+# --- A run on other data ----------------------------------------------------------------------------------
+
+
+def tiny(tmp_path: Path) -> FinetuneConfig:
+    return FinetuneConfig(
+        model=ModelConfig(name="tiny", dtype="fp32"),
+        lora=LoraConfig(r=4, alpha=8, dropout=0.0),
+        data=DataConfig(max_length=256, eval_fraction=0.1, cache_dir=str(tmp_path / "cache")),
+        train=TrainConfig(micro_batch=2, grad_accum=1, max_steps=2, save_every=2, eval_every=100),
+        output_dir=str(tmp_path / "run"),
+    )
+
+
+def test_resume_on_changed_data_is_refused_unless_allowed(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tiny(tmp_path)
+    first = run_finetune(cfg)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-2"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert saved["data_fingerprint"] == first["dataset"]["fingerprint"]
+
+    # Another held-out share: other prepared rows, another fingerprint.
+    changed = replace(
+        cfg, resume="auto", data=replace(cfg.data, eval_fraction=0.2), train=replace(cfg.train, max_steps=4)
+    )
+    with pytest.raises(FinetuneFailed) as refused:
+        run_finetune(changed)
+    allowed = run_finetune(replace(changed, resume_allow_data_change=True))
+    new_fingerprint = allowed["dataset"]["fingerprint"]
+    assert new_fingerprint != first["dataset"]["fingerprint"]
+    message = str(refused.value)
+    assert str(checkpoint) in message
+    assert first["dataset"]["fingerprint"][:12] in message and new_fingerprint[:12] in message
+    assert refused.value.record.phase == "data preparation"  # refused before the model loads
+
+    assert allowed["resumed_from"] == str(checkpoint) and len(allowed["loss_history"]) == 4
+    assert "continuing on the new data" in capsys.readouterr().err
+    # What the new checkpoints trained on from now: the new data.
+    latest = json.loads((tmp_path / "run" / "checkpoints" / "step-4" / "trainer_state.json").read_text())
+    assert latest["data_fingerprint"] == new_fingerprint
+
+
+def test_a_checkpoint_from_before_fingerprints_resumes_with_a_warning(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tiny(tmp_path)
+    run_finetune(cfg)
+    state_file = tmp_path / "run" / "checkpoints" / "step-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["data_fingerprint"]
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+
+    resumed = run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, max_steps=4)))
+    assert resumed["resumed_from"] == str(state_file.parent)
+    assert "does not record which data it trained on" in capsys.readouterr().err
