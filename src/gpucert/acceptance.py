@@ -117,7 +117,9 @@ def collect_node(request: RunRequest, label: str | None = None) -> NodeWork:
     return NodeWork(label or inventory.hostname, sources, inventory, profile, config)
 
 
-def check_health(work: NodeWork, request: RunRequest, now: datetime) -> list[Result]:
+def check_health(
+    work: NodeWork, request: RunRequest, now: datetime, own_pids: frozenset[int] = frozenset()
+) -> list[Result]:
     """discover/health/accept: this node's health checks, named by the node."""
     if request.verb not in ("health", "accept"):
         return []
@@ -132,7 +134,7 @@ def check_health(work: NodeWork, request: RunRequest, now: datetime) -> list[Res
     else:
         kernel_log = collect_kernel_log(work.config.health.command_timeout_s)
     probe = None if request.replay else SubprocessLivenessProbe()
-    results = run_health(work.inventory, work.profile, work.config.health, kernel_log, probe, now)
+    results = run_health(work.inventory, work.profile, work.config.health, kernel_log, probe, now, own_pids)
     return place_on_node(results, work.label, work.inventory.hostname)
 
 
@@ -268,7 +270,9 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         work = collect_node(request, rt.me.node)
         holder.update(work=work, main=rt.is_main)
         if rt.local_rank == 0:
-            work.results = check_health(work, request, started)
+            # This job's ranks on this node already hold their GPUs: not someone else's work.
+            mine = frozenset(p.pid for p in rt.peers if p.node_rank == rt.node_rank)
+            work.results = check_health(work, request, started, mine)
             rt.store.set(f"part/{rt.node_rank}", json.dumps(work.part()))
         has_gpus = bool(work.inventory.gpu.gpus)
         for name in request.benchmarks:

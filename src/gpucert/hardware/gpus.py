@@ -106,6 +106,8 @@ class GpuInfo:
     row_remap_pending: bool | None
     row_remap_failure: bool | None
     nvlinks: list[NvLink]
+    # PIDs NVML reports on the GPU (host PIDs), so a run can leave its own ranks out of the idle check.
+    process_pids: list[int] = field(default_factory=list)
     # query -> NVML's reason, for every answer that is None above.
     unreadable: dict[str, str] = field(default_factory=dict)
 
@@ -260,6 +262,7 @@ def parse_device(index: int, table: dict[str, Any]) -> GpuInfo:
         performance_state=a.get("nvmlDeviceGetPerformanceState"),
         utilization_pct=None if utilization is None else utilization.get("gpu"),
         process_count=None if processes is None else len(processes),
+        process_pids=[p["pid"] for p in processes or [] if isinstance(p, dict) and "pid" in p],
         ecc_uncorrected_volatile=a.get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_VOLATILE),
         ecc_uncorrected_aggregate=a.get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_AGGREGATE),
         ecc_corrected_volatile=a.get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_VOLATILE),

@@ -68,6 +68,20 @@ def run_liveness(inv: NodeInventory, config: HealthConfig, probe: LivenessProbe 
         ]
 
 
+def _without_own_processes(inv: NodeInventory, own_pids: frozenset[int]) -> NodeInventory:
+    gpus = [
+        dataclasses.replace(
+            gpu,
+            process_pids=[p for p in gpu.process_pids if p not in own_pids],
+            process_count=len([p for p in gpu.process_pids if p not in own_pids]),
+        )
+        if gpu.process_count is not None and len(gpu.process_pids) == gpu.process_count
+        else gpu
+        for gpu in inv.gpu.gpus
+    ]
+    return dataclasses.replace(inv, gpu=dataclasses.replace(inv.gpu, gpus=gpus))
+
+
 def run_health(
     inv: NodeInventory,
     profile: Profile,
@@ -75,8 +89,12 @@ def run_health(
     kernel_log: tuple[str | None, str | None],
     probe: LivenessProbe | None,
     now: datetime,
+    own_pids: frozenset[int] = frozenset(),
 ) -> list[Result]:
-    """kernel_log is (text, None) or (None, why it could not be read)."""
+    """kernel_log is (text, None) or (None, why it could not be read). own_pids: this run's own ranks, which
+    hold the GPUs already when health runs inside a launched job and must not count as someone else's work."""
+    if own_pids:
+        inv = _without_own_processes(inv, own_pids)
     results = check_gpu_count(inv, profile, config)
     for gpu in inv.gpu.gpus:
         per_gpu = [r for check in PER_GPU_CHECKS for r in check(gpu, profile)]

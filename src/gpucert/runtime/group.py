@@ -153,7 +153,7 @@ class Runtime:
 
 def _lone_identity(device: torch.device, uuid: str | None, index: int | None) -> RankIdentity:
     host = socket.gethostname()
-    return RankIdentity(0, 1, 0, 1, 0, 1, host, host, str(device), uuid, index)
+    return RankIdentity(0, 1, 0, 1, 0, 1, host, host, str(device), uuid, index, os.getpid())
 
 
 def _bind_device(env: RankEnv | None) -> tuple[torch.device, str | None, int | None]:
@@ -201,6 +201,7 @@ def start_runtime(
         str(device),
         uuid,
         index,
+        os.getpid(),
     )
     serves = env.rank == 0 and not env.agent_store
     who = f"rank {env.rank} (node rank {env.node_rank}, host {host})"

@@ -28,6 +28,7 @@ class RankIdentity:
     device: str
     gpu_uuid: str | None = None
     gpu_index: int | None = None
+    pid: int = 0
 
     @property
     def subject(self) -> str:

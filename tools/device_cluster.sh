@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Run on the lent 2xH200 (carry .whl: the device lacks `datasets`): two "nodes" of one GPU each on one host,
+# NCCL over the network path (P2P and SHM off, NVLS off), so the cluster path runs on real GPUs.
+#   STEP=accept    gpucert accept --nnodes 2 (gpucert's node agents), then the same run under two torchrun
+#                  agents (every rank runs accept), each one cluster report
+#   STEP=finetune  a short Qwen2-7B-shape DDP fine-tuning over two torchrun agents, then node 0 alone (the
+#                  rendezvous timeout names the missing node)
+# Results: $OUT/cluster.tgz (reports, logs), $OUT/summary.txt. Usage: STEP=accept bash tools/device_cluster.sh
+set -u
+step=${STEP:?accept or finetune}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0
+mkdir -p /tmp/res
+nvidia-smi -L | tee /tmp/res/gpus.txt
+# Two nodes on one host: each sees both GPUs through NVML (health checks both) but drives its own.
+common=(--set health.expected_gpus=2 --set bench.collectives.max_bytes=268435456
+        --set bench.collectives.gate_bytes=268435456)
+two_nodes() {  # NAME PORT COMMAND...: node 0 and node 1 of one run, each on its GPU, logs kept
+  local name=$1 port=$2; shift 2
+  local start=$(date +%s)
+  for node in 0 1; do
+    CUDA_VISIBLE_DEVICES=$node timeout 560 "$@" --nnodes 2 --node-rank $node --master-addr 127.0.0.1 \
+      --master-port "$port" > "/tmp/res/$name-node$node.log" 2>&1 &
+  done
+  wait
+  echo "$name: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+}
+if [ "$step" = accept ]; then
+  two_nodes accept-agents 29610 gpucert accept -o /tmp/res/accept-agents "${common[@]}"
+  start=$(date +%s)
+  for node in 0 1; do
+    CUDA_VISIBLE_DEVICES=$node timeout 400 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
+      --master-addr=127.0.0.1 --master-port=29620 -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
+      --skip train --set bench.matmul.sweep_budget_s=10 > "/tmp/res/accept-torchrun-node$node.log" 2>&1 &
+  done
+  wait
+  echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+else
+  args=(--set data.source=synthetic --set train.max_steps=12 --set model.gradient_checkpointing=false
+        --set model.compile=true --set model.attn_implementation=sdpa --set lora.dropout=0 --set train.parallel=ddp)
+  start=$(date +%s)
+  for node in 0 1; do
+    CUDA_VISIBLE_DEVICES=$node timeout 500 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
+      --master-addr=127.0.0.1 --master-port=29630 -m gpucert.finetune.train configs/finetune/qwen2-7b-speed.yaml \
+      --output-dir /tmp/runs/two-nodes "${args[@]}" > "/tmp/res/finetune-node$node.log" 2>&1 &
+  done
+  wait
+  echo "finetune-ddp-2nodes: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  cp /tmp/runs/two-nodes/metrics.json /tmp/res/finetune-two-nodes.json
+  start=$(date +%s)
+  CUDA_VISIBLE_DEVICES=0 timeout 120 gpucert accept --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
+    --master-port 29640 --set runtime.rendezvous_timeout_s=20 -o /tmp/res/alone > /tmp/res/alone.log 2>&1
+  echo "node 0 alone: exit $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+fi
+for f in /tmp/res/*.log; do echo "== $f"; tail -n 4 "$f"; done >> "$OUT/summary.txt"
+tar czf "$OUT/cluster.tgz" -C /tmp res
