@@ -5,6 +5,8 @@
 #                  agents (every rank runs accept), each one cluster report
 #   STEP=finetune  a short Qwen2-7B-shape DDP fine-tuning over two torchrun agents, then node 0 alone (the
 #                  rendezvous timeout names the missing node)
+#   STEP=faults    accept under two torchrun agents again; a 2-node fine-tuning whose rank 1 is SIGKILLed mid-run
+#                  (both nodes must end within 60 s, naming it); a matmul benchmark whose rank 1 is SIGSTOPped
 # Results: $OUT/cluster.tgz (reports, logs), $OUT/summary.txt. Usage: STEP=accept bash tools/device_cluster.sh
 set -u
 step=${STEP:?accept or finetune}
@@ -37,6 +39,39 @@ if [ "$step" = accept ]; then
   done
   wait
   echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+elif [ "$step" = faults ]; then
+  start=$(date +%s)
+  for node in 0 1; do
+    CUDA_VISIBLE_DEVICES=$node timeout 400 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
+      --master-addr=127.0.0.1 --master-port=29650 -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
+      --skip train --set bench.matmul.sweep_budget_s=10 > "/tmp/res/accept-torchrun-node$node.log" 2>&1 &
+  done
+  wait
+  echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  args=(--set data.source=synthetic --set train.max_steps=200 --set model.gradient_checkpointing=false
+        --set model.compile=false --set model.attn_implementation=sdpa --set lora.dropout=0 --set train.parallel=ddp)
+  for node in 0 1; do
+    CUDA_VISIBLE_DEVICES=$node timeout 500 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
+      --master-addr=127.0.0.1 --master-port=29660 -m gpucert.finetune.train configs/finetune/qwen2-7b-speed.yaml \
+      --output-dir /tmp/runs/killed "${args[@]}" > "/tmp/res/killed-node$node.log" 2>&1 &
+    pids[$node]=$!
+  done
+  for _ in $(seq 300); do grep -q "step 3/" /tmp/res/killed-node0.log 2>/dev/null && break; sleep 1; done
+  victim=$(for p in $(pgrep -f gpucert.finetune.train); do
+    tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=1 && echo "$p"; done | head -1)
+  kill -9 "$victim"; killed=$(date +%s)
+  for node in 0 1; do wait "${pids[$node]}"; echo "killed-node$node: exit $? $(( $(date +%s) - killed )) s after SIGKILL of rank 1" | tee -a "$OUT/summary.txt"; done
+  CUDA_VISIBLE_DEVICES=0,1 timeout 300 gpucert bench matmul --set bench.matmul.warmup_s=120 -o /tmp/res/stopped \
+    > /tmp/res/stopped.log 2>&1 &
+  bench=$!
+  for _ in $(seq 120); do
+    victim=$(for p in $(pgrep -f gpucert.bench.worker); do
+      tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=1 && echo "$p"; done | head -1)
+    [ -n "$victim" ] && break; sleep 1
+  done
+  sleep 20; kill -STOP "$victim"; stopped=$(date +%s)
+  wait "$bench"; echo "stopped: exit $? $(( $(date +%s) - stopped )) s after SIGSTOP of rank 1" | tee -a "$OUT/summary.txt"
+  pgrep -af "gpucert.bench.worker|gpucert.finetune.train" | tee -a "$OUT/summary.txt"  # must print nothing
 else
   args=(--set data.source=synthetic --set train.max_steps=12 --set model.gradient_checkpointing=false
         --set model.compile=true --set model.attn_implementation=sdpa --set lora.dropout=0 --set train.parallel=ddp)

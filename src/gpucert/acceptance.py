@@ -270,8 +270,9 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         work = collect_node(request, rt.me.node)
         holder.update(work=work, main=rt.is_main)
         if rt.local_rank == 0:
-            # This job's ranks on this node already hold their GPUs: not someone else's work.
-            mine = frozenset(p.pid for p in rt.peers if p.node_rank == rt.node_rank)
+            # This job's ranks on this host already hold their GPUs: not someone else's work. By host, not node
+            # rank: two "nodes" sharing a host see each other's GPUs through NVML.
+            mine = frozenset(p.pid for p in rt.peers if p.host == rt.me.host)
             work.results = check_health(work, request, started, mine)
             rt.store.set(f"part/{rt.node_rank}", json.dumps(work.part()))
         has_gpus = bool(work.inventory.gpu.gpus)

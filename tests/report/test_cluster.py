@@ -545,3 +545,17 @@ def test_cluster_runs_pair_by_full_subject() -> None:
     # A node's result whose subject does not carry its label gets it, so the nodes' pairs stay apart.
     assert {c.subject for c in comparisons if c.name == "p2p.pair"} == {"a: GPU 1 -> GPU 2", "b: GPU 1 -> GPU 2"}
     assert ("cluster.outlier.matmul.bf16.max", "b GPU 1") in {(c.name, c.subject) for c in comparisons}
+
+
+def test_the_two_node_h200_report_captured_on_the_gpus_reads_validates_and_renders() -> None:
+    """docs/results: `gpucert accept --nnodes 2` on the lent 2xH200 (two "nodes" on one host, 2026-11-22)."""
+    path = Path(__file__).resolve().parents[2] / "docs/results/2026-11-22-h200x2-two-nodes-accept.json"
+    assert list(VALIDATOR.iter_errors(json.loads(path.read_text()))) == []
+    report = load_report(path)
+    assert report.meta.nodes == ["vm[n0]", "vm[n1]"] and set(report.nodes) == {"vm[n0]", "vm[n1]"}
+    maxima = {(r.node, r.gpu_index, r.subject) for r in report.results if r.name == "matmul.bf16.max"}
+    assert maxima == {("vm[n0]", 0, "vm[n0] GPU 0"), ("vm[n1]", 1, "vm[n1] GPU 1")}
+    golden = {r.name: r.status for r in report.results if r.name.startswith("cluster.config.")}
+    assert golden["cluster.config.driver"] is Status.PASS and golden["cluster.config.nccl"] is Status.PASS
+    markdown = render_markdown(report)
+    assert "## Cluster" in markdown and "## Node vm[n0]" in markdown and "## Node vm[n1]" in markdown
