@@ -247,3 +247,19 @@ def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path: Path) -> None:
     assert err.strip().splitlines()[-1] == "gpucert: interrupted"
     assert "Traceback" not in err
     assert worker_processes() == []
+
+
+def test_collectives_run_across_the_nodes_and_within_each(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = ["bench", "collectives", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
+    argv += ["--set", "bench.collectives.ops=[all_reduce]"]
+    head, other = two_nodes(argv, free_port())
+    assert (head.returncode, other.returncode) == (0, 0), head.stderr[-2000:] + other.stderr[-2000:]
+    host = socket.gethostname()
+    results = load(out)["results"]
+    found = {(r["name"], r["subject"], r["node"], r["status"]) for r in results if r["name"].startswith("collect")}
+    assert found == {
+        ("collective.all_reduce", "2 nodes x 2 ranks (gloo)", None, "PASS"),
+        ("collective.intra_node.all_reduce", f"{host}[n0] 2 ranks (gloo)", f"{host}[n0]", "PASS"),
+        ("collective.intra_node.all_reduce", f"{host}[n1] 2 ranks (gloo)", f"{host}[n1]", "PASS"),
+    }

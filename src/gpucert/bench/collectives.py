@@ -14,6 +14,7 @@ NCCL reads it when the process group is created.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,33 +215,61 @@ def _periodic_views(buf: torch.Tensor, segment: Segment) -> list[tuple[torch.Ten
 # --- running the ops --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Where a collective runs: the whole job (group None), or one node's ranks (its group)."""
+
+    rank: int  # within the group
+    world_size: int
+    device: torch.device
+    group: Any = None
+    # Global ranks of the group in group-rank order; empty for the whole job (group rank = global rank).
+    members: tuple[int, ...] = ()
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.members[group_rank] if self.members else group_rank
+
+
+def job_scope(env: Runtime) -> Scope:
+    return Scope(env.rank, env.world_size, env.device)
+
+
+def node_scope(env: Runtime) -> Scope:
+    """This node's ranks (collective: every rank of the job calls it)."""
+    members = tuple(p.rank for p in env.peers if p.node_rank == env.node_rank)
+    return Scope(members.index(env.rank), len(members), env.device, env.node_group(), members)
+
+
 def _collective(name: str, fallback: str) -> Any:
     """The new torch name of a collective where this torch has it (2.13 deprecates *_into_tensor)."""
     return getattr(dist, name, None) or getattr(dist, fallback)
 
 
-def make_call(op: str, inp: torch.Tensor, out: torch.Tensor, env: Runtime) -> Callable[[int], object]:
+def make_call(op: str, inp: torch.Tensor, out: torch.Tensor, env: Scope) -> Callable[[int], object]:
     """One blocking call of op (its argument, the repeat index, is unused); all_reduce and broadcast work in
     place on inp."""
+    group = env.group
     if op == "all_reduce":
-        return lambda _i: dist.all_reduce(inp)
+        return lambda _i: dist.all_reduce(inp, group=group)
     if op == "broadcast":
-        return lambda _i: dist.broadcast(inp, src=0)
+        src = env.global_rank(0)
+        return lambda _i: dist.broadcast(inp, src=src, group=group)
     if op == "all_gather":
         gather = _collective("all_gather_single", "all_gather_into_tensor")
-        return lambda _i: gather(out, inp)
+        return lambda _i: gather(out, inp, group=group)
     if op == "reduce_scatter":
         scatter = _collective("reduce_scatter_single", "reduce_scatter_tensor")
-        return lambda _i: scatter(out, inp)
+        return lambda _i: scatter(out, inp, group=group)
     if op == "all_to_all":
-        return lambda _i: dist.all_to_all_single(out, inp)
+        return lambda _i: dist.all_to_all_single(out, inp, group=group)
     if op == "send_recv":
         partner = send_recv_partner(env.rank, env.world_size)
         if partner is None:
             return lambda _i: None
+        peer = env.global_rank(partner)
 
         def exchange(_i: int) -> None:
-            ops = [dist.P2POp(dist.isend, inp, partner), dist.P2POp(dist.irecv, out, partner)]
+            ops = [dist.P2POp(dist.isend, inp, peer, group), dist.P2POp(dist.irecv, out, peer, group)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
@@ -256,7 +285,7 @@ def _buffers(
     return inp, out
 
 
-def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern, env: Runtime) -> None:
+def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern, env: Scope) -> None:
     """Inputs get the pattern; outputs (and broadcast receivers) the sentinel, so unwritten elements show."""
     if op == "broadcast" and env.rank != 0:
         inp.fill_(SENTINEL)
@@ -266,7 +295,7 @@ def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern
         out.fill_(SENTINEL)
 
 
-def check_once(op: str, size_bytes: int, dtype: str, env: Runtime) -> int:
+def check_once(op: str, size_bytes: int, dtype: str, env: Scope) -> int:
     """Run op once on freshly filled buffers; this rank's count of wrong output elements."""
     pattern = choose_pattern(op, dtype, env.world_size)
     if pattern is None:
@@ -282,7 +311,7 @@ def check_once(op: str, size_bytes: int, dtype: str, env: Runtime) -> int:
     return count_wrong(out, expected_segments(op, pattern, env.rank, env.world_size, count_in))
 
 
-def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env: Runtime) -> dict[str, Any]:
+def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env: Scope) -> dict[str, Any]:
     """This rank's numbers for op: per size, S moved, median seconds, cv and wrong elements."""
     torch_dtype = DTYPES[dtype]
     pattern = choose_pattern(op, dtype, env.world_size) or choose_pattern(op, "fp32", env.world_size)
@@ -327,9 +356,10 @@ def _nccl_version(backend: str) -> str | None:
 
 def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """Every rank times and checks each op; rank 0 returns {"ops": [...], ...}, other ranks None."""
-    unknown = [op for op in cfg["ops"] if op not in BUSBW_FACTORS]
-    if unknown:
-        raise ValueError(f"bench.collectives.ops: unknown {unknown}; known: {', '.join(BUSBW_FACTORS)}")
+    for key in ("ops", "intra_node_ops"):
+        unknown = [op for op in cfg.get(key, []) if op not in BUSBW_FACTORS]
+        if unknown:
+            raise ValueError(f"bench.collectives.{key}: unknown {unknown}; known: {', '.join(BUSBW_FACTORS)}")
     dtype = _dtype_used(cfg["dtype"], env.backend)
     nccl_env = nccl_environment()
     common: dict[str, Any] = {
@@ -349,24 +379,39 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     dist.barrier()
     ops = []
     for op in cfg["ops"]:
-        rows = _measure_op(op, sizes, dtype, cfg, env)
+        rows = _measure_op(op, sizes, dtype, cfg, job_scope(env))
         gathered = gather_to_main(env, rows)
         if gathered is not None:
-            ops.append(_combine(op, dtype, env, gathered, common))
+            ops.append(_combine(op, dtype, env.backend, env.world_size, env.num_nodes, gathered, common))
+    per_node = [p.node_rank for p in env.peers]
+    if env.num_nodes > 1 and all(per_node.count(n) > 1 for n in set(per_node)):
+        # Across nodes the network sets the pace; within each node NVLink does: every node measures its own
+        # ranks at once, each curve judged against the same per-node floors.
+        scope = node_scope(env)
+        for op in cfg.get("intra_node_ops", []):
+            rows = {**_measure_op(op, sizes, dtype, cfg, scope), "node": env.me.node}
+            gathered = gather_to_main(env, rows)
+            if gathered is not None:
+                for node in dict.fromkeys(r["node"] for r in gathered):
+                    mine = [r for r in gathered if r["node"] == node]
+                    curve = _combine(op, dtype, env.backend, len(mine), 1, mine, common)
+                    ops.append({**curve, "node": node})
     return {**common, "applicable": True, "ops": ops} if env.is_main else None
 
 
-def _combine(op: str, dtype: str, env: Runtime, ranks: list[dict[str, Any]], common: dict[str, Any]) -> dict:
+def _combine(
+    op: str, dtype: str, backend: str, world_size: int, num_nodes: int, ranks: list[dict[str, Any]], common: dict
+) -> dict:
     """One op's curve from every rank's rows: the slowest rank's median, the widest cv, wrong summed."""
     sizes = ranks[0]["sizes_bytes"]
     seconds = [max(r["median_s"][k] for r in ranks) for k in range(len(sizes))]
-    bandwidths = [bus_bandwidth(op, s, t, env.world_size) for s, t in zip(sizes, seconds, strict=True)]
+    bandwidths = [bus_bandwidth(op, s, t, world_size) for s, t in zip(sizes, seconds, strict=True)]
     return {
         "op": op,
         "dtype": dtype,
-        "world_size": env.world_size,
-        "num_nodes": env.num_nodes,
-        "backend": env.backend,
+        "world_size": world_size,
+        "num_nodes": num_nodes,
+        "backend": backend,
         "sizes_bytes": sizes,
         "time_us": [round(t * 1e6, 3) for t in seconds],
         "algbw_gbps": [round(a, 4) for a, _ in bandwidths],
@@ -394,6 +439,21 @@ def gate_index(sizes_bytes: list[int], gate_bytes: int) -> int | None:
     return max(below, key=lambda k: sizes_bytes[k]) if below else None
 
 
+def _placed(result: Result, curve: dict[str, Any]) -> Result:
+    """A curve of one node's ranks (measured beside the job-wide one) is named and subjected by its node."""
+    node = curve.get("node")
+    if node is None:
+        return result
+    subject = f"{node} {job_subject(curve)}"
+    return dataclasses.replace(
+        result,
+        name=f"collective.intra_node.{curve['op']}",
+        node=node,
+        subject=subject,
+        message=result.message.replace(job_subject(curve), subject),
+    )
+
+
 def job_subject(data: dict[str, Any]) -> str:
     """What a collective ran on: `4 ranks (nccl)`, or `2 nodes x 8 ranks (nccl)` across nodes."""
     n, nodes, backend = data.get("world_size", 1), data.get("num_nodes", 1), data.get("backend", "?")
@@ -414,7 +474,7 @@ def judge(data: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -
                 category="benchmark",
             )
         ]
-    results = [judge_op(op, profile, cfg) for op in data["ops"]]
+    results = [_placed(judge_op(op, profile, cfg), op) for op in data["ops"]]
     if cfg.force_ring and not data.get("ring_env_in_effect", False):
         results.append(
             Result(

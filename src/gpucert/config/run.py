@@ -61,6 +61,8 @@ class CollectivesBenchConfig:
     repeats: int = 20
     # NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0, for network gates comparable across sites.
     force_ring: bool = False
+    # Also run within each node of a multi-node run (NVLink there, the network across): one curve per node.
+    intra_node_ops: list[str] = field(default_factory=lambda: ["all_reduce"])
 
 
 @dataclass(frozen=True)
