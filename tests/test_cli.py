@@ -165,3 +165,17 @@ def test_report_compares_two_runs_and_exits_on_regression(capsys) -> None:
     assert main(["report", str(base), str(worse), "--markdown"]) == 2
     out = capsys.readouterr().out
     assert "collective.all_reduce" in out
+
+
+def test_report_merge_builds_one_cluster_report_from_per_node_runs(tmp_path: Path, capsys) -> None:
+    for node in ("a", "b"):
+        assert main(["health", "--profile", "cpu", "-o", str(tmp_path / node)]) == 0
+    merged = tmp_path / "cluster"
+    assert main(["report", "merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(merged)]) == 0
+    report = json.loads((merged / "report.json").read_text())
+    validate(report)
+    assert len(report["meta"]["nodes"]) == 2 and len(report["nodes"]) == 2
+    assert any(r["name"] == "cluster.config.kernel" and r["status"] == "PASS" for r in report["results"])
+    capsys.readouterr()
+    assert main(["report", "merge", str(tmp_path / "a"), "-o", str(merged)]) == 3
+    assert "two or more per-node run directories" in capsys.readouterr().err
