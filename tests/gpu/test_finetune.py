@@ -116,3 +116,57 @@ def test_speed_options_keep_the_packed_loss(change: dict[str, Any]) -> None:
     assert found[0] == pytest.approx(reference[0], rel=1e-4)
     for a, b in zip(found[1], reference[1], strict=True):
         torch.testing.assert_close(a, b, rtol=2e-3, atol=1e-5)
+
+
+def test_a_killed_rank_ends_both_nodes_over_nccl(tmp_path: Path) -> None:
+    """Two torchrun agents as two "nodes" of one GPU each: rank 1's worker SIGKILLed mid-training leaves rank 0
+    inside an NCCL collective that would wait runtime.collective_timeout_s; its watchdog names rank 1 from the
+    missing heartbeats and both agents end within 60 s."""
+    import re
+    import signal
+    import socket
+    import time
+
+    import psutil
+
+    from gpucert.runtime.launch_env import RANK_VARIABLES
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("two nodes of one GPU each need two GPUs")
+    config = tmp_path / "tiny-gpu.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")).replace("max_steps: 10", "max_steps: 100000"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agents, logs = [], []
+    for node in (0, 1):
+        env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES} | {"CUDA_VISIBLE_DEVICES": str(node)}
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
+        argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+        argv += ["-m", "gpucert.finetune.train", str(config), "--output-dir", str(tmp_path / "run")]
+        argv += ["--set", "train.epochs=1000", "--set", "train.save_every=100000", "--set", "train.eval_every=100000"]
+        argv += ["--set", "runtime.heartbeat_interval_s=1", "--set", "runtime.heartbeat_timeout_s=6"]
+        logs.append(tmp_path / f"node{node}.log")
+        with logs[-1].open("wb") as out:
+            agents.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 240
+        while "[finetune] step 3/" not in logs[0].read_text(errors="replace"):
+            assert all(a.poll() is None for a in agents), logs[0].read_text()[-3000:]
+            assert time.monotonic() < deadline, logs[0].read_text()[-3000:]
+            time.sleep(0.2)
+        children = psutil.Process(agents[1].pid).children(recursive=True)
+        [worker] = [p for p in children if "gpucert.finetune.train" in p.cmdline()]
+        worker.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        for agent in agents:
+            agent.wait(timeout=max(60 - (time.monotonic() - killed), 0.1))
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                for child in psutil.Process(agent.pid).children(recursive=True):
+                    child.kill()
+                agent.kill()
+    out0 = logs[0].read_text(errors="replace")
+    assert re.search(r"stops: rank 1 \(.*\) failed during step \d+: no heartbeat", out0), out0[-3000:]
+    print(f"both nodes ended {time.monotonic() - killed:.1f} s after the kill")
