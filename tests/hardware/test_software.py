@@ -3,11 +3,11 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import platform
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +16,7 @@ from gpucert.hardware.software import (
     format_cudnn_version,
     format_nccl_version,
     parse_os_release,
+    parse_torch_build,
 )
 
 INSTALLED = {"torch": "2.6.0+cu124", "nvidia-ml-py": "12.570.86", "transformers": "4.51.3"}
@@ -29,21 +30,6 @@ def fake_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
         return INSTALLED[name]
 
     monkeypatch.setattr(importlib.metadata, "version", version)
-
-
-def _fake_torch(cuda: str | None, cudnn: int | None, nccl: object) -> SimpleNamespace:
-    """Stands in for the torch module: `import torch` returns whatever sys.modules holds."""
-
-    def nccl_version() -> object:
-        if isinstance(nccl, Exception):
-            raise nccl
-        return nccl
-
-    return SimpleNamespace(
-        version=SimpleNamespace(cuda=cuda),
-        backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: cudnn)),
-        cuda=SimpleNamespace(nccl=SimpleNamespace(version=nccl_version)),
-    )
 
 
 @pytest.mark.parametrize(
@@ -82,26 +68,35 @@ def test_format_nccl_version(version: object, expected: str | None) -> None:
 
 
 @pytest.mark.usefixtures("fake_metadata")
-def test_hgx_versions_with_cuda_torch(hgx_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch", _fake_torch("12.4", 90100, (2, 21, 5)))
-    versions = collect_software(hgx_root)
-    assert (versions.torch, versions.torch_cuda, versions.cudnn, versions.nccl) == (
-        "2.6.0+cu124",
-        "12.4",
-        "9.1.0",
-        "2.21.5",
-    )
+def test_hgx_versions(hgx_root: Path) -> None:
+    versions = collect_software(hgx_root, probe_torch=False)
+    assert versions.torch == "2.6.0+cu124"
     assert (versions.transformers, versions.peft, versions.nvidia_ml_py) == ("4.51.3", None, "12.570.86")
     assert (versions.kernel, versions.os) == ("5.15.0-105-generic", "Ubuntu 22.04.4 LTS")
     assert versions.python == platform.python_version()
 
 
-@pytest.mark.usefixtures("fake_metadata")
-def test_cpu_torch_build_reports_no_gpu_libraries(hgx_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    no_nccl = AttributeError("module 'torch._C' has no attribute '_nccl_version'")
-    monkeypatch.setitem(sys.modules, "torch", _fake_torch(None, None, no_nccl))
-    versions = collect_software(hgx_root)
-    assert (versions.torch_cuda, versions.cudnn, versions.nccl) == (None, None, None)
+@pytest.mark.parametrize(
+    ("answer", "parsed"),
+    [
+        (["12.4", 90100, [2, 21, 5]], ("12.4", "9.1.0", "2.21.5")),  # a CUDA build, as the probe prints it
+        ([None, None, None], (None, None, None)),  # a CPU build: no CUDA, no cuDNN, no NCCL
+    ],
+)
+def test_torch_build_versions_from_the_probe(answer: list, parsed: tuple) -> None:
+    assert parse_torch_build(answer) == parsed
+
+
+def test_the_torch_probe_runs_in_a_child_and_leaves_this_process_without_torch() -> None:
+    script = (
+        "import json, sys\nfrom gpucert.hardware.software import _torch_build_versions\n"
+        "print(json.dumps([_torch_build_versions(), 'torch' in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    versions, imported = json.loads(done.stdout)
+    import torch
+
+    assert versions[0] == torch.version.cuda and imported is False
 
 
 @pytest.mark.usefixtures("fake_metadata")

@@ -116,9 +116,14 @@ def _torch_build_versions(timeout_s: float = 120.0) -> tuple[str | None, str | N
         done = subprocess.run(
             [sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
         )
-        cuda, cudnn, nccl = json.loads(done.stdout.strip().splitlines()[-1])
+        return parse_torch_build(json.loads(done.stdout.strip().splitlines()[-1]))
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
         return None, None, None
+
+
+def parse_torch_build(answer: list[Any]) -> tuple[str | None, str | None, str | None]:
+    """The probe's [torch.version.cuda, cudnn version, NCCL version] as (CUDA, cuDNN, NCCL) strings."""
+    cuda, cudnn, nccl = answer
     return (
         str(cuda) if cuda else None,
         format_cudnn_version(cudnn) if cudnn else None,
