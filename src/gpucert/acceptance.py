@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -240,7 +238,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     import torch.distributed as dist
 
     from gpucert.bench.suite import run_in_ranks as bench_in_ranks
-    from gpucert.runtime.group import AbortRecord, fail, start_runtime, stop_runtime
+    from gpucert.runtime.group import AbortRecord, fail, leave_failed, start_runtime, stop_runtime
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     pre = load_run_config(request)
@@ -305,8 +303,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         if rt.is_main and record.rank == rt.rank:
             write_partial(record)
         say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
-        sys.stderr.flush()
-        os._exit(Status.ERROR.exit_code)  # a group whose peer failed can block in teardown
+        leave_failed(rt, Status.ERROR.exit_code)
     stop_runtime(rt)
     return outcome
 

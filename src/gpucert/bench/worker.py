@@ -18,7 +18,16 @@ from typing import Any
 from gpucert.bench import catalog
 from gpucert.config.loader import ConfigError
 from gpucert.runtime.config import RuntimeConfig
-from gpucert.runtime.group import ABORTED_EXIT, RendezvousError, Runtime, fail, say, start_runtime, stop_runtime
+from gpucert.runtime.group import (
+    ABORTED_EXIT,
+    RendezvousError,
+    Runtime,
+    fail,
+    leave_failed,
+    say,
+    start_runtime,
+    stop_runtime,
+)
 from gpucert.runtime.spawn import die_with_parent
 
 
@@ -50,9 +59,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         record = fail(rt, exc)
         say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
-        sys.stderr.flush()
-        # No teardown: a process group whose peer failed can block in destroy; the agent reaps us.
-        os._exit(ABORTED_EXIT)
+        leave_failed(rt, ABORTED_EXIT)
     stop_runtime(rt)
     return 0
 

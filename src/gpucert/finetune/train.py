@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import resource
 import sys
@@ -78,13 +77,11 @@ from gpucert.finetune.parallel import gradient_sync, resolve_mode, wrap
 from gpucert.finetune.prepare import Prepared, prepare_dataset
 from gpucert.finetune.tokenizer import load_tokenizer
 from gpucert.runtime.group import (
-    POLL_S,
     AbortRecord,
     RendezvousError,
     Runtime,
-    _looks_like_peer_failure,
     fail,
-    read_abort,
+    leave_failed,
     say,
     start_runtime,
     stop_runtime,
@@ -285,7 +282,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak_tflops: float | None = None) 
     except (Exception, KeyboardInterrupt) as exc:
         record, code = report_failure(rt, exc)
         if rt.world_size > 1:
-            leave_failed_job(rt, code)
+            leave_failed(rt, code)
         stop_runtime(rt)
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -297,7 +294,6 @@ def run_finetune(cfg: FinetuneConfig, profile_peak_tflops: float | None = None) 
 def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
     """Record this rank's failure for the job and say it: one line naming the rank and phase, then the
     traceback. An error that only followed a peer's failure (a broken collective) names that peer instead."""
-    await_peer_verdict(rt, exc)
     record = fail(rt, exc)
     if isinstance(exc, KeyboardInterrupt):
         say(f"{rt.me.describe()} interrupted during {rt.phase}")
@@ -310,37 +306,6 @@ def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
         here = (str(exc).strip().splitlines() or [""])[0][:200]
         say(f"{rt.me.describe()} saw, during {rt.phase}: {type(exc).__name__}: {here}")
     return record, Status.ERROR.exit_code
-
-
-def await_peer_verdict(rt: Runtime, exc: BaseException) -> None:
-    """A collective broken by a peer that died: wait, watchdog running, until the job's verdict names it.
-
-    The peer that was SIGKILLed or lost its node says nothing; only heartbeats reveal it, and this rank's
-    watchdog is the one watching them (rank 0 watches every rank). fail() stops the watchdog before it waits
-    for a peer's record, so without this wait rank 0 would blame itself for the "connection closed" it saw.
-    The watchdog ends this process itself when it names the culprit; this returns once a record exists or
-    after a heartbeat timeout (then fail() decides).
-    """
-    if rt.world_size == 1 or rt.watchdog is None or not _looks_like_peer_failure(exc):
-        return
-    deadline = time.monotonic() + rt.config.heartbeat_timeout_s + 2 * rt.config.heartbeat_interval_s
-    while time.monotonic() < deadline:
-        try:
-            if read_abort(rt.store) is not None:
-                return
-        except RuntimeError:
-            pass  # the store went with node 0: the watchdog names that after a heartbeat timeout
-        time.sleep(POLL_S)
-
-
-def leave_failed_job(rt: Runtime, code: int) -> None:
-    """Exit now, without tearing down a process group whose peers may be gone (that can hang)."""
-    if rt.serves_store:
-        # The other ranks read the abort record from this process's store: keep it up for two of their polls.
-        time.sleep(2 * rt.config.heartbeat_interval_s)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def train(cfg: FinetuneConfig, rt: Runtime, peak_tflops: float | None) -> dict[str, Any]:

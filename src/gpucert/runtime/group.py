@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -275,13 +275,14 @@ def _ranges(values: list[int]) -> str:
 
 
 def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
-    """This rank failed: record why, unless a peer's failure came first (a collective broken by a dead peer
-    is a consequence, not the culprit: wait a heartbeat timeout for the real cause before claiming it)."""
+    """This rank failed: record why, unless a peer's failure came first. A collective broken by a dead peer is
+    a consequence, not the culprit: wait (a heartbeat timeout) for the real cause with the watchdog still
+    running, since it is what names a peer that died silently (rank 0's watches every rank; when it names one
+    it ends this process itself). Only then, with nobody else named, this rank records itself."""
     cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    record = AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
     if rt.world_size == 1:
-        return AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
-    if rt.watchdog is not None:
-        rt.watchdog.stop()
+        return record
     if _looks_like_peer_failure(exc):
         deadline = time.monotonic() + rt.config.heartbeat_timeout_s + 2 * rt.config.heartbeat_interval_s
         while time.monotonic() < deadline:
@@ -290,13 +291,26 @@ def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
             except RuntimeError:
                 break  # the store went with node 0: nobody else can name the cause
             if found:
+                if rt.watchdog is not None:
+                    rt.watchdog.stop()
                 return found
             time.sleep(POLL_S)
-    record = AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
+    if rt.watchdog is not None:
+        rt.watchdog.stop()  # this process's own cause is recorded next: its watchdog must not exit first
     try:
         return record_abort(rt.store, record)
     except RuntimeError:
         return record
+
+
+def leave_failed(rt: Runtime, code: int) -> NoReturn:
+    """Exit after fail(), without tearing down a process group whose peers may be gone (that can block). The
+    rank that serves the job's store keeps it up for two heartbeats, so every peer reads the abort record."""
+    if rt.serves_store:
+        time.sleep(2 * rt.config.heartbeat_interval_s)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _looks_like_peer_failure(exc: BaseException) -> bool:
