@@ -5,6 +5,7 @@
 #                  agents (every rank runs accept), each one cluster report
 #   STEP=finetune  a short Qwen2-7B-shape DDP fine-tuning over two torchrun agents, then node 0 alone (the
 #                  rendezvous timeout names the missing node)
+#   STEP=verify    the GPU test tier (tests/gpu, both GPUs), then accept under two torchrun agents
 #   STEP=faults    accept under two torchrun agents again; a 2-node fine-tuning whose rank 1 is SIGKILLed mid-run
 #                  (both nodes must end within 60 s, naming it); a matmul benchmark whose rank 1 is SIGSTOPped
 # Results: $OUT/cluster.tgz (reports, logs), $OUT/summary.txt. Usage: STEP=accept bash tools/device_cluster.sh
@@ -35,6 +36,18 @@ if [ "$step" = accept ]; then
   for node in 0 1; do
     CUDA_VISIBLE_DEVICES=$node timeout 400 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
       --master-addr=127.0.0.1 --master-port=29620 -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
+      --skip train --set bench.matmul.sweep_budget_s=10 > "/tmp/res/accept-torchrun-node$node.log" 2>&1 &
+  done
+  wait
+  echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+elif [ "$step" = verify ]; then
+  ( unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE; timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu ) \
+    > /tmp/res/gpu-tests.log 2>&1
+  echo "tests/gpu: exit $?; $(tail -n 1 /tmp/res/gpu-tests.log)" | tee -a "$OUT/summary.txt"
+  start=$(date +%s)
+  for node in 0 1; do
+    CUDA_VISIBLE_DEVICES=$node timeout 300 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
+      --master-addr=127.0.0.1 --master-port=29670 -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
       --skip train --set bench.matmul.sweep_budget_s=10 > "/tmp/res/accept-torchrun-node$node.log" 2>&1 &
   done
   wait

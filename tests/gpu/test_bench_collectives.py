@@ -59,11 +59,13 @@ def test_p2p_matrix_covers_every_pair(tmp_path: Path) -> None:
         pytest.skip("needs two GPUs")
     cfg = P2pBenchConfig(size_mib=256, warmup=2, repeats=5)
     data = launch_local(n, {"benchmark": "p2p", "config": asdict(cfg)}, tmp_path, timeout_s=300)
-    matrix = data["matrix_gbps"]
+    (node,) = data["nodes"]  # one node's matrix, measured by its local rank 0
+    matrix = node["matrix_gbps"]
     assert len(matrix) == n and all(len(row) == n for row in matrix)
     for i in range(n):
         for j in range(n):
             assert (matrix[i][j] is None) if i == j else matrix[i][j] > 0
-            assert (data["wrong"][i][j] or 0) == 0
+            assert (node["wrong"][i][j] or 0) == 0
     results = p2p.judge(data, load_profile("h200"), cfg)
     assert results[0].name == "p2p.matrix" and results[0].status is not Status.ERROR
+    assert results[0].node == node["node"] and results[0].subject.startswith(node["node"])
