@@ -30,37 +30,26 @@ two_nodes() {  # NAME PORT COMMAND...: node 0 and node 1 of one run, each on its
   wait
   echo "$name: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 }
-if [ "$step" = accept ]; then
-  two_nodes accept-agents 29610 gpucert accept -o /tmp/res/accept-agents "${common[@]}"
-  start=$(date +%s)
+torchrun_accept() {  # PORT: every rank of two torchrun agents runs `gpucert accept` (train left out, short sweep)
+  local start=$(date +%s)
   for node in 0 1; do
     CUDA_VISIBLE_DEVICES=$node timeout 400 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
-      --master-addr=127.0.0.1 --master-port=29620 -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
+      --master-addr=127.0.0.1 --master-port="$1" -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
       --skip train --set bench.matmul.sweep_budget_s=10 > "/tmp/res/accept-torchrun-node$node.log" 2>&1 &
   done
   wait
   echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+}
+if [ "$step" = accept ]; then
+  two_nodes accept-agents 29610 gpucert accept -o /tmp/res/accept-agents "${common[@]}"
+  torchrun_accept 29620
 elif [ "$step" = verify ]; then
   ( unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE; timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu ) \
     > /tmp/res/gpu-tests.log 2>&1
   echo "tests/gpu: exit $?; $(tail -n 1 /tmp/res/gpu-tests.log)" | tee -a "$OUT/summary.txt"
-  start=$(date +%s)
-  for node in 0 1; do
-    CUDA_VISIBLE_DEVICES=$node timeout 300 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
-      --master-addr=127.0.0.1 --master-port=29670 -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
-      --skip train --set bench.matmul.sweep_budget_s=10 > "/tmp/res/accept-torchrun-node$node.log" 2>&1 &
-  done
-  wait
-  echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  torchrun_accept 29670
 elif [ "$step" = faults ]; then
-  start=$(date +%s)
-  for node in 0 1; do
-    CUDA_VISIBLE_DEVICES=$node timeout 400 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
-      --master-addr=127.0.0.1 --master-port=29650 -m gpucert accept -o /tmp/res/accept-torchrun "${common[@]}" \
-      --skip train --set bench.matmul.sweep_budget_s=10 > "/tmp/res/accept-torchrun-node$node.log" 2>&1 &
-  done
-  wait
-  echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  torchrun_accept 29650
   args=(--set data.source=synthetic --set train.max_steps=200 --set model.gradient_checkpointing=false
         --set model.compile=false --set model.attn_implementation=sdpa --set lora.dropout=0 --set train.parallel=ddp)
   for node in 0 1; do

@@ -41,9 +41,7 @@ def load(args: argparse.Namespace, extra: list[str] | None = None) -> FinetuneCo
 
 
 def finetune(args: argparse.Namespace) -> int:
-    from gpucert.finetune.train import INTERRUPTED_EXIT, FinetuneFailed, profile_peak, run_finetune
-    from gpucert.runtime.group import RendezvousError
-    from gpucert.status import Status
+    from gpucert.finetune.train import finetune_exit_code
 
     # json.dumps quotes the value, so YAML reads a path like 2026-01-01 or a word like "on" as a string.
     extra = [f"resume={json.dumps(args.resume)}"] if args.resume else []
@@ -51,16 +49,7 @@ def finetune(args: argparse.Namespace) -> int:
     cfg = load(args, extra)
     if args.stage == "prepare":
         return prepare(cfg)
-    try:
-        result = run_finetune(cfg, profile_peak())
-    except RendezvousError as exc:
-        print(f"gpucert finetune: error: {exc}", file=sys.stderr)
-        return Status.ERROR.exit_code
-    except FinetuneFailed:
-        return Status.ERROR.exit_code  # run_finetune said which rank failed, where, and why
-    except KeyboardInterrupt:
-        return INTERRUPTED_EXIT
-    return Status(result["status"]).exit_code
+    return finetune_exit_code(cfg)
 
 
 def prepare(cfg: FinetuneConfig) -> int:

@@ -657,8 +657,17 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"output_dir={json.dumps(args.output_dir)}")
     try:
         cfg = load_config(FinetuneConfig, args.config, overrides)
+    except ConfigError as exc:
+        print(f"gpucert finetune: error: {exc}", file=sys.stderr)
+        return Status.ERROR.exit_code
+    return finetune_exit_code(cfg)
+
+
+def finetune_exit_code(cfg: FinetuneConfig) -> int:
+    """Train, and say how it went as the exit code: the run's verdict, 3 when it failed, 130 on Ctrl-C."""
+    try:
         result = run_finetune(cfg, profile_peak())
-    except (ConfigError, RendezvousError) as exc:
+    except RendezvousError as exc:
         print(f"gpucert finetune: error: {exc}", file=sys.stderr)
         return Status.ERROR.exit_code
     except FinetuneFailed:
