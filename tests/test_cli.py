@@ -179,3 +179,11 @@ def test_report_merge_builds_one_cluster_report_from_per_node_runs(tmp_path: Pat
     capsys.readouterr()
     assert main(["report", "merge", str(tmp_path / "a"), "-o", str(merged)]) == 3
     assert "two or more per-node run directories" in capsys.readouterr().err
+
+
+def test_node_labels_with_brackets_print_as_they_are(capsys) -> None:
+    """Two nodes sharing a hostname are `vm[n0]` and `vm[n1]`: rich must not read `[n1]` as a style tag."""
+    report = Path(__file__).parents[1] / "docs/results/2026-11-22-h200x2-two-nodes-accept.json"
+    assert main(["report", str(report)]) == 2
+    out = capsys.readouterr().out
+    assert "node vm[n0]" in out and "node vm[n1]" in out

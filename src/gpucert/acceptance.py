@@ -32,6 +32,7 @@ from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.report.store import default_run_dir, write_report
+from gpucert.runtime.errors import RendezvousError
 from gpucert.status import Status
 
 
@@ -211,26 +212,70 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
         work.results = check_health(work, request, started)
         agent.put(f"part/{agent.node_rank}", work.part())
         job_results: list[Result] = []
+        ran: list[str] = []
+        lost = False
         has_gpus = bool(work.inventory.gpu.gpus)
         for name in request.benchmarks:
             if agent.is_head:
                 say(f"running benchmark {name}...")
-            judged, telemetry = run_step(agent, name, work.config, work.profile, has_gpus, Path(tmp), work.sources.nvml)
+            try:
+                judged, telemetry, gone = run_step(
+                    agent, name, work.config, work.profile, has_gpus, Path(tmp), work.sources.nvml
+                )
+            except RendezvousError as exc:
+                judged, telemetry, gone = [], [], str(exc)
             job_results += judged
+            if gone is not None:
+                if not agent.is_head:
+                    raise RendezvousError(gone)
+                # A node is gone: what ran so far is still reported, with the lost node named.
+                job_results.append(_aborted(f"the run stopped during the {name} benchmark: {gone}", work.label))
+                lost = True
+                break
+            ran.append(name)
             agent.put(f"telemetry/{name}/{agent.node_rank}", [r.to_dict() for r in telemetry])
         if not agent.is_head:
             code = agent.finish(None)
             say(f"node {agent.label}: the report is written by node 0 ({agent.labels[0]}); verdict exit code {code}")
             return RunOutcome(None, None, code)
-        wait = work.config.runtime.collective_timeout_s
-        parts = [agent.get(f"part/{r}", wait, f"node rank {r}'s checks") for r in range(agent.num_nodes)]
-        for r in range(agent.num_nodes):
-            for name in request.benchmarks:
-                parts[r]["results"] += agent.get(f"telemetry/{name}/{r}", wait, f"node rank {r}'s telemetry")
-        report = build_report(request, started, t0, work, parts, job_results)
-        path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
+        try:
+            parts = _collect_parts(agent, ran, work.config.runtime, lost)
+            report = build_report(request, started, t0, work, parts, job_results)
+            path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
+        except BaseException:
+            agent.finish(Status.ERROR.exit_code)  # the other nodes must not wait for a verdict that never comes
+            raise
         agent.finish(report.status.exit_code)
         return RunOutcome(report, path, report.status.exit_code)
+
+
+def _aborted(message: str, node: str | None) -> Result:
+    return Result(
+        name="run.aborted",
+        subject=node or "run",
+        node=node,
+        status=Status.ERROR,
+        message=message,
+        remediation="find the named node or rank (its log, dmesg, the network to node 0); nothing after this "
+        "point was judged",
+    )
+
+
+def _collect_parts(agent: Any, ran: list[str], runtime: Any, lost: bool) -> list[dict[str, Any]]:
+    """Every node's checks and telemetry; after a lost node, whatever the remaining nodes sent (briefly)."""
+    wait = runtime.heartbeat_timeout_s if lost else runtime.collective_timeout_s
+    parts = []
+    for r in range(agent.num_nodes):
+        try:
+            part = agent.get(f"part/{r}", wait, f"node rank {r}'s checks")
+            for name in ran:
+                part["results"] += agent.get(f"telemetry/{name}/{r}", wait, f"node rank {r}'s telemetry")
+        except RendezvousError:
+            if not lost:
+                raise
+            continue
+        parts.append(part)
+    return parts
 
 
 def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:

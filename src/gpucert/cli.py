@@ -158,7 +158,7 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
 
     def say(line: str) -> None:
         if not args.json:
-            console.print(f"[dim]{line}[/]")
+            console.print(line, style="dim")
 
     nnodes = getattr(args, "nnodes", None)
     plan: NodeEnv | None
@@ -243,14 +243,15 @@ def run_merge(args: argparse.Namespace, console: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console(stderr=False, highlight=False)
+    # No markup: node labels (`host[n1]`), messages and paths are shown as they are, never read as rich tags.
+    console = Console(stderr=False, highlight=False, markup=False)
     try:
         if args.verb == "capture":
             from gpucert.hardware.capture import capture_node
 
             problems = capture_node(args.output)
             for problem in problems:
-                console.print(f"[yellow]not captured:[/] {problem}")
+                console.print(f"not captured: {problem}", style="yellow")
             console.print(f"bundle written to {args.output} (replay: gpucert discover --replay {args.output})")
             return 0
         if args.verb == "finetune":
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "profiles":
             for name in available_profiles():
                 profile = load_profile(name)
-                console.print(f"[bold]{name}[/]: {profile.description} (matches {profile.match or 'by name only'})")
+                console.print(f"{name}: {profile.description} (matches {profile.match or 'by name only'})")
             return 0
         return run_suite(args, console)
     except KeyboardInterrupt:
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpucert: error: {exc}", file=sys.stderr)
         return ERROR_EXIT
     except RuntimeError as exc:
-        from gpucert.runtime.group import RendezvousError
+        from gpucert.runtime.errors import RendezvousError
 
         if not isinstance(exc, RendezvousError):
             traceback.print_exc()

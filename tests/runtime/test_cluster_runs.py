@@ -263,3 +263,37 @@ def test_collectives_run_across_the_nodes_and_within_each(tmp_path: Path) -> Non
         ("collective.intra_node.all_reduce", f"{host}[n0] 2 ranks (gloo)", f"{host}[n0]", "PASS"),
         ("collective.intra_node.all_reduce", f"{host}[n1] 2 ranks (gloo)", f"{host}[n1]", "PASS"),
     }
+
+
+def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path: Path) -> None:
+    """Node 1's gpucert is SIGKILLed during matmul: its workers die with it, node 0's watchdog names the silent
+    rank, the next step's barrier names the lost node, and node 0 still writes what ran."""
+    out, port = tmp_path / "run", free_port()
+    argv = ["accept", "--profile", "cpu", "--nproc", "1", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
+    argv += ["--set", "runtime.heartbeat_interval_s=0.5", "--set", "runtime.heartbeat_timeout_s=3"]
+    argv += ["--set", "runtime.rendezvous_timeout_s=8"]
+    procs = [
+        subprocess.Popen(
+            [*GPUCERT, *argv, *node_flags(rank, port)],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    _worker_of_rank(psutil.Process(procs[1].pid), 1, 90)
+    time.sleep(3)
+    procs[1].kill()
+    killed = time.monotonic()
+    procs[0].communicate(timeout=90)
+    procs[1].communicate(timeout=10)
+    assert time.monotonic() - killed < 45
+    assert procs[0].returncode == 3
+    results = {r["name"]: r for r in load(out)["results"]}
+    host = socket.gethostname()
+    assert results["bench.matmul"]["status"] == "ERROR"
+    assert "rank 1 (" in results["bench.matmul"]["message"], results["bench.matmul"]["message"]
+    assert f"{host}[n1] (node rank 1)" in results["run.aborted"]["message"]
+    assert "node.xid" in results  # what ran before is still there
+    assert worker_processes() == []

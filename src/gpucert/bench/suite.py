@@ -70,8 +70,9 @@ def run_step(
     has_gpus: bool,
     workdir: Path,
     nvml: Any | None,
-) -> tuple[list[Result], list[Result]]:
-    """One benchmark across every node's agent: (judged results on node 0, this node's telemetry results)."""
+) -> tuple[list[Result], list[Result], str | None]:
+    """One benchmark across every node's agent: (judged results on node 0, this node's telemetry results,
+    why a node was lost during it, if one was)."""
     spec, env = bench_spec(name, config, profile, has_gpus)
     step_dir = workdir / name
     step_dir.mkdir(parents=True, exist_ok=True)
@@ -85,14 +86,15 @@ def run_step(
     finally:
         telemetry = telemetry_results(name, sampler, agent.label)
     if not agent.is_head:
-        return [], telemetry
+        return [], telemetry, step.lost
     if step.failure is not None:
-        return [
-            error_result(name, step.failure.node or agent.label, step.failure.message(), step.failure.node)
-        ], telemetry
-    if not out_path.exists():
-        return [error_result(name, agent.label, "rank 0 wrote no result", agent.label)], telemetry
-    return judge(name, json.loads(out_path.read_text()), config, profile), telemetry
+        failure = step.failure
+        judged = [error_result(name, failure.node or agent.label, failure.message(), failure.node)]
+    elif not out_path.exists():
+        judged = [error_result(name, agent.label, "rank 0 wrote no result", agent.label)]
+    else:
+        judged = judge(name, json.loads(out_path.read_text()), config, profile)
+    return judged, telemetry, step.lost
 
 
 def run_in_ranks(

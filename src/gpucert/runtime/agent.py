@@ -37,6 +37,8 @@ class StepResult:
     ok: bool
     failure: AbortRecord | None = None
     logs: list[Path] = field(default_factory=list)
+    # Set when a node did not come back from the step: the run cannot go on with the next one.
+    lost: str | None = None
 
 
 @dataclass
@@ -233,8 +235,14 @@ class NodeAgent:
             first = outcome.first_failure
             failure = AbortRecord(who=f"node {self.label}", cause=first.cause if first else "failed", phase=name)
         # Every node's workers of this step are gone before the next starts (a late one would join it).
-        self.barrier(f"{prefix}/end", self.config.rendezvous_timeout_s + self.config.kill_grace_s)
-        return StepResult(ok=outcome.ok and failure is None, failure=failure, logs=[e.log for e in outcome.exits])
+        lost = None
+        try:
+            self.barrier(f"{prefix}/end", self.config.rendezvous_timeout_s + self.config.kill_grace_s)
+        except RendezvousError as exc:
+            lost = str(exc)
+            failure = failure or AbortRecord(who=f"node {self.label}", cause=lost, phase=name)
+        logs = [e.log for e in outcome.exits]
+        return StepResult(ok=outcome.ok and failure is None, failure=failure, logs=logs, lost=lost)
 
     def _describe(self, job: Any, rank: int, local_rank: int) -> str:
         if job.check([f"rank/{rank}"]):

@@ -25,16 +25,13 @@ import torch.distributed as dist
 from gpucert.config.loader import ConfigError
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.device import gpu_uuid_and_index, pick_ordinal
+from gpucert.runtime.errors import RendezvousError
 from gpucert.runtime.identity import RankIdentity, relabel
 from gpucert.runtime.launch_env import RankEnv, read_rank_env
 
 # Exit code of a rank that stopped because another rank failed (the job's verdict: ERROR, nothing judged).
 ABORTED_EXIT = 3
 POLL_S = 0.2
-
-
-class RendezvousError(RuntimeError):
-    """Not every rank or node joined in time; the message names the missing ones and the address."""
 
 
 @dataclass(frozen=True)
