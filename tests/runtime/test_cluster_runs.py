@@ -297,3 +297,36 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     assert f"{host}[n1] (node rank 1)" in results["run.aborted"]["message"]
     assert "node.xid" in results  # what ran before is still there
     assert worker_processes() == []
+
+
+def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_path: Path) -> None:
+    """Every rank runs `gpucert accept` in one process group; rank 1 is SIGKILLed during matmul. Rank 0's
+    watchdog names it, writes what ran (health of both nodes) with the cause, and every node exits."""
+    port, out = free_port(), tmp_path / "run"
+    procs = []
+    for node in (0, 1):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
+        argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+        argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
+        argv += ["--set", "runtime.heartbeat_interval_s=0.5", "--set", "runtime.heartbeat_timeout_s=3"]
+        procs.append(subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 90
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        for child in psutil.Process(procs[1].pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == "1" and "accept" in child.cmdline():
+                    victim = child
+            except psutil.Error:
+                continue
+        time.sleep(0.5)
+    assert victim is not None
+    time.sleep(8)  # past the rendezvous and the node checks: in the matmul warm-up
+    victim.kill()
+    killed = time.monotonic()
+    outputs = [p.communicate(timeout=90) for p in procs]
+    assert time.monotonic() - killed < 30
+    assert procs[0].returncode != 0 and procs[1].returncode != 0
+    assert "rank 1 (" in outputs[0][1] and "no heartbeat" in outputs[0][1], outputs[0][1][-2000:]
+    results = {r["name"]: r for r in load(out)["results"]}
+    assert results["run.aborted"]["status"] == "ERROR" and "rank 1 (" in results["run.aborted"]["message"]
