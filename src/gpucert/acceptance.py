@@ -303,7 +303,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             message=f"the run stopped: {record.message()}",
             remediation="look at that rank's output and node; nothing after this point was judged",
         )
-        report = build_report(request, started, t0, work, [work.part()], [*done, failed])
+        parts = _read_parts(rt, request.benchmarks, wait=False) or [work.part()]
+        report = build_report(request, started, t0, work, parts, [*done, failed])
         path = write_report(report, output_dir(request, work, started))
         say(f"partial report written to {path}")
 
@@ -353,16 +354,21 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     return outcome
 
 
-def _read_parts(rt: Any, benchmarks: list[str]) -> list[dict[str, Any]]:
+def _read_parts(rt: Any, benchmarks: list[str], wait: bool = True) -> list[dict[str, Any]]:
+    """Every node's checks and telemetry from the job's store; wait=False takes only what is there (a run that
+    stopped part-way: the nodes and benchmarks that got that far)."""
     from datetime import timedelta
 
-    wait = timedelta(seconds=rt.config.collective_timeout_s)
     parts = []
     for node in range(rt.num_nodes):
         keys = [f"part/{node}"] + [f"telemetry/{name}/{node}" for name in benchmarks]
-        rt.store.wait(keys, wait)
+        if wait:
+            rt.store.wait(keys, timedelta(seconds=rt.config.collective_timeout_s))
+        elif not rt.store.check(keys[:1]):
+            continue
         part = json.loads(rt.store.get(keys[0]))
         for key in keys[1:]:
-            part["results"] += json.loads(rt.store.get(key))
+            if wait or rt.store.check([key]):
+                part["results"] += json.loads(rt.store.get(key))
         parts.append(part)
     return parts

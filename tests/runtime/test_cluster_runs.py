@@ -328,5 +328,8 @@ def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_
     assert time.monotonic() - killed < 30
     assert procs[0].returncode != 0 and procs[1].returncode != 0
     assert "rank 1 (" in outputs[0][1] and "no heartbeat" in outputs[0][1], outputs[0][1][-2000:]
-    results = {r["name"]: r for r in load(out)["results"]}
+    report = load(out)
+    results = {r["name"]: r for r in report["results"]}
     assert results["run.aborted"]["status"] == "ERROR" and "rank 1 (" in results["run.aborted"]["message"]
+    host = socket.gethostname()
+    assert {r["node"] for r in report["results"] if r["name"] == "node.xid"} == {f"{host}[n0]", f"{host}[n1]"}
