@@ -94,6 +94,20 @@ def _replace_word(text: str, old: str, new: str) -> str:
     return re.sub(rf"(?<![\w.\[-]){re.escape(old)}(?![\w\[])", lambda _m: new, text)
 
 
+def with_gpu_uuids(results: list[Result], nodes: dict[str, dict[str, Any]]) -> list[Result]:
+    """Every result about one GPU carries that GPU's UUID in its details (the name that survives a reboot
+    renumbering and an RMA ticket), looked up in its node's inventory by NVML index."""
+    uuids: dict[tuple[str | None, int], str | None] = {
+        (label, gpu["index"]): gpu.get("uuid") for label, inv in nodes.items() for gpu in inv.get("gpus", [])
+    }
+    return [
+        dataclasses.replace(r, details={**r.details, "uuid": uuids[(r.node, r.gpu_index)]})
+        if r.gpu_index is not None and "uuid" not in r.details and uuids.get((r.node, r.gpu_index))
+        else r
+        for r in results
+    ]
+
+
 def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> RunConfig:
     config = load_config(RunConfig, request.config_path, request.overrides, base=base)
     problems = config.runtime.problems()
@@ -148,6 +162,7 @@ def build_report(
     """One report: every node's part (inventory, results) and the results about the whole job."""
     results = [Result.from_dict(r) for part in parts for r in part["results"]] + job_results
     nodes = {part["label"]: part["inventory"] for part in parts}
+    results = with_gpu_uuids(results, nodes)
     if len(parts) > 1:
         from gpucert.report.cluster import cluster_results
 

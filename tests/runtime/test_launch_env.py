@@ -169,3 +169,14 @@ def test_runtime_timeouts_must_bound_every_wait() -> None:
         "runtime.heartbeat_timeout_s (2) must be at least 3 x runtime.heartbeat_interval_s (1), "
         "or one late beat kills the job",
     ]
+
+
+def test_every_gpu_result_carries_its_gpus_uuid() -> None:
+    from gpucert.acceptance import with_gpu_uuids
+
+    nodes = {"a": {"gpus": [{"index": 0, "uuid": "GPU-a0"}]}, "b": {"gpus": [{"index": 0, "uuid": "GPU-b0"}]}}
+    mm = Result("matmul.bf16.max", "b GPU 0", Status.PASS, "ok", gpu_index=0, node="b")
+    known = Result("gpu.ecc", "a GPU 0", Status.PASS, "ok", gpu_index=0, node="a", details={"uuid": "GPU-x"})
+    node = Result("node.xid", "a", Status.PASS, "ok", node="a")
+    placed = with_gpu_uuids([mm, known, node], nodes)
+    assert [r.details.get("uuid") for r in placed] == ["GPU-b0", "GPU-x", None]
