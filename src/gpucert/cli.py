@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     capture = verbs.add_parser("capture", help="save raw hardware answers as a bundle for --replay and support")
     capture.add_argument("--output", "-o", type=Path, required=True, help="bundle directory to create")
     verbs.add_parser("profiles", help="list built-in hardware profiles")
+    # Parsed by gpucert.launch.command (its unknown options pass through to the launched verb).
+    verbs.add_parser("launch", help="a multi-node job: Slurm (submitted and followed), torchrun commands, Kubernetes")
     finetune = verbs.add_parser("finetune", help="LoRA fine-tuning (offline default: tiny model, bundled data)")
     finetune.add_argument("stage", nargs="?", choices=["prepare"], help="prepare: build the data cache only")
     commands.add_arguments(finetune)
@@ -228,6 +230,21 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     return report.status.exit_code
 
 
+def run_launch(argv: list[str]) -> int:
+    from gpucert.launch import command
+    from gpucert.launch.slurm import SlurmError
+
+    console = Console(stderr=True, highlight=False, markup=False)
+    try:
+        return command.run(argv, _Parser, lambda line: console.print(line, style="dim"))
+    except (ConfigError, SlurmError, ValueError) as exc:
+        print(f"gpucert launch: error: {exc}", file=sys.stderr)
+        return ERROR_EXIT
+    except KeyboardInterrupt:
+        print("gpucert launch: interrupted (a submitted job keeps running: scancel it)", file=sys.stderr)
+        return 130
+
+
 def run_merge(args: argparse.Namespace, console: Console) -> int:
     from gpucert.report.cluster import write_merged
     from gpucert.report.terminal import print_report
@@ -242,6 +259,9 @@ def run_merge(args: argparse.Namespace, console: Console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:
+        return run_launch(argv[1:])
     args = build_parser().parse_args(argv)
     # No markup: node labels (`host[n1]`), messages and paths are shown as they are, never read as rich tags.
     console = Console(stderr=False, highlight=False, markup=False)

@@ -67,10 +67,29 @@ class VirtualizationHints:
 
 
 @dataclass(frozen=True)
+class NetworkSettings:
+    """How NCCL and gloo were told to talk: `gpucert launch --preset` names and every variable in effect."""
+
+    presets: tuple[str, ...]
+    variables: dict[str, str]
+
+
+# Variables that change which transport, interface or algorithm a collective takes.
+_NETWORK_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG", "UCX_", "FI_")
+
+
+def parse_network_env(env: Mapping[str, str]) -> NetworkSettings:
+    presets = tuple(p for p in env.get("GPUCERT_NETWORK_PRESETS", "").split(",") if p)
+    variables = {k: v for k, v in sorted(env.items()) if k.startswith(_NETWORK_PREFIXES)}
+    return NetworkSettings(presets, variables)
+
+
+@dataclass(frozen=True)
 class RuntimeEnvironment:
     slurm: SlurmContext | None
     kubernetes: KubernetesContext | None
     virtualization: VirtualizationHints
+    network: NetworkSettings = NetworkSettings((), {})
 
 
 def _first(env: Mapping[str, str], *names: str) -> str | None:
@@ -187,4 +206,5 @@ def collect_environment(root: Path = Path("/"), env: Mapping[str, str] | None = 
         slurm=parse_slurm_env(env),
         kubernetes=parse_kubernetes_env(env, read_text(root / _K8S_NAMESPACE_FILE)),
         virtualization=parse_virtualization(files, env),
+        network=parse_network_env(env),
     )

@@ -1,0 +1,212 @@
+"""`gpucert launch {slurm,torchrun,k8s} VERB [options] [options of VERB]`: options launch does not know go to
+the launched verb unchanged, e.g.
+
+    gpucert launch slurm accept --nodes 2 --gpus-per-node 0 --profile cpu --output /shared/run --dry-run
+    gpucert launch slurm finetune --nodes 2 --gpus-per-node 8 --config configs/finetune/qwen2-7b-glaive.yaml
+    gpucert launch torchrun accept --nodes 2 --head node-a
+    gpucert launch k8s accept --nodes 2 --gpus-per-node 8 --image registry/gpucert:0.1 --pvc shared > job.yaml
+
+Slurm without --dry-run submits, follows the job (state, nodes), and exits with the verdict of the report the
+job wrote (3 with every node's log tail when it wrote none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpucert.launch import k8s, slurm, torchrun
+from gpucert.launch.presets import preset_env
+from gpucert.status import Status
+
+ERROR_EXIT = Status.ERROR.exit_code
+
+
+def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = parser_class(prog="gpucert launch", description="Render or submit a multi-node gpucert job.")
+    backends = parser.add_subparsers(dest="backend", required=True, parser_class=parser_class)
+    helps = {
+        "slurm": "an sbatch job: one task per node; submitted and followed unless --dry-run",
+        "torchrun": "the command for every node of a cluster without a scheduler",
+        "k8s": "an indexed Job with a headless Service (YAML on stdout)",
+    }
+    for name, text in helps.items():
+        p = backends.add_parser(name, help=text, description=text)
+        p.add_argument("verb", choices=slurm.VERBS)
+        p.add_argument("--nodes", type=int, required=True, help="nodes in the job")
+        p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (0: a CPU job, gloo)")
+        p.add_argument("--preset", action="append", default=[], help="network preset (ib, roce, socket, debug)")
+        p.add_argument("--iface", help="network interface of the socket preset (NCCL_SOCKET_IFNAME)")
+        p.add_argument("--port", type=int, help="node rank 0's rendezvous port")
+        p.add_argument("--rendezvous-timeout", type=float, default=120.0, help="seconds nodes have to meet")
+    s = backends.choices["slurm"]
+    for flag in ("--partition", "--account", "--reservation", "--time", "--mem", "--container-image"):
+        s.add_argument(flag)
+    s.add_argument("--cpus-per-task", type=int)
+    s.add_argument("--venv", help="a virtual environment every node activates (on the shared filesystem)")
+    s.add_argument("--setup", action="append", default=[], help="a shell line every node runs first")
+    s.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
+    s.add_argument("--follow-timeout", type=float, help="seconds to follow the job (default: --time + 10 min, or 24 h)")
+    backends.choices["torchrun"].add_argument("--head", required=True, help="node rank 0's address")
+    k = backends.choices["k8s"]
+    k.add_argument("--image", required=True, help="container image with gpucert installed")
+    k.add_argument("--name", help="Job name (default gpucert-VERB)")
+    k.add_argument("--pvc", help="PersistentVolumeClaim of the shared filesystem")
+    k.add_argument("--mount", default="/shared", help="where the shared volume is mounted")
+    return parser
+
+
+def _value_of(args: list[str], *flags: str) -> str | None:
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(f"{flag}="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _verb_args(verb: str, rest: list[str]) -> list[str]:
+    """The launched verb's own options; fine-tuning's entry point takes its config as a positional."""
+    if verb != "finetune":
+        return rest
+    out: list[str] = []
+    i = 0
+    while i < len(rest):
+        if rest[i] == "--config" and i + 1 < len(rest):
+            out.insert(0, rest[i + 1])
+            i += 2
+            continue
+        if rest[i].startswith("--config="):
+            out.insert(0, rest[i].split("=", 1)[1])
+        else:
+            out.append(rest[i])
+        i += 1
+    return out
+
+
+def _with_run_dir(verb: str, rest: list[str]) -> tuple[list[str], str]:
+    """The verb's output directory (made absolute: every node must find the same path), added when absent."""
+    flags = ("--output-dir",) if verb == "finetune" else ("--output", "-o")
+    given = _value_of(rest, *flags)
+    if given is not None:
+        return rest, str(Path(given).absolute())
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = str(Path("runs", f"{stamp}-launch-{verb}").absolute())
+    return [*rest, flags[0], run_dir], run_dir
+
+
+def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Callable[[str], None]) -> int:
+    args, rest = build_parser(parser_class).parse_known_args(argv)
+    env = preset_env(args.preset, args.iface)
+    if args.backend == "torchrun":
+        port = args.port or 29500
+        commands = torchrun.node_commands(
+            args.verb,
+            tuple(_verb_args(args.verb, rest)),
+            args.nodes,
+            args.head,
+            port,
+            args.gpus_per_node,
+            env,
+            args.rendezvous_timeout,
+        )
+        print(torchrun.render_commands(commands, args.head), end="")
+        return 0
+    if args.backend == "k8s":
+        print(
+            k8s.render_manifests(
+                args.verb,
+                tuple(_verb_args(args.verb, rest)),
+                args.nodes,
+                args.gpus_per_node,
+                args.image,
+                args.name or f"gpucert-{args.verb}",
+                args.port or 29500,
+                env,
+                args.pvc,
+                args.mount,
+                args.rendezvous_timeout,
+            ),
+            end="",
+        )
+        return 0
+    rest, run_dir = _with_run_dir(args.verb, rest)
+    setup = ([f"source {shlex.quote(args.venv)}/bin/activate"] if args.venv else []) + list(args.setup)
+    job = slurm.SlurmJob(
+        verb=args.verb,
+        args=tuple(_verb_args(args.verb, rest)),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        run_dir=run_dir,
+        cpus_per_task=args.cpus_per_task,
+        mem=args.mem,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        reservation=args.reservation,
+        setup=tuple(setup),
+        container_image=args.container_image,
+        env=env,
+        port=args.port,
+        rendezvous_timeout_s=args.rendezvous_timeout,
+    )
+    script = slurm.render_sbatch(job)  # refuses bad values before anything is written or submitted
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    return _submit_and_follow(job, script, _follow_timeout(args), say)
+
+
+def _follow_timeout(args: argparse.Namespace) -> float:
+    if args.follow_timeout is not None:
+        return float(args.follow_timeout)
+    if args.time:
+        return _slurm_minutes(args.time) * 60 + 600
+    return 24 * 3600.0
+
+
+def _slurm_minutes(spec: str) -> float:
+    """sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    days, _, clock = spec.rpartition("-")
+    parts = [float(p) for p in clock.split(":")]
+    if days:
+        hours, minutes, seconds = [*parts, 0.0, 0.0][:3]
+        return float(days) * 1440 + hours * 60 + minutes + seconds / 60
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return parts[0] + parts[1] / 60
+    return parts[0] * 60 + parts[1] + parts[2] / 60
+
+
+def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: Callable[[str], None]) -> int:
+    run_dir = Path(job.run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    path = run_dir / "job.sbatch"
+    path.write_text(script)
+    job_id = slurm.submit(path)
+    say(f"submitted job {job_id} ({path}); logs in {run_dir / 'logs'}")
+    record = slurm.follow(job_id, timeout_s, say)
+    state, exit_code = record.get("JobState", "?"), record.get("ExitCode", "?")
+    if job.verb in slurm.JUDGED_VERBS:
+        report = run_dir / "report.json"
+        if report.exists():
+            from gpucert.report.store import load_report
+
+            verdict = load_report(report).status
+            say(f"job {job_id} {state} (exit {exit_code}); verdict {verdict.value}: {report}")
+            return verdict.exit_code
+    else:
+        metrics = run_dir / "metrics.json"
+        if state == "COMPLETED" and metrics.exists():
+            status = Status(json.loads(metrics.read_text())["status"])
+            say(f"job {job_id} COMPLETED; fine-tuning {status.value}: {metrics}")
+            return status.exit_code
+    say(f"job {job_id} ended {state} (exit {exit_code}) without a result; the nodes' logs end:")
+    say(slurm.log_tails(run_dir))
+    return ERROR_EXIT

@@ -1,0 +1,239 @@
+"""`gpucert launch slurm VERB`: the sbatch script from a dataclass, submitted and followed to a verdict.
+
+The script runs one task per node (`srun --ntasks-per-node=1 --kill-on-bad-exit=1`): for accept, health and
+bench that task is gpucert's node agent, which reads its node rank from SLURM_NODEID and starts the node's GPU
+workers; for finetune it is a torchrun agent (static rendezvous, node rank SLURM_NODEID). Node rank 0's address
+is resolved inside the job (the allocation's first host). `set -euo pipefail` and `exit $rc` carry srun's status
+to the job's.
+
+Values go two ways: #SBATCH directives are parsed by sbatch, not a shell, so their values must be plain
+(letters, digits and `_.,:@%+=/-`, refused otherwise before anything is submitted); everything in the shell body
+is quoted with shlex, so `--output '/shared/$(touch x)'` stays a directory name.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gpucert
+from gpucert.config.loader import ConfigError
+
+# Values sbatch reads from #SBATCH lines: no whitespace, quotes, `$`, backticks or `;`.
+_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
+# Job states after which a job changes no more (squeue(1) "JOB STATE CODES").
+FINAL_STATES = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+}
+JUDGED_VERBS = ("accept", "health", "bench")
+VERBS = (*JUDGED_VERBS, "finetune")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    verb: str
+    # Passed through to the verb unchanged (after quoting): --profile cpu, --config x.yaml, --set k=v ...
+    args: tuple[str, ...]
+    nodes: int
+    gpus_per_node: int
+    # On the shared filesystem: the report (or fine-tuning run) and every node's log under logs/.
+    run_dir: str
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    reservation: str | None = None
+    # Shell lines every node runs first (a venv's activate, module loads); the user's own commands, as typed.
+    setup: tuple[str, ...] = ()
+    # pyxis/enroot image for srun --container-image; the run directory is mounted at the same path.
+    container_image: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    # None: 20000 + job id % 20000, so two jobs on one node do not collide.
+    port: int | None = None
+    rendezvous_timeout_s: float = 120.0
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.verb not in VERBS:
+            found.append(f"verb {self.verb!r}: expected one of {', '.join(VERBS)}")
+        if self.nodes < 1:
+            found.append(f"--nodes must be >= 1, found {self.nodes}")
+        if self.gpus_per_node < 0:
+            found.append(f"--gpus-per-node must be >= 0, found {self.gpus_per_node}")
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            found.append(f"--cpus-per-task must be >= 1, found {self.cpus_per_task}")
+        if self.port is not None and not 0 < self.port < 65536:
+            found.append(f"--port must be in 1..65535, found {self.port}")
+        for flag, value in (
+            ("--mem", self.mem),
+            ("--time", self.time),
+            ("--partition", self.partition),
+            ("--account", self.account),
+            ("--reservation", self.reservation),
+            ("--container-image", self.container_image),
+        ):
+            if value is not None and not _DIRECTIVE_VALUE.match(value):
+                found.append(
+                    f"{flag} {value!r}: sbatch reads it unquoted from an #SBATCH line, so it may hold only "
+                    "letters, digits and _.,:@%+=/-"
+                )
+        if not self.run_dir.startswith("/"):
+            found.append(f"run directory {self.run_dir!r} must be absolute (on the filesystem every node shares)")
+        for key in self.env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                found.append(f"environment variable name {key!r} is not a shell name")
+        return found
+
+
+def _directives(job: SlurmJob) -> list[str]:
+    lines = [
+        f"--job-name=gpucert-{job.verb}",
+        f"--nodes={job.nodes}",
+        "--ntasks-per-node=1",
+        f"--output={job.run_dir}/logs/slurm-%j.out",
+    ]
+    if job.gpus_per_node:
+        # Acceptance and training want whole nodes: nothing else may share the GPUs, NICs or memory bandwidth.
+        lines += [f"--gpus-per-node={job.gpus_per_node}", "--exclusive"]
+    for flag, value in (
+        ("cpus-per-task", job.cpus_per_task),
+        ("mem", job.mem),
+        ("time", job.time),
+        ("partition", job.partition),
+        ("account", job.account),
+        ("reservation", job.reservation),
+    ):
+        if value is not None:
+            lines.append(f"--{flag}={value}")
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def _task_command(job: SlurmJob) -> str:
+    """What srun runs on every node, quoted for the batch script's shell."""
+    if job.verb in JUDGED_VERBS:
+        # gpucert's node agent: node rank from SLURM_NODEID, node 0's address from MASTER_ADDR below.
+        argv = ["gpucert", job.verb, *job.args]
+        return shlex.join(argv)
+    nproc = job.gpus_per_node or 1
+    torchrun = [
+        "torchrun",
+        f"--nnodes={job.nodes}",
+        f"--nproc-per-node={nproc}",
+        f"--rdzv-conf=timeout={int(job.rendezvous_timeout_s)}",
+        "-m",
+        "gpucert.finetune.train",
+        *job.args,
+    ]
+    # The node rank and the head's address differ per task: expanded in the task's shell, not the batch's.
+    inner = (
+        'exec torchrun --node-rank="$SLURM_NODEID" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" '
+        + shlex.join(torchrun[1:])
+    )
+    return f"bash -c {shlex.quote(inner)}"
+
+
+def render_sbatch(job: SlurmJob) -> str:
+    problems = job.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    run_dir = shlex.quote(job.run_dir)
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--output={job.run_dir}/logs/%N.log"]
+    if job.container_image:
+        srun += [f"--container-image={job.container_image}", f"--container-mounts={job.run_dir}:{job.run_dir}"]
+    port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 20000))"
+    lines = [
+        "#!/bin/bash",
+        f"# gpucert launch slurm {job.verb}, rendered by gpucert {gpucert.__version__}: submit with sbatch;",
+        f"# every node's output goes to {job.run_dir}/logs/<node>.log.",
+        *_directives(job),
+        "set -euo pipefail",
+        f"mkdir -p {run_dir}/logs",
+        *job.setup,
+        *(f"export {key}={shlex.quote(value)}" for key, value in job.env.items()),
+        "# Node rank 0's address, resolved inside the job: the allocation's first host.",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"MASTER_PORT={port}",
+        "export MASTER_ADDR MASTER_PORT",
+        "rc=0",
+        f"{shlex.join(srun)} {_task_command(job)} || rc=$?",
+        "exit $rc",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# Submission and following: a thin layer over sbatch and scontrol, with every wait bounded.
+
+
+class SlurmError(RuntimeError):
+    """sbatch or scontrol refused or failed: the message carries their own words."""
+
+
+def _run(argv: Sequence[str], timeout_s: float = 60.0) -> str:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError as exc:
+        raise SlurmError(f"{argv[0]} not found: is this a Slurm login node (slurm-client installed)?") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError(f"{shlex.join(argv)} gave no answer within {timeout_s:g} s: is slurmctld up?") from exc
+    if done.returncode != 0:
+        raise SlurmError(f"{shlex.join(argv[:2])}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+def submit(script: Path) -> str:
+    """The job id sbatch gives the script."""
+    return _run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+
+
+def parse_job(line: str) -> dict[str, str]:
+    """`scontrol show job -o` output (one line of Key=Value pairs) as a dict."""
+    fields: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def follow(job_id: str, timeout_s: float, say: Callable[[str], None], poll_s: float = 2.0) -> dict[str, str]:
+    """Poll the job until it ends (or timeout_s), saying every state change; its last scontrol record."""
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while True:
+        job = parse_job(_run(["scontrol", "show", "job", "-o", job_id]))
+        state = job.get("JobState", "UNKNOWN")
+        if state != seen:
+            nodes = job.get("NodeList", "")
+            say(f"job {job_id}: {state}" + (f" on {nodes}" if nodes and nodes != "(null)" else ""))
+            seen = state
+        if state in FINAL_STATES:
+            return job
+        if time.monotonic() > deadline:
+            raise SlurmError(
+                f"job {job_id} still {state} after {timeout_s:g} s (--follow-timeout); it keeps running: "
+                f"scancel {job_id} to stop it"
+            )
+        time.sleep(poll_s)
+
+
+def log_tails(run_dir: Path, lines: int = 12) -> str:
+    """The end of every node's log, for the operator when a job ended badly."""
+    parts = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"== {log}\n" + "\n".join(text))
+    return "\n".join(parts)

@@ -1,0 +1,50 @@
+"""`gpucert launch torchrun VERB`: the exact command for every node of a cluster without a scheduler.
+
+Start them in any order: node rank 0 serves the rendezvous; the others wait for it, and every wait is bounded
+(runtime.rendezvous_timeout_s for gpucert's agents, torchrun's --rdzv-conf timeout for fine-tuning), so a node
+that never comes is named instead of waited for.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from gpucert.config.loader import ConfigError
+from gpucert.launch.slurm import JUDGED_VERBS, VERBS
+
+
+def node_commands(
+    verb: str,
+    args: tuple[str, ...],
+    nodes: int,
+    head: str,
+    port: int,
+    gpus_per_node: int,
+    env: dict[str, str],
+    rendezvous_timeout_s: float,
+) -> list[str]:
+    """One shell command per node rank, quoted."""
+    if verb not in VERBS:
+        raise ConfigError(f"verb {verb!r}: expected one of {', '.join(VERBS)}")
+    if nodes < 1:
+        raise ConfigError(f"--nodes must be >= 1, found {nodes}")
+    prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+    commands = []
+    for rank in range(nodes):
+        if verb in JUDGED_VERBS:
+            argv = [*prefix, "gpucert", verb, "--nnodes", str(nodes), "--node-rank", str(rank)]
+            argv += ["--master-addr", head, "--master-port", str(port)]
+            argv += ["--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}", *args]
+        else:
+            argv = [*prefix, "torchrun", f"--nnodes={nodes}", f"--node-rank={rank}"]
+            argv += [f"--nproc-per-node={gpus_per_node or 1}", f"--master-addr={head}", f"--master-port={port}"]
+            argv += [f"--rdzv-conf=timeout={int(rendezvous_timeout_s)}", "-m", "gpucert.finetune.train", *args]
+        commands.append(shlex.join(argv))
+    return commands
+
+
+def render_commands(commands: list[str], head: str) -> str:
+    lines = [f"# {len(commands)} node(s); node rank 0 runs on {head}. Start them in any order."]
+    for rank, command in enumerate(commands):
+        lines += [f"# node rank {rank}", command]
+    return "\n".join(lines) + "\n"

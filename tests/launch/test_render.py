@@ -1,0 +1,176 @@
+"""What `gpucert launch` renders: sbatch scripts pinned as golden files, hostile values refused or inert,
+network presets, the per-node torchrun commands and the Kubernetes manifests, checked structurally."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpucert.cli import main
+from gpucert.config.loader import ConfigError
+from gpucert.launch import k8s, torchrun
+from gpucert.launch.command import _slurm_minutes
+from gpucert.launch.presets import preset_env
+from gpucert.launch.slurm import SlurmJob, parse_job, render_sbatch
+
+GOLDEN = Path(__file__).parents[1] / "fixtures" / "launch"
+
+
+def job(nodes: int, gpus: int = 8, **extra: object) -> SlurmJob:
+    fields: dict = dict(
+        verb="accept",
+        args=("--profile", "h200", "--output", "/shared/runs/accept"),
+        nodes=nodes,
+        gpus_per_node=gpus,
+        run_dir="/shared/runs/accept",
+        time="2:00:00",
+        partition="gpu",
+        setup=("source /shared/venv/bin/activate",),
+        env=preset_env(["ib"], None),
+    )
+    fields.update(extra)
+    return SlurmJob(**fields)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 16])
+def test_sbatch_scripts_match_the_golden_files(nodes: int) -> None:
+    """Regenerate with `python -c 'from tests.launch.test_render import regenerate; regenerate()'` and review."""
+    assert render_sbatch(job(nodes)) == (GOLDEN / f"accept-{nodes}-nodes.sbatch").read_text()
+
+
+def test_finetune_script_runs_torchrun_with_the_task_s_node_rank() -> None:
+    script = render_sbatch(job(2, verb="finetune", args=("cfg.yaml", "--output-dir", "/shared/ft")))
+    assert script == (GOLDEN / "finetune-2-nodes.sbatch").read_text()
+    # The node rank must be expanded by each task's shell, not once by the batch script.
+    assert 'bash -c \'exec torchrun --node-rank="$SLURM_NODEID"' in script
+
+
+def regenerate() -> None:
+    for nodes in (1, 2, 16):
+        (GOLDEN / f"accept-{nodes}-nodes.sbatch").write_text(render_sbatch(job(nodes)))
+    ft = job(2, verb="finetune", args=("cfg.yaml", "--output-dir", "/shared/ft"))
+    (GOLDEN / "finetune-2-nodes.sbatch").write_text(render_sbatch(ft))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("partition", "gpu$(touch x)"), ("account", "a b"), ("time", "1:00\n#SBATCH --uid=0"), ("mem", "`id`")],
+)
+def test_values_sbatch_reads_unquoted_are_refused_before_anything_runs(field: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        render_sbatch(job(2, **{field: value}))
+    assert f"--{field.replace('_', '-')} {value!r}" in str(info.value)
+
+
+def test_the_cli_refuses_a_hostile_partition_with_exit_3(capsys) -> None:
+    assert main(["launch", "slurm", "accept", "--nodes", "2", "--partition", "gpu$(touch x)", "--dry-run"]) == 3
+    assert "--partition 'gpu$(touch x)'" in capsys.readouterr().err
+
+
+def test_hostile_values_in_the_script_body_stay_inert(tmp_path: Path) -> None:
+    """The rendered script runs under a stand-in srun/scontrol that print their arguments: the values arrive
+    as written, and nothing of them was executed."""
+    marker = tmp_path / "x"
+    run_dir = str(tmp_path / "run $(touch x)")
+    hostile = SlurmJob(
+        verb="accept",
+        args=("--profile", f"cpu;touch {marker}", "--output", run_dir, "--set", "note=`touch x`"),
+        nodes=2,
+        gpus_per_node=0,
+        run_dir=run_dir,
+        env={"NCCL_SOCKET_IFNAME": f"eth0$(touch {marker})"},
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (
+        ("srun", 'for a in "$@"; do printf "%s\\n" "$a"; done; echo "IFNAME=$NCCL_SOCKET_IFNAME"'),
+        ("scontrol", "echo node1; echo node2"),
+    ):
+        path = bin_dir / name
+        path.write_text(f"#!/bin/bash\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(hostile))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]"}
+    env["SLURM_JOB_ID"] = "42"
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    assert f"cpu;touch {marker}" in printed and "note=`touch x`" in printed and run_dir in printed
+    assert f"IFNAME=eth0$(touch {marker})" in printed
+    assert not marker.exists() and not (tmp_path / "x").exists()
+    assert Path(run_dir, "logs").is_dir()  # the directory with the odd name was made, as named
+
+
+def test_presets_apply_in_order_and_say_what_is_missing() -> None:
+    env = preset_env(["socket", "debug"], "ens5")
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "ens5"
+    assert env["NCCL_DEBUG"] == "INFO" and env["GPUCERT_NETWORK_PRESETS"] == "socket,debug"
+    with pytest.raises(ConfigError, match="needs --iface"):
+        preset_env(["socket"], None)
+    with pytest.raises(ConfigError, match="unknown; known: infiniband, roce, socket, debug, ib"):
+        preset_env(["rdma"], None)
+
+
+def test_torchrun_commands_name_every_node_rank_and_bound_the_wait() -> None:
+    commands = torchrun.node_commands("accept", ("--profile", "h200"), 3, "node-a", 29500, 8, {}, 60)
+    assert len(commands) == 3
+    for rank, command in enumerate(commands):
+        assert f"--nnodes 3 --node-rank {rank} --master-addr node-a --master-port 29500" in command
+        assert "--set runtime.rendezvous_timeout_s=60" in command
+    [ft] = torchrun.node_commands("finetune", ("cfg.yaml",), 1, "h", 1234, 4, {"NCCL_DEBUG": "INFO"}, 30)
+    assert ft.startswith("env NCCL_DEBUG=INFO torchrun --nnodes=1 --node-rank=0 --nproc-per-node=4")
+    assert "--rdzv-conf=timeout=30 -m gpucert.finetune.train cfg.yaml" in ft
+
+
+def test_kubernetes_manifests_are_an_indexed_job_behind_a_headless_service() -> None:
+    text = k8s.render_manifests(
+        "accept",
+        ("--profile", "h200"),
+        4,
+        8,
+        "reg/gpucert:1",
+        "acc",
+        29400,
+        {"NCCL_DEBUG": "INFO"},
+        "data",
+        "/shared",
+        90,
+    )
+    service, job_ = yaml.safe_load_all(text)
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"job-name": "acc"}
+    spec = job_["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
+        "Indexed",
+        4,
+        4,
+        0,
+    )
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"]
+    [container] = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["MASTER_ADDR"] == f"acc-0.{service['metadata']['name']}" and env["GPUCERT_NNODES"] == "4"
+    assert env["NCCL_DEBUG"] == "INFO" and container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert container["command"][:2] == ["gpucert", "accept"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"dshm": "/dev/shm", "shared": "/s"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["shared"]["persistentVolumeClaim"] == {"claimName": "data"}
+    with pytest.raises(ConfigError, match="a Kubernetes name"):
+        k8s.render_manifests("accept", (), 2, 8, "img", "Bad_Name", 1, {}, None, "/s", 1)
+
+
+def test_scontrol_records_and_time_limits_are_read() -> None:
+    job_ = parse_job(
+        "JobId=7 JobName=gpucert-accept JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0 NodeList=n[1-2]"
+    )
+    assert (job_["JobState"], job_["ExitCode"], job_["NodeList"]) == ("FAILED", "3:0", "n[1-2]")
+    assert [_slurm_minutes(t) for t in ("30", "10:30", "1:00:00", "1-02", "1-00:30:00")] == [30, 10.5, 60, 1560, 1470]
