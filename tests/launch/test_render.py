@@ -160,7 +160,7 @@ def test_kubernetes_manifests_are_an_indexed_job_behind_a_headless_service() -> 
     assert env["NCCL_DEBUG"] == "INFO" and container["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert container["command"][:2] == ["gpucert", "accept"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts == {"dshm": "/dev/shm", "shared": "/s"}
+    assert mounts == {"dshm": "/dev/shm", "shared": "/shared"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["shared"]["persistentVolumeClaim"] == {"claimName": "data"}
