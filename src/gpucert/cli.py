@@ -20,8 +20,11 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -30,6 +33,9 @@ from gpucert.bench.catalog import BENCHMARKS
 from gpucert.config.loader import ConfigError
 from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.status import Status
+
+if TYPE_CHECKING:
+    from gpucert.acceptance import RunOutcome
 
 ERROR_EXIT = Status.ERROR.exit_code
 
@@ -106,6 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     capture = verbs.add_parser("capture", help="save raw hardware answers as a bundle for --replay and support")
     capture.add_argument("--output", "-o", type=Path, required=True, help="bundle directory to create")
     verbs.add_parser("profiles", help="list built-in hardware profiles")
+    cluster = verbs.add_parser("cluster", help="checks of the cluster around the GPUs")
+    cluster_checks = cluster.add_subparsers(dest="check", required=True, parser_class=_Parser)
+    slurm = cluster_checks.add_parser(
+        "slurm", parents=[common], help="Slurm smoke checks: controller, partitions, nodes, a job's resources"
+    )
+    slurm.add_argument("--partition", help="partition the test jobs go to (default: the default partition)")
+    slurm.add_argument("--cpus", type=int, default=1, help="CPUs the probe step asks for (--cpus-per-task)")
+    slurm.add_argument("--gpus", type=int, default=0, help="GPUs the probe step asks for (--gpus-per-node)")
+    slurm.add_argument("--mem", type=int, default=256, help="MB the probe step asks for (--mem)")
+    slurm.add_argument("--timeout", type=float, default=120.0, help="seconds each Slurm command may take")
+    slurm.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # what the probe step runs
     # Parsed by gpucert.launch.command (its unknown options pass through to the launched verb).
     verbs.add_parser("launch", help="a multi-node job: Slurm (submitted and followed), torchrun commands, Kubernetes")
     finetune = verbs.add_parser("finetune", help="LoRA fine-tuning (offline default: tiny model, bundled data)")
@@ -179,10 +196,10 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
     return _show(outcome, args, console)
 
 
-def _show(outcome: object, args: argparse.Namespace, console: Console) -> int:
+def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> int:
     from gpucert.report.terminal import print_report
 
-    report, path, code = outcome.report, outcome.path, outcome.exit_code  # type: ignore[attr-defined]
+    report, path, code = outcome.report, outcome.path, outcome.exit_code
     if report is not None:
         if args.json:
             print(json.dumps(report.to_dict(), indent=1))
@@ -228,6 +245,30 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     else:
         print_report(report, console, show_inventory=True, report_path=None)
     return report.status.exit_code
+
+
+def run_cluster(args: argparse.Namespace, console: Console) -> int:
+    from gpucert.acceptance import RunOutcome, RunRequest, build_report, collect_node, output_dir
+    from gpucert.cluster import slurm_checks
+    from gpucert.report.store import write_report
+
+    if args.probe:
+        print(json.dumps(slurm_checks.probe()))
+        return 0
+    for name in ("cpus", "mem", "timeout"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name} must be > 0, found {getattr(args, name)}")
+    if args.gpus < 0:
+        raise ConfigError(f"--gpus must be >= 0, found {args.gpus}")
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
+    request = RunRequest("cluster slurm", [], args.config, overrides, args.output, None, ["gpucert", *sys.argv[1:]])
+    work = collect_node(request)
+    here = [sys.executable, "-m", "gpucert"]
+    results = slurm_checks.run_checks(args.partition, args.cpus, args.gpus, args.mem, args.timeout, here)
+    report = build_report(request, started, t0, work, [work.part()], results)
+    path = write_report(report, output_dir(request, work, started))
+    return _show(RunOutcome(report, path, report.status.exit_code), args, console)
 
 
 def run_launch(argv: list[str]) -> int:
@@ -284,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             return commands.evaluate(args)
         if args.verb == "report":
             return run_report(args, console)
+        if args.verb == "cluster":
+            return run_cluster(args, console)
         if args.verb == "profiles":
             for name in available_profiles():
                 profile = load_profile(name)

@@ -1,0 +1,299 @@
+"""`gpucert cluster slurm`: does Slurm work, and does a job get what it asks for? Judged like any report.
+
+Collect (scontrol, sinfo, srun, sbatch), parse (pure: the text those print), judge (pure):
+- the controller answers `scontrol ping`;
+- every partition is UP, every node is usable (a drained, down or failing node FAILs with its reason);
+- a one-node step with `--cpus-per-task`, `--mem` and `--gpus-per-node` gets them: the probe it runs
+  (`gpucert cluster slurm --probe`) reports its CPU affinity, CUDA_VISIBLE_DEVICES and cgroup memory limit;
+- `sbatch --wait` runs a batch job to completion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpucert.report.schema import Result
+from gpucert.status import Status
+
+# A node in any of these states cannot run jobs (sinfo(1) "NODE STATE CODES"; flags joined with '+').
+BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "INVALID", "MAINT", "REBOOT_REQUESTED", "POWERED_DOWN")
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str
+    reason: str | None
+    partitions: str | None
+    cpus: int | None
+    memory_mb: int | None
+
+
+def _fields(line: str) -> dict[str, str]:
+    """One `scontrol show ... -o` line as Key=Value pairs; Reason (free text, last) is kept whole."""
+    line, _, reason = line.partition(" Reason=")
+    fields = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    if reason:
+        fields["Reason"] = reason.strip()
+    return fields
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def parse_nodes(text: str) -> list[SlurmNode]:
+    nodes = []
+    for line in text.splitlines():
+        f = _fields(line)
+        if "NodeName" in f:
+            nodes.append(
+                SlurmNode(
+                    name=f["NodeName"],
+                    state=f.get("State", "UNKNOWN"),
+                    reason=f.get("Reason") or None,
+                    partitions=f.get("Partitions"),
+                    cpus=_int(f.get("CPUTot")),
+                    memory_mb=_int(f.get("RealMemory")),
+                )
+            )
+    return nodes
+
+
+def parse_partitions(text: str) -> list[dict[str, str]]:
+    return [f for f in (_fields(line) for line in text.splitlines()) if "PartitionName" in f]
+
+
+def judge_controller(ping: str | None, error: str | None) -> Result:
+    base: dict[str, Any] = dict(name="slurm.controller", subject="slurmctld", category="cluster")
+    if ping is None:
+        return Result(**base, status=Status.ERROR, message=f"could not ask the controller: {error}")
+    up = re.search(r"is UP", ping) is not None
+    return Result(
+        **base,
+        status=Status.PASS if up else Status.FAIL,
+        expected="UP",
+        threshold_source="fixed: the controller answers",
+        message=ping.strip().splitlines()[0] if ping.strip() else "no answer",
+        remediation=None if up else "start slurmctld (systemctl start slurmctld) and check its log",
+    )
+
+
+def judge_partitions(partitions: list[dict[str, str]]) -> list[Result]:
+    results = []
+    for p in partitions:
+        up = p.get("State") == "UP"
+        results.append(
+            Result(
+                name="slurm.partition",
+                subject=p["PartitionName"],
+                category="cluster",
+                status=Status.PASS if up else Status.FAIL,
+                value=p.get("State"),
+                expected="UP",
+                threshold_source="fixed: a partition takes jobs",
+                message=f"partition {p['PartitionName']} is {p.get('State')} (nodes {p.get('Nodes')})",
+                remediation=None if up else f"scontrol update PartitionName={p['PartitionName']} State=UP",
+            )
+        )
+    return results
+
+
+def judge_nodes(nodes: list[SlurmNode]) -> list[Result]:
+    results = []
+    for n in nodes:
+        flags = set(n.state.split("+"))
+        bad = sorted(flags & set(BAD_NODE_STATES)) or (["DRAINING"] if "DRAINING" in n.state else [])
+        reason = f" (reason: {n.reason})" if n.reason else ""
+        results.append(
+            Result(
+                name="slurm.node",
+                subject=n.name,
+                node=n.name,
+                category="cluster",
+                status=Status.FAIL if bad else Status.PASS,
+                value=n.state,
+                expected="IDLE, MIXED or ALLOCATED",
+                threshold_source="fixed: a node takes jobs",
+                message=f"expected a usable node, found {n.name} {n.state}{reason}"
+                if bad
+                else f"{n.name} {n.state}, {n.cpus} CPUs, {n.memory_mb} MB, partitions {n.partitions}",
+                remediation=f"fix what the reason says, then scontrol update NodeName={n.name} State=RESUME"
+                if bad
+                else None,
+            )
+        )
+    return results
+
+
+# The probe: what a task sees of the resources its step was given.
+
+
+def probe(environ: dict[str, str] | None = None, root: Path = Path("/")) -> dict[str, Any]:
+    """Run inside the step: CPU affinity, visible GPUs, the cgroup memory limit and the Slurm view."""
+    env = dict(os.environ if environ is None else environ)
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    return {
+        "node": env.get("SLURMD_NODENAME"),
+        "cpus": len(os.sched_getaffinity(0)),
+        "cuda_visible_devices": cvd,
+        "gpus": len([d for d in cvd.split(",") if d.strip()]) if cvd else 0,
+        "memory_limit_bytes": cgroup_memory_limit(root),
+        "slurm_cpus_per_task": env.get("SLURM_CPUS_PER_TASK"),
+        "slurm_mem_per_node": env.get("SLURM_MEM_PER_NODE"),
+    }
+
+
+def cgroup_memory_limit(root: Path = Path("/")) -> int | None:
+    """The memory limit of this process's cgroup (v2 memory.max, v1 memory.limit_in_bytes); None if none."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for base, name in (("sys/fs/cgroup", "memory.max"), ("sys/fs/cgroup/memory", "memory.limit_in_bytes")):
+            if controllers in ("", "memory") or "memory" in controllers.split(","):
+                try:
+                    value = (root / base / path.lstrip("/") / name).read_text().strip()
+                except OSError:
+                    continue
+                # "max" (v2) or a near-2^63 number (v1) mean no limit.
+                if value.isdigit() and int(value) < 1 << 60:
+                    return int(value)
+    return None
+
+
+def judge_probe(seen: dict[str, Any] | None, error: str | None, cpus: int, gpus: int, mem_mb: int) -> list[Result]:
+    base: dict[str, Any] = dict(category="cluster", subject=(seen or {}).get("node") or "srun step")
+    if seen is None:
+        return [
+            Result(
+                name="slurm.srun",
+                **base,
+                status=Status.FAIL,
+                message=f"a one-node step did not run the probe: {error}",
+                remediation="run `srun -N1 hostname` by hand; check slurmd's log on the node it chose",
+            )
+        ]
+    results = [Result(name="slurm.srun", **base, status=Status.PASS, message="a one-node step ran the probe")]
+    results.append(
+        Result(
+            name="slurm.job.cpus",
+            **base,
+            status=Status.PASS if seen["cpus"] >= cpus else Status.FAIL,
+            value=seen["cpus"],
+            unit="CPUs",
+            expected=f">= {cpus}",
+            threshold_source="the probe's --cpus-per-task",
+            message=f"expected >= {cpus} CPUs in the task's affinity, found {seen['cpus']}",
+        )
+    )
+    results.append(
+        Result(
+            name="slurm.job.gpus",
+            **base,
+            status=Status.PASS if seen["gpus"] == gpus else Status.FAIL,
+            value=seen["gpus"],
+            unit="GPUs",
+            expected=f"{gpus}",
+            threshold_source="the probe's --gpus-per-node",
+            message=f"expected {gpus} GPUs in CUDA_VISIBLE_DEVICES, found {seen['gpus']} "
+            f"({seen['cuda_visible_devices']!r})",
+            remediation=None if seen["gpus"] == gpus else "check GresTypes, gres.conf and the node's Gres= line",
+        )
+    )
+    limit = seen.get("memory_limit_bytes")
+    if limit is None:
+        results.append(
+            Result(
+                name="slurm.job.memory",
+                **base,
+                status=Status.SKIP,
+                message="no cgroup memory limit visible to the task (TaskPlugin without cgroup, or cgroup v1 "
+                "memory not delegated): Slurm does not enforce --mem here",
+            )
+        )
+    else:
+        want = mem_mb * (1 << 20)
+        ok = want <= limit <= want * 1.1
+        results.append(
+            Result(
+                name="slurm.job.memory",
+                **base,
+                status=Status.PASS if ok else Status.FAIL,
+                value=round(limit / (1 << 20)),
+                unit="MB",
+                expected=f"{mem_mb} MB (to +10 %)",
+                threshold_source="the probe's --mem",
+                message=f"expected a {mem_mb} MB cgroup limit, found {limit / (1 << 20):.0f} MB",
+            )
+        )
+    return results
+
+
+def judge_sbatch(state: str | None, error: str | None) -> Result:
+    ok = state == "COMPLETED"
+    return Result(
+        name="slurm.sbatch",
+        subject="sbatch --wait",
+        category="cluster",
+        status=Status.PASS if ok else Status.FAIL,
+        value=state,
+        expected="COMPLETED",
+        threshold_source="fixed: a one-line batch job completes",
+        message="a one-line batch job completed" if ok else f"a one-line batch job ended {state}: {error or ''}",
+    )
+
+
+# Collect: the commands, each bounded.
+
+
+def _ask(argv: list[str], timeout_s: float) -> tuple[str | None, str | None]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError:
+        return None, f"{argv[0]} not found (is slurm-client installed?)"
+    except subprocess.TimeoutExpired:
+        return None, f"`{' '.join(argv)}` gave no answer within {timeout_s:g} s"
+    if done.returncode != 0:
+        return None, f"`{' '.join(argv[:3])}` exited {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}"
+    return done.stdout, None
+
+
+def run_checks(
+    partition: str | None, cpus: int, gpus: int, mem_mb: int, timeout_s: float, gpucert_argv: list[str]
+) -> list[Result]:
+    ping, error = _ask(["scontrol", "ping"], timeout_s)
+    results = [judge_controller(ping, error)]
+    if ping is None:
+        return results
+    parts, error = _ask(["scontrol", "show", "partition", "-o"], timeout_s)
+    results += judge_partitions(parse_partitions(parts or ""))
+    nodes, error = _ask(["scontrol", "show", "node", "-o"], timeout_s)
+    results += judge_nodes(parse_nodes(nodes or ""))
+    where = ["--partition", partition] if partition else []
+    step = ["srun", "-N1", "-n1", f"--cpus-per-task={cpus}", f"--mem={mem_mb}M", *where]
+    step += [f"--gpus-per-node={gpus}"] if gpus else []
+    out, error = _ask([*step, *gpucert_argv, "cluster", "slurm", "--probe"], timeout_s)
+    seen = None
+    if out is not None:
+        try:
+            seen = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            error = f"the probe printed no JSON: {out[-300:]!r}"
+    results += judge_probe(seen, error, cpus, gpus, mem_mb)
+    wait = ["sbatch", "--wait", "--parsable", "-N1", "-n1", *where, "--output=/dev/null", "--wrap", "true"]
+    out, error = _ask(wait, timeout_s)
+    results.append(judge_sbatch("COMPLETED" if out is not None else None, error))
+    return results
