@@ -174,3 +174,13 @@ def test_scontrol_records_and_time_limits_are_read() -> None:
     )
     assert (job_["JobState"], job_["ExitCode"], job_["NodeList"]) == ("FAILED", "3:0", "n[1-2]")
     assert [_slurm_minutes(t) for t in ("30", "10:30", "1:00:00", "1-02", "1-00:30:00")] == [30, 10.5, 60, 1560, 1470]
+
+
+def test_options_of_the_launched_verb_are_never_taken_for_launch_s(capsys) -> None:
+    """`--set` must reach the verb, not become launch's `--setup` by abbreviation."""
+    argv = ["launch", "slurm", "finetune", "--nodes", "2", "--gpus-per-node", "0", "--config", "tiny.yaml"]
+    assert main([*argv, "--output-dir", "/shared/ft", "--set", "train.max_steps=8", "--dry-run"]) == 0
+    script = capsys.readouterr().out
+    assert "train.gpucert.finetune.train tiny.yaml --output-dir /shared/ft --set train.max_steps=8" in script.replace(
+        "-m gpucert", "train.gpucert"
+    )

@@ -27,7 +27,10 @@ ERROR_EXIT = Status.ERROR.exit_code
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    parser = parser_class(prog="gpucert launch", description="Render or submit a multi-node gpucert job.")
+    # No abbreviations: an option of the launched verb (`--set`) must never be taken for one of ours (`--setup`).
+    parser = parser_class(
+        prog="gpucert launch", description="Render or submit a multi-node gpucert job.", allow_abbrev=False
+    )
     backends = parser.add_subparsers(dest="backend", required=True, parser_class=parser_class)
     helps = {
         "slurm": "an sbatch job: one task per node; submitted and followed unless --dry-run",
@@ -35,7 +38,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         "k8s": "an indexed Job with a headless Service (YAML on stdout)",
     }
     for name, text in helps.items():
-        p = backends.add_parser(name, help=text, description=text)
+        p = backends.add_parser(name, help=text, description=text, allow_abbrev=False)
         p.add_argument("verb", choices=slurm.VERBS)
         p.add_argument("--nodes", type=int, required=True, help="nodes in the job")
         p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (0: a CPU job, gloo)")
@@ -203,9 +206,9 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
             return verdict.exit_code
     else:
         metrics = run_dir / "metrics.json"
-        if state == "COMPLETED" and metrics.exists():
+        if metrics.exists():
             status = Status(json.loads(metrics.read_text())["status"])
-            say(f"job {job_id} COMPLETED; fine-tuning {status.value}: {metrics}")
+            say(f"job {job_id} {state} (exit {exit_code}); fine-tuning {status.value}: {metrics}")
             return status.exit_code
     say(f"job {job_id} ended {state} (exit {exit_code}) without a result; the nodes' logs end:")
     say(slurm.log_tails(run_dir))

@@ -151,14 +151,15 @@ def render_sbatch(job: SlurmJob) -> str:
     if problems:
         raise ConfigError("; ".join(problems))
     run_dir = shlex.quote(job.run_dir)
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--output={job.run_dir}/logs/%N.log"]
+    # %n (the node's index in the job) keeps two nodes of one hostname apart; %N names the host.
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--output={job.run_dir}/logs/node-%n-%N.log"]
     if job.container_image:
         srun += [f"--container-image={job.container_image}", f"--container-mounts={job.run_dir}:{job.run_dir}"]
     port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 20000))"
     lines = [
         "#!/bin/bash",
         f"# gpucert launch slurm {job.verb}, rendered by gpucert {gpucert.__version__}: submit with sbatch;",
-        f"# every node's output goes to {job.run_dir}/logs/<node>.log.",
+        f"# every node's output goes to {job.run_dir}/logs/node-<index>-<host>.log.",
         *_directives(job),
         "set -euo pipefail",
         f"mkdir -p {run_dir}/logs",
@@ -233,7 +234,7 @@ def follow(job_id: str, timeout_s: float, say: Callable[[str], None], poll_s: fl
 def log_tails(run_dir: Path, lines: int = 12) -> str:
     """The end of every node's log, for the operator when a job ended badly."""
     parts = []
-    for log in sorted((run_dir / "logs").glob("*.log")):
+    for log in sorted([*(run_dir / "logs").glob("*.log"), *(run_dir / "logs").glob("slurm-*.out")]):
         text = log.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"== {log}\n" + "\n".join(text))
     return "\n".join(parts)

@@ -1,0 +1,106 @@
+"""What `gpucert launch slurm` renders, submitted to a real two-node Slurm cluster (node1, node2) and
+followed to its verdict; `gpucert cluster slurm` on the same cluster."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.cluster.slurm import SlurmCluster
+
+pytestmark = pytest.mark.slow
+GPUCERT = [sys.executable, "-m", "gpucert"]
+
+
+def launch(cluster: SlurmCluster, *argv: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GPUCERT, "launch", "slurm", *argv], env=cluster.env, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def test_accept_on_two_slurm_nodes_writes_one_report_naming_both(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run = tmp_path / "accept"
+    done = launch(
+        slurm_cluster, "accept", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu", "--nproc", "1",
+        "--output", str(run), "--follow-timeout", "200",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "COMPLETED" in done.stderr and "verdict PASS" in done.stderr
+    report = json.loads((run / "report.json").read_text())
+    assert report["meta"]["nodes"] == ["node1", "node2"]
+    assert {r["node"] for r in report["results"] if r["name"] == "memory.copy"} == {"node1", "node2"}
+    assert {r["subject"] for r in report["results"] if r["name"] == "collective.all_reduce"} == {
+        "2 nodes x 1 ranks (gloo)"
+    }
+    # One log per node, apart even when the two nodes share this host's name.
+    host = socket.gethostname()
+    assert sorted(p.name for p in (run / "logs").glob("*.log")) == [f"node-0-{host}.log", f"node-1-{host}.log"]
+    slurm = report["nodes"]["node2"]["environment"]["slurm"]
+    assert slurm["nnodes"] == 2 and slurm["job_name"] == "gpucert-accept"
+
+
+def test_finetune_on_two_slurm_nodes_trains_with_ddp(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run = tmp_path / "finetune"
+    done = launch(
+        slurm_cluster, "finetune", "--nodes", "2", "--gpus-per-node", "0", "--config", "configs/finetune/tiny.yaml",
+        "--output-dir", str(run), "--set", "train.max_steps=8", "--set", "train.parallel=ddp",
+        "--set", "train.final_loss_max=7.8",
+        "--set", f"data.cache_dir={tmp_path / 'cache'}", "--follow-timeout", "200",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["parallel"] == "ddp" and metrics["status"] == "PASS"
+
+
+def test_a_rank_lost_in_a_slurm_job_is_named_and_the_job_fails(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """node2's benchmark worker is SIGKILLed mid-matmul: the report names the rank and node, the job FAILs."""
+    run = tmp_path / "lost"
+    argv = [*GPUCERT, "launch", "slurm", "accept", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu"]
+    argv += ["--nproc", "1", "--output", str(run), "--follow-timeout", "200", "--skip", "memory,p2p,collectives,train"]
+    argv += ["--set", "bench.matmul.warmup_s=60", "--set", "runtime.heartbeat_interval_s=0.5"]
+    argv += ["--set", "runtime.heartbeat_timeout_s=3"]
+    proc = subprocess.Popen(argv, env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim, deadline = None, time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if "gpucert.bench.worker" in (p.info["cmdline"] or []) and p.environ().get("RANK") == "1":
+                    victim = p
+            except psutil.Error:
+                continue
+        time.sleep(0.5)
+    assert victim is not None, "no worker of rank 1 appeared"
+    time.sleep(3)
+    victim.kill()
+    killed = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - killed < 60
+    assert proc.returncode == 3, err[-3000:]
+    [matmul] = [r for r in json.loads((run / "report.json").read_text())["results"] if r["name"] == "bench.matmul"]
+    assert matmul["status"] == "ERROR" and "rank 1 (node2" in matmul["message"], matmul["message"]
+    assert "FAILED" in err
+
+
+def test_cluster_slurm_passes_on_a_working_cluster(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*GPUCERT, "cluster", "slurm", "--mem", "64", "--timeout", "60", "--json", "-o", str(tmp_path / "smoke")],
+        env=slurm_cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    report = json.loads(done.stdout)
+    found = {(r["name"], r["subject"]): r["status"] for r in report["results"]}
+    assert done.returncode == 0, found
+    assert found[("slurm.controller", "slurmctld")] == "PASS"
+    assert found[("slurm.node", "node1")] == found[("slurm.node", "node2")] == "PASS"
+    assert found[("slurm.partition", "debug")] == "PASS"
+    assert found[("slurm.sbatch", "sbatch --wait")] == "PASS"
+    assert {name for name, _ in found} >= {"slurm.srun", "slurm.job.cpus", "slurm.job.gpus", "slurm.job.memory"}
