@@ -29,7 +29,8 @@ GPUCERT = [sys.executable, "-m", "gpucert"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """No launcher variables from whatever runs pytest; one thread per process on the 2-core CI machine."""
+    """No launcher variables from whatever runs pytest; one thread per process on the 2-core CI machine. Pass
+    TMPDIR=<the test's tmp_path> to find the run's own workers (their spec files live there)."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
     return {**env, "OMP_NUM_THREADS": "1", "COLUMNS": "200", **extra}
@@ -45,12 +46,14 @@ def node_flags(rank: int, port: int) -> list[str]:
     return ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)]
 
 
-def two_nodes(argv: list[str], port: int, timeout_s: float = 240) -> list[subprocess.CompletedProcess[str]]:
+def two_nodes(
+    argv: list[str], port: int, tmp_path: Path, timeout_s: float = 240
+) -> list[subprocess.CompletedProcess[str]]:
     """The same gpucert command on node ranks 0 and 1, started together; both outputs."""
     procs = [
         subprocess.Popen(
             [*GPUCERT, *argv, *node_flags(rank, port)],
-            env=clean_env(),
+            env=clean_env(TMPDIR=str(tmp_path)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -71,18 +74,19 @@ def load(run: Path) -> dict[str, Any]:
     return report
 
 
-def worker_processes() -> list[psutil.Process]:
+def worker_processes(tmp_path: Path) -> list[psutil.Process]:
+    """This test's benchmark workers still alive: their spec files sit under its TMPDIR (see clean_env)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "gpucert.bench.worker" in cmdline:
+        if "gpucert.bench.worker" in cmdline and any(str(tmp_path) in arg for arg in cmdline):
             found.append(proc)
     return found
 
 
 def test_two_agents_as_two_nodes_accept_into_one_cluster_report(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    head, other = two_nodes(["accept", "--profile", "cpu", "--nproc", "1", "-o", str(out)], free_port())
+    head, other = two_nodes(["accept", "--profile", "cpu", "--nproc", "1", "-o", str(out)], free_port(), tmp_path)
     assert head.returncode == 0, head.stderr[-3000:]
     assert other.returncode == 0, other.stderr[-3000:]
     assert "the report is written by node 0" in other.stdout
@@ -117,7 +121,11 @@ def test_an_outside_torchrun_of_two_nodes_runs_accept_without_hanging(tmp_path: 
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
         argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
         argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out)]
-        procs.append(subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     outputs = [p.communicate(timeout=240) for p in procs]
     for proc, (_, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-3000:]
@@ -156,7 +164,7 @@ def test_a_node_whose_driver_differs_fails_the_golden_config_naming_it(tmp_path:
                 str(out),
                 *node_flags(rank, port),
             ],
-            env=clean_env(),
+            env=clean_env(TMPDIR=str(tmp_path)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -178,7 +186,9 @@ def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_nod
     argv = [*GPUCERT, "accept", "--profile", "cpu", "-o", str(tmp_path / "run"), "--nnodes", "2"]
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--set", "runtime.rendezvous_timeout_s=5"]
     t0 = time.monotonic()
-    head = subprocess.run([*argv, "--node-rank", "0"], env=clean_env(), capture_output=True, text=True, timeout=60)
+    head = subprocess.run(
+        [*argv, "--node-rank", "0"], env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=60
+    )
     took = time.monotonic() - t0
     assert head.returncode == 3
     assert took < 20, f"node 0 waited {took:.0f} s"
@@ -186,7 +196,9 @@ def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_nod
     assert "missing node rank(s) 1" in head.stderr
     assert "Traceback" not in head.stderr
     # Node 1 without node 0 says whom it could not reach.
-    other = subprocess.run([*argv, "--node-rank", "1"], env=clean_env(), capture_output=True, text=True, timeout=60)
+    other = subprocess.run(
+        [*argv, "--node-rank", "1"], env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=60
+    )
     assert other.returncode == 3
     assert f"could not reach the job's store at 127.0.0.1:{port} within 5 s" in other.stderr
 
@@ -196,12 +208,12 @@ def test_a_hung_benchmark_times_out_as_error_and_leaves_no_worker(tmp_path: Path
     out = tmp_path / "run"
     argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
     argv += ["--set", "bench.timeout_s=8", "--set", "bench.matmul.warmup_s=120"]
-    done = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(argv, env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr[-2000:]
     [error] = load(out)["results"]
     assert error["name"] == "bench.matmul" and error["status"] == "ERROR"
     assert "no result within 8 s" in error["message"] and "bench matmul" in error["message"]
-    assert worker_processes() == []
+    assert worker_processes(tmp_path) == []
 
 
 def _worker_of_rank(parent: psutil.Process, rank: int, timeout_s: float) -> psutil.Process:
@@ -222,7 +234,9 @@ def test_a_stopped_rank_is_named_by_the_watchdog(tmp_path: Path) -> None:
     argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
     argv += ["--set", "bench.matmul.warmup_s=120", "--set", "runtime.heartbeat_interval_s=0.5"]
     argv += ["--set", "runtime.heartbeat_timeout_s=3"]
-    proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     worker = _worker_of_rank(psutil.Process(proc.pid), 1, 60)
     time.sleep(5)  # past the rendezvous: its heartbeats have started
     worker.send_signal(signal.SIGSTOP)
@@ -233,27 +247,29 @@ def test_a_stopped_rank_is_named_by_the_watchdog(tmp_path: Path) -> None:
     [error] = load(out)["results"]
     assert error["status"] == "ERROR"
     assert "rank 1 (" in error["message"] and "no heartbeat" in error["message"], error["message"]
-    assert worker_processes() == []
+    assert worker_processes(tmp_path) == []
 
 
 def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path: Path) -> None:
     argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(tmp_path / "run")]
     argv += ["--set", "bench.matmul.warmup_s=120"]
-    proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     _worker_of_rank(psutil.Process(proc.pid), 1, 60)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1] == "gpucert: interrupted"
     assert "Traceback" not in err
-    assert worker_processes() == []
+    assert worker_processes(tmp_path) == []
 
 
 def test_collectives_run_across_the_nodes_and_within_each(tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = ["bench", "collectives", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
     argv += ["--set", "bench.collectives.ops=[all_reduce]"]
-    head, other = two_nodes(argv, free_port())
+    head, other = two_nodes(argv, free_port(), tmp_path)
     assert (head.returncode, other.returncode) == (0, 0), head.stderr[-2000:] + other.stderr[-2000:]
     host = socket.gethostname()
     results = load(out)["results"]
@@ -275,7 +291,7 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     procs = [
         subprocess.Popen(
             [*GPUCERT, *argv, *node_flags(rank, port)],
-            env=clean_env(),
+            env=clean_env(TMPDIR=str(tmp_path)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -296,7 +312,7 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     assert "rank 1 (" in results["bench.matmul"]["message"], results["bench.matmul"]["message"]
     assert f"{host}[n1] (node rank 1)" in results["run.aborted"]["message"]
     assert "node.xid" in results  # what ran before is still there
-    assert worker_processes() == []
+    assert worker_processes(tmp_path) == []
 
 
 def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_path: Path) -> None:
@@ -309,7 +325,11 @@ def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_
         argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
         argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
         argv += ["--set", "runtime.heartbeat_interval_s=0.5", "--set", "runtime.heartbeat_timeout_s=3"]
-        procs.append(subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     deadline = time.monotonic() + 90
     victim = None
     while victim is None and time.monotonic() < deadline:
