@@ -223,6 +223,7 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
     with tempfile.TemporaryDirectory(prefix="gpucert-run-") as tmp:
         agent = NodeAgent.start(plan, nproc, work.config.runtime, Path(tmp), work.inventory.hostname)
+        agent.log_dir = output_dir(request, work, started) / "logs"
         work.label = agent.label
         work.results = check_health(work, request, started)
         agent.put(f"part/{agent.node_rank}", work.part())
@@ -258,9 +259,9 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
             report = build_report(request, started, t0, work, parts, job_results)
             path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
         except BaseException:
-            agent.finish(Status.ERROR.exit_code)  # the other nodes must not wait for a verdict that never comes
+            agent.finish(Status.ERROR.exit_code, lost)  # the other nodes must not wait for a verdict never sent
             raise
-        agent.finish(report.status.exit_code)
+        agent.finish(report.status.exit_code, lost)
         return RunOutcome(report, path, report.status.exit_code)
 
 
@@ -318,7 +319,9 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             message=f"the run stopped: {record.message()}",
             remediation="look at that rank's output and node; nothing after this point was judged",
         )
-        parts = _read_parts(rt, request.benchmarks, wait=False) or [work.part()]
+        # The watchdog's own connection: the main thread's may be blocked in a wait on a dead peer.
+        store = rt.watchdog.store if rt.watchdog is not None and rt.watchdog.store is not None else rt.store
+        parts = _read_parts(rt, request.benchmarks, wait=False, store=store) or [work.part()]
         report = build_report(request, started, t0, work, parts, [*done, failed])
         path = write_report(report, output_dir(request, work, started))
         say(f"partial report written to {path}")
@@ -369,21 +372,22 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     return outcome
 
 
-def _read_parts(rt: Any, benchmarks: list[str], wait: bool = True) -> list[dict[str, Any]]:
+def _read_parts(rt: Any, benchmarks: list[str], wait: bool = True, store: Any = None) -> list[dict[str, Any]]:
     """Every node's checks and telemetry from the job's store; wait=False takes only what is there (a run that
     stopped part-way: the nodes and benchmarks that got that far)."""
     from datetime import timedelta
 
+    store = store or rt.store
     parts = []
     for node in range(rt.num_nodes):
         keys = [f"part/{node}"] + [f"telemetry/{name}/{node}" for name in benchmarks]
         if wait:
-            rt.store.wait(keys, timedelta(seconds=rt.config.collective_timeout_s))
-        elif not rt.store.check(keys[:1]):
+            store.wait(keys, timedelta(seconds=rt.config.collective_timeout_s))
+        elif not store.check(keys[:1]):
             continue
-        part = json.loads(rt.store.get(keys[0]))
+        part = json.loads(store.get(keys[0]))
         for key in keys[1:]:
-            if wait or rt.store.check([key]):
-                part["results"] += json.loads(rt.store.get(key))
+            if wait or store.check([key]):
+                part["results"] += json.loads(store.get(key))
         parts.append(part)
     return parts

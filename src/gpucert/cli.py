@@ -17,6 +17,7 @@ Usage and config errors exit 3 (ERROR: nothing was judged) with the file and key
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -180,6 +181,13 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
             console.print(line, style="dim")
 
     nnodes = getattr(args, "nnodes", None)
+    multi = nnodes not in (None, 1) or read_rank_env(os.environ) is not None or read_node_env(os.environ) is not None
+    if multi and args.verb != "discover" and importlib.util.find_spec("torch") is None:
+        raise ConfigError(
+            f"`gpucert {args.verb}` across nodes meets them through torch.distributed, which a light install lacks: "
+            "install gpucert[bench], or run `gpucert health` on each node and join the reports with "
+            "`gpucert report merge`"
+        )
     plan: NodeEnv | None
     if nnodes is not None:
         plan = node_env_from_flags(nnodes, args.node_rank, args.master_addr, args.master_port)

@@ -353,3 +353,77 @@ def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_
     assert results["run.aborted"]["status"] == "ERROR" and "rank 1 (" in results["run.aborted"]["message"]
     host = socket.gethostname()
     assert {r["node"] for r in report["results"] if r["name"] == "node.xid"} == {f"{host}[n0]", f"{host}[n1]"}
+
+
+def test_a_stopped_store_server_ends_every_rank_naming_the_store(tmp_path: Path) -> None:
+    """Node 0's torchrun agent serves the job's store; SIGSTOPped, it answers nothing and a store call would
+    wait for good. Node 1's rank ends within the heartbeat timeout, saying the store stopped answering."""
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
+        argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+        argv += ["-m", "gpucert", "bench", "matmul", "--profile", "cpu", "-o", str(tmp_path / "run")]
+        argv += ["--set", "bench.matmul.warmup_s=60", "--set", "runtime.heartbeat_interval_s=0.5"]
+        argv += ["--set", "runtime.heartbeat_timeout_s=3"]
+        env = clean_env(TMPDIR=str(tmp_path))
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        _worker_of_any_rank(psutil.Process(procs[1].pid), 60)
+        time.sleep(6)  # past the rendezvous: heartbeats flow
+        procs[0].send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = procs[1].communicate(timeout=60)
+        assert time.monotonic() - stopped < 20
+        assert procs[1].returncode != 0
+        assert f"the job's store at 127.0.0.1:{port} has not answered" in err, err[-2000:]
+    finally:
+        procs[0].send_signal(signal.SIGCONT)
+        for child in psutil.Process(procs[0].pid).children(recursive=True):
+            child.kill()
+        procs[0].kill()
+        procs[0].communicate(timeout=30)
+
+
+def _worker_of_any_rank(parent: psutil.Process, timeout_s: float) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = parent.children(recursive=True)
+        if children:
+            return children[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no worker appeared within {timeout_s} s")
+
+
+def test_a_stopped_worker_on_node_1_is_named_and_both_nodes_go_on(tmp_path: Path) -> None:
+    """Rank 1 (node 1's only worker) is SIGSTOPped in matmul: rank 0's watchdog names it, node 1's agent reads
+    the abort and stops its worker at once, and the run goes on to the next benchmark on both nodes."""
+    out, port = tmp_path / "run", free_port()
+    argv = ["accept", "--profile", "cpu", "--nproc", "1", "-o", str(out), "--skip", "p2p,collectives,train"]
+    argv += ["--set", "bench.matmul.warmup_s=60", "--set", "runtime.heartbeat_interval_s=0.5"]
+    argv += ["--set", "runtime.heartbeat_timeout_s=3"]
+    procs = [
+        subprocess.Popen(
+            [*GPUCERT, *argv, *node_flags(rank, port)],
+            env=clean_env(TMPDIR=str(tmp_path)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    victim = _worker_of_rank(psutil.Process(procs[1].pid), 1, 90)
+    time.sleep(4)
+    victim.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    for proc in procs:
+        proc.communicate(timeout=90)
+    assert time.monotonic() - stopped < 40
+    assert [p.returncode for p in procs] == [3, 3]
+    results = {r["name"]: r for r in load(out)["results"]}
+    assert "rank 1 (" in results["bench.matmul"]["message"] and "no heartbeat" in results["bench.matmul"]["message"]
+    assert {r["node"] for r in load(out)["results"] if r["name"] == "memory.copy"} == {
+        f"{socket.gethostname()}[n0]",
+        f"{socket.gethostname()}[n1]",
+    }
+    assert worker_processes(tmp_path) == []

@@ -50,7 +50,7 @@ SRUN = {
 
 def test_torchrun_workers_name_their_node_by_group_rank() -> None:
     env = read_rank_env(TORCHRUN)
-    assert env == RankEnv("torchrun", 9, 16, 1, 8, 1, 2, "gpu007", 29500, True, "abc", None)
+    assert env == RankEnv("torchrun", 9, 16, 1, 8, 1, 2, "gpu007", 29500, True, "abc.0", None)
 
 
 def test_torchrun_variables_win_over_slurm() -> None:
@@ -61,7 +61,7 @@ def test_torchrun_variables_win_over_slurm() -> None:
 def test_srun_one_task_per_gpu_is_a_rank_with_its_node() -> None:
     env = read_rank_env(SRUN)
     assert env == RankEnv(
-        "srun", 9, 16, 1, 8, 1, 2, "gpu007", 20000 + 123456 % 20000, False, "slurm-123456.0", "gpu008"
+        "srun", 9, 16, 1, 8, 1, 2, "gpu007", 20000 + 123456 % 10000, False, "slurm-123456.0", "gpu008"
     )
 
 
@@ -75,7 +75,7 @@ def test_the_batch_script_itself_is_not_a_rank() -> None:
 def test_srun_one_task_per_node_is_a_node_agent() -> None:
     step = {**SRUN, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}
     assert read_rank_env(step) is None
-    assert read_node_env(step) == NodeEnv("srun", 1, 2, "gpu007", 20000 + 123456 % 20000, "gpu008")
+    assert read_node_env(step) == NodeEnv("srun", 1, 2, "gpu007", 20000 + 123456 % 10000, "gpu008")
 
 
 def test_a_kubernetes_indexed_job_is_a_node_agent() -> None:

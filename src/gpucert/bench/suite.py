@@ -41,7 +41,7 @@ def judge(name: str, data: dict[str, Any], config: RunConfig, profile: Profile) 
     return catalog.load(name).judge(data, profile, getattr(config.bench, name))
 
 
-def error_result(name: str, subject: str, message: str, node: str | None = None) -> Result:
+def error_result(name: str, subject: str, message: str, node: str | None = None, logs: Path | None = None) -> Result:
     return Result(
         name=f"bench.{name}",
         subject=subject,
@@ -49,7 +49,9 @@ def error_result(name: str, subject: str, message: str, node: str | None = None)
         category="benchmark",
         node=node,
         message=f"the {name} benchmark did not finish: {message}",
-        remediation=f"re-run `gpucert bench {name}`; each rank's log is in the run's work directory",
+        remediation=f"each rank's log is in {logs} (on its node)"
+        if logs
+        else f"re-run `gpucert bench {name}` alone to see the workers' output",
     )
 
 
@@ -89,7 +91,7 @@ def run_step(
         return [], telemetry, step.lost
     if step.failure is not None:
         failure = step.failure
-        judged = [error_result(name, failure.node or agent.label, failure.message(), failure.node)]
+        judged = [error_result(name, failure.node or agent.label, failure.message(), failure.node, step.logs)]
     elif not out_path.exists():
         judged = [error_result(name, agent.label, "rank 0 wrote no result", agent.label)]
     else:

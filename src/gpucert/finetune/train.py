@@ -407,16 +407,18 @@ def train(cfg: FinetuneConfig, rt: Runtime, peak_tflops: float | None) -> dict[s
         log(f"out of memory at step {state.step + 1}: {oom}")
 
     adapter_dir = run_dir / "adapter"
-    merged_dir: Path | None = None
     if oom is None:
         rt.set_phase("saving the adapter")
         save_adapter(model, tokenizer, adapter_dir, rt)
-        if rt.is_main and tc.merge_adapter:
-            merged_dir = merge_adapter(cfg.model, tokenizer, adapter_dir, run_dir / "merged")
-            if merged_dir is None:
-                log("not merging: a random_init base cannot be rebuilt to merge into")
     rt.set_phase("summary")
-    result = summarise(cfg, rt, info, data, state, run_dir, started, peak_tflops, oom, resume_from, merged_dir)
+    result = summarise(cfg, rt, info, data, state, run_dir, started, peak_tflops, oom, resume_from)
+    # After summarise's last collective: a 7B merge on slow storage must not hold the other ranks inside one.
+    if oom is None and rt.is_main and tc.merge_adapter:
+        rt.set_phase("merging the adapter")
+        merged_dir = merge_adapter(cfg.model, tokenizer, adapter_dir, run_dir / "merged")
+        result["outputs"]["merged"] = str(merged_dir) if merged_dir else None
+        if merged_dir is None:
+            log("not merging: a random_init base cannot be rebuilt to merge into")
     if rt.is_main:
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=1))
         log(f"{result['status']}: metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}")
@@ -514,7 +516,6 @@ def summarise(
     peak: float | None,
     oom: str | None,
     resume_from: Path | None,
-    merged_dir: Path | None,
 ) -> dict[str, Any]:
     """metrics.json: the run's numbers and its verdict. Collective (peak memory is the max over ranks)."""
     memory = peak_memory(rt)
@@ -582,7 +583,7 @@ def summarise(
         "oom": oom,
         "outputs": {
             "adapter": str(adapter_dir) if adapter_ok else None,
-            "merged": str(merged_dir) if merged_dir else None,
+            "merged": None,  # rank 0 fills it in after merging
             "checkpoint": str(latest) if latest else None,
             "tensorboard": str(run_dir / "tensorboard") if (run_dir / "tensorboard").is_dir() else None,
         },

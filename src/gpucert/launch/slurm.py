@@ -62,7 +62,7 @@ class SlurmJob:
     # pyxis/enroot image for srun --container-image; the run directory is mounted at the same path.
     container_image: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    # None: 20000 + job id % 20000, so two jobs on one node do not collide.
+    # None: 20000 + job id % 10000 (below the ephemeral ports), so two jobs on one node do not collide.
     port: int | None = None
     rendezvous_timeout_s: float = 120.0
 
@@ -155,7 +155,7 @@ def render_sbatch(job: SlurmJob) -> str:
     srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--output={job.run_dir}/logs/node-%n-%N.log"]
     if job.container_image:
         srun += [f"--container-image={job.container_image}", f"--container-mounts={job.run_dir}:{job.run_dir}"]
-    port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 20000))"
+    port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 10000))"
     lines = [
         "#!/bin/bash",
         f"# gpucert launch slurm {job.verb}, rendered by gpucert {gpucert.__version__}: submit with sbatch;",

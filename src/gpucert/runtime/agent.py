@@ -36,7 +36,8 @@ from gpucert.runtime.spawn import WorkerExit, run_workers
 class StepResult:
     ok: bool
     failure: AbortRecord | None = None
-    logs: list[Path] = field(default_factory=list)
+    # The folder with every local worker's log of this step.
+    logs: Path | None = None
     # Set when a node did not come back from the step: the run cannot go on with the next one.
     lost: str | None = None
 
@@ -52,6 +53,9 @@ class NodeAgent:
     labels: dict[int, str] = field(default_factory=dict)
     nprocs: dict[int, int] = field(default_factory=dict)
     steps: int = 0
+    # Workers' logs, one folder per step (the run's output directory, so they outlive the run); None: workdir.
+    log_dir: Path | None = None
+    deadman: Any = None
 
     @property
     def node_rank(self) -> int:
@@ -98,6 +102,12 @@ class NodeAgent:
             nproc=nproc,
         )
         agent._meet(plan.node_name or host, host)
+        if not serve:
+            from gpucert.runtime.watchdog import StoreDeadman
+
+            # Every later store call may block for good if node 0 stops: end then, naming the store.
+            endpoint = (agent.plan.master_addr, agent.port)
+            agent.deadman = StoreDeadman(endpoint, config.heartbeat_interval_s, config.heartbeat_timeout_s, who).begin()
         return agent
 
     def _meet(self, name: str, host: str) -> None:
@@ -216,10 +226,22 @@ class NodeAgent:
             )
 
         envs = [self.worker_env(i, prefix, extra_env or {}) for i in range(self.nproc)]
-        outcome = run_workers(
-            argv, envs, ranks, self.workdir / prefix, timeout_s, self.config.kill_grace_s, on_failure=record
-        )
-        failure = read_abort(job)
+        logs = (self.log_dir or self.workdir) / prefix
+        try:
+            outcome = run_workers(
+                argv,
+                envs,
+                ranks,
+                logs,
+                timeout_s,
+                self.config.kill_grace_s,
+                on_failure=record,
+                should_stop=lambda: bool(job.check(["abort"])),
+            )
+            failure = read_abort(job)
+        except RuntimeError as exc:  # the store: node 0 is gone
+            failure = AbortRecord(who=f"node {self.label}", cause=f"lost the run's store: {exc}", phase=name)
+            return StepResult(ok=False, failure=failure, lost=str(exc))
         if outcome.timed_out and failure is None:
             phases = "; ".join(f"rank {r}: {self._phase(job, r)}" for r in ranks)
             failure = record_abort(
@@ -241,7 +263,6 @@ class NodeAgent:
         except RendezvousError as exc:
             lost = str(exc)
             failure = failure or AbortRecord(who=f"node {self.label}", cause=lost, phase=name)
-        logs = [e.log for e in outcome.exits]
         return StepResult(ok=outcome.ok and failure is None, failure=failure, logs=logs, lost=lost)
 
     def _describe(self, job: Any, rank: int, local_rank: int) -> str:
@@ -255,11 +276,16 @@ class NodeAgent:
     def _phase(job: Any, rank: int) -> str:
         return job.get(f"phase/{rank}").decode() if job.check([f"phase/{rank}"]) else "start-up"
 
-    def finish(self, verdict: int | None) -> int:
-        """Node 0 publishes the run's exit code; the others wait for it (bounded) and exit with it too."""
+    def finish(self, verdict: int | None, lost: bool = False) -> int:
+        """Node 0 publishes the run's exit code; the others wait for it (bounded) and exit with it too. After a
+        lost node, node 0 does not wait for every node to read it."""
+        if self.deadman is not None:
+            self.deadman.stop()
         if self.is_head:
             self.put("verdict", verdict)
-            deadline = time.monotonic() + self.config.rendezvous_timeout_s
+            deadline = time.monotonic() + (
+                self.config.heartbeat_timeout_s if lost else self.config.rendezvous_timeout_s
+            )
             # Serve the store until every node has read the verdict.
             while self.store.add("done", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
                 time.sleep(POLL_S)

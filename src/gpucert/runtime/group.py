@@ -241,22 +241,37 @@ def _meet(store: Any, mine: RankIdentity, env: RankEnv, config: RuntimeConfig) -
             raise RendezvousError(_missing_message(store, mine, env, config))
         time.sleep(POLL_S)
     raw = store.multi_get([f"rank/{r}" for r in range(env.world_size)])
-    return relabel(RankIdentity.from_dict(json.loads(blob)) for blob in raw)
+    peers = [RankIdentity.from_dict(json.loads(blob)) for blob in raw]
+    hosts: dict[int, set[str]] = {}
+    for peer in peers:
+        hosts.setdefault(peer.node_rank, set()).add(peer.host)
+    split = {n: h for n, h in hosts.items() if len(h) > 1}
+    if split:
+        # A launcher that says no LOCAL_WORLD_SIZE/GROUP_RANK (a Kubeflow PyTorchJob sets RANK and WORLD_SIZE
+        # only) makes every rank node 0: results would name one node for GPUs of several.
+        node, names = next(iter(split.items()))
+        raise RendezvousError(
+            f"node rank {node} has ranks on hosts {', '.join(sorted(names))}: the launcher did not say each "
+            "rank's node; set LOCAL_WORLD_SIZE and GROUP_RANK (torchrun does), or run one gpucert per node"
+        )
+    return relabel(peers)
 
 
 def _missing_message(store: Any, mine: RankIdentity, env: RankEnv, config: RuntimeConfig) -> str:
     present = [r for r in range(env.world_size) if store.check([f"rank/{r}"])]
     missing = sorted(set(range(env.world_size)) - set(present))
-    per_node = max(env.local_world_size, 1)
-    missing_nodes = sorted({r // per_node for r in missing})
-    joined_nodes = sorted({json.loads(store.get(f"rank/{r}"))["host"] for r in present})
+    joined = [json.loads(store.get(f"rank/{r}")) for r in present]
+    # Node ranks from who did join, not from rank arithmetic: srun's cyclic distribution and uneven nodes
+    # break `rank // ranks per node`.
+    missing_nodes = sorted(set(range(env.num_nodes)) - {ident["node_rank"] for ident in joined})
+    nodes = f" = node rank(s) {_ranges(missing_nodes)}" if missing_nodes else " (on nodes that did join)"
+    hosts = sorted({ident["host"] for ident in joined})
     return (
         f"rank {mine.rank} (node rank {mine.node_rank}, host {mine.host}): rendezvous at "
         f"{env.master_addr}:{env.master_port} timed out after {config.rendezvous_timeout_s:g} s "
         f"(runtime.rendezvous_timeout_s): {len(present)} of {env.world_size} ranks joined (hosts "
-        f"{', '.join(joined_nodes)}); missing rank(s) {_ranges(missing)} = node rank(s) "
-        f"{_ranges(missing_nodes)}. Start gpucert on those nodes, or check that they reach "
-        f"{env.master_addr}:{env.master_port}"
+        f"{', '.join(hosts)}); missing rank(s) {_ranges(missing)}{nodes}. Start gpucert on those nodes, or "
+        f"check that they reach {env.master_addr}:{env.master_port}"
     )
 
 
@@ -289,11 +304,11 @@ def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
                 break  # the store went with node 0: nobody else can name the cause
             if found:
                 if rt.watchdog is not None:
-                    rt.watchdog.stop()
+                    rt.watchdog.stop_beating()
                 return found
             time.sleep(POLL_S)
     if rt.watchdog is not None:
-        rt.watchdog.stop()  # this process's own cause is recorded next: its watchdog must not exit first
+        rt.watchdog.stop_beating()  # this process's own cause is recorded next: its watchdog must not exit first
     try:
         return record_abort(rt.store, record)
     except RuntimeError:

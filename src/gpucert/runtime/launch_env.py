@@ -81,8 +81,8 @@ def _int(env: Mapping[str, str], key: str) -> int:
 
 
 def slurm_port(env: Mapping[str, str]) -> int:
-    """One port per job, away from the ephemeral range, so two jobs on one node do not collide."""
-    return 20000 + int(env.get("SLURM_JOB_ID", "0") or 0) % 20000
+    """One port per job, below Linux's ephemeral range (32768 up), so two jobs on one node do not collide."""
+    return 20000 + int(env.get("SLURM_JOB_ID", "0") or 0) % 10000
 
 
 def _in_slurm_step(env: Mapping[str, str]) -> bool:
@@ -119,7 +119,9 @@ def read_rank_env(env: Mapping[str, str]) -> RankEnv | None:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
             agent_store=ours or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-            store_prefix=env.get("GPUCERT_STORE_PREFIX") or env.get("TORCHELASTIC_RUN_ID") or "job",
+            # torchrun keeps its store across restarts: a restarted job must not meet its previous keys.
+            store_prefix=env.get("GPUCERT_STORE_PREFIX")
+            or f"{env.get('TORCHELASTIC_RUN_ID', 'job')}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
             node_name=env.get("GPUCERT_NODE_LABEL") or env.get("SLURMD_NODENAME"),
         )
     if not _in_slurm_step(env) or "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:

@@ -13,6 +13,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,8 +93,16 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
         time.sleep(0.05)
     for proc in procs:
         _signal_group(proc, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.wait()
+        try:
+            proc.wait(timeout=max(grace_s, 1.0))
+        except subprocess.TimeoutExpired:
+            # Uninterruptible sleep (a GPU fault, a hung filesystem) survives SIGKILL until the kernel lets go.
+            print(
+                f"gpucert: worker pid {proc.pid} did not exit after SIGKILL: stuck in the kernel (GPU Xid? hung "
+                "filesystem?)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def run_workers(
@@ -104,11 +113,13 @@ def run_workers(
     timeout_s: float,
     grace_s: float,
     on_failure: Callable[[WorkerExit], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> SpawnOutcome:
     """Run one worker per env until all exit 0, one fails, or timeout_s passes; nothing is left running.
 
     on_failure sees the first failed worker while the others still run (the agent records the cause in the
-    job's store so every node's workers stop). Ctrl-C stops the workers and re-raises KeyboardInterrupt.
+    job's store so every node's workers stop). should_stop, asked twice a second, ends the workers early (the job
+    was aborted on another node). Ctrl-C stops the workers and re-raises KeyboardInterrupt.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
@@ -125,6 +136,7 @@ def run_workers(
                     )
                 )
         deadline = time.monotonic() + timeout_s
+        next_ask = 0.0
         while True:
             codes = [p.poll() for p in procs]
             failed = [i for i, c in enumerate(codes) if c not in (0, None)]
@@ -138,6 +150,10 @@ def run_workers(
             if time.monotonic() > deadline:
                 outcome.timed_out = True
                 break
+            if should_stop is not None and time.monotonic() > next_ask:
+                next_ask = time.monotonic() + 0.5
+                if should_stop():
+                    break
             time.sleep(0.1)
     finally:
         # Also on Ctrl-C and on an exception here: no worker survives this function.

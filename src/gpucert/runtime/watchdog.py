@@ -5,7 +5,11 @@ Every rank bumps `hb/<rank>` in the job's store every runtime.heartbeat_interval
 (the main thread's may be blocked in a store wait). Rank 0 watches every rank; every rank watches rank 0 and
 the abort record. A counter that has not moved for runtime.heartbeat_timeout_s on the watcher's own clock
 (no cross-node clock skew) is a dead or stopped rank: the watcher records the abort, naming it, and every rank
-exits with ABORTED_EXIT. A store that stops answering means node 0, which serves it, is gone.
+exits with ABORTED_EXIT.
+
+A store call can block for good when the store's server is stopped or unreachable (a TCPStore timeout does not
+bound a call already sent), so a second thread, the deadman, ends the process when the heartbeat thread has not
+completed a round trip for the heartbeat timeout: then the store itself is gone, and it says so.
 """
 
 from __future__ import annotations
@@ -29,17 +33,32 @@ class Watchdog:
         self.rt = rt
         self.prefix = prefix
         self.on_abort = on_abort
-        self._stop = threading.Event()
+        # The heartbeat thread's own connection, also for on_abort (the main thread's may be mid-wait).
+        self.store: Any = None
+        self.last_ok = time.monotonic()
+        self._beating = threading.Event()
+        self._armed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpucert-watchdog", daemon=True)
+        self._deadman = threading.Thread(target=self._watch_store, name="gpucert-deadman", daemon=True)
 
     def begin(self) -> Watchdog:
+        self._beating.set()
+        self._armed.set()
         self._thread.start()
+        self._deadman.start()
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
+    def stop_beating(self) -> None:
+        """Stop heartbeats and abort reading (this rank records its own failure next); the deadman stays armed,
+        so an exit blocked on a dead store still ends."""
+        self._beating.clear()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=self.rt.config.heartbeat_interval_s * 3)
+
+    def stop(self) -> None:
+        """The run is over: nothing is watched any more."""
+        self._armed.clear()
+        self.stop_beating()
 
     def _run(self) -> None:
         rt, cfg = self.rt, self.rt.config
@@ -49,35 +68,36 @@ class Watchdog:
         except RuntimeError as exc:
             say(f"watchdog of {rt.me.describe()} could not connect: {exc}")
             return
-        store = dist.PrefixStore(self.prefix, base)
+        store = self.store = dist.PrefixStore(self.prefix, base)
         watched = range(rt.world_size) if rt.rank == 0 else [0]
         keys = [f"hb/{r}" for r in watched]
         last: dict[int, tuple[bytes, float]] = {}
-        lost_since: float | None = None
-        while not self._stop.wait(cfg.heartbeat_interval_s):
-            now = time.monotonic()
+        while self._beating.is_set():
+            time.sleep(cfg.heartbeat_interval_s)
+            if not self._beating.is_set():
+                return
             try:
                 store.add(f"hb/{rt.rank}", 1)
                 record = read_abort(store)
                 if record is None:
-                    record = self._silent_peer(store, watched, store.multi_get(keys), last, now)
-                lost_since = None
+                    record = self._silent_peer(store, watched, store.multi_get(keys), last, time.monotonic())
             except RuntimeError:
-                lost_since = lost_since or now
-                if now - lost_since < cfg.heartbeat_timeout_s:
-                    continue
-                host = rt.peers[0]
-                record = AbortRecord(
-                    who=host.describe(),
-                    cause=f"the job's store at {rt.endpoint[0]}:{rt.endpoint[1]}, served by node rank 0, "
-                    f"stopped answering for {cfg.heartbeat_timeout_s:g} s: that node or its gpucert is gone",
-                    phase="unknown",
-                    rank=0,
-                    node=host.node,
-                )
+                continue  # the store errs: the deadman decides once it has been gone for the timeout
+            self.last_ok = time.monotonic()
             if record is not None:
                 self._fire(record)
                 return
+
+    def _watch_store(self) -> None:
+        assert self.rt.endpoint is not None
+        addr, port = self.rt.endpoint
+        deadman(
+            lambda: self.last_ok,
+            self._armed,
+            self.rt.config.heartbeat_interval_s,
+            self.rt.config.heartbeat_timeout_s,
+            f"{self.rt.me.describe()} stops: the job's store at {addr}:{port}",
+        )
 
     def _silent_peer(
         self,
@@ -118,4 +138,64 @@ class Watchdog:
             except Exception as exc:  # the exit below must happen whatever the callback did
                 say(f"while stopping: {type(exc).__name__}: {exc}")
         say(f"{self.rt.me.describe()} stops: {record.message()}")
+        if self.rt.serves_store:
+            # The other ranks read the abort record from this process: let them before the store goes.
+            time.sleep(2 * self.rt.config.heartbeat_interval_s)
         os._exit(ABORTED_EXIT)
+
+
+def deadman(
+    last_ok: Callable[[], float], armed: threading.Event, interval_s: float, timeout_s: float, who: str
+) -> None:
+    """Exit the process once `last_ok()` (the last completed store round trip) is older than the timeout."""
+    limit = timeout_s + 2 * interval_s
+    while armed.is_set():
+        time.sleep(interval_s)
+        silent = time.monotonic() - last_ok()
+        if armed.is_set() and silent > limit:
+            say(
+                f"{who} has not answered for {silent:.0f} s (runtime.heartbeat_timeout_s {timeout_s:g}): the process "
+                "that serves it (node rank 0's gpucert or torchrun agent, or rank 0) is gone, stopped or unreachable"
+            )
+            os._exit(ABORTED_EXIT)
+
+
+class StoreDeadman:
+    """For a process that waits on the store without heartbeats of its own (a node agent): a thread that
+    pings the store over its own connection, and the deadman that ends the process when pings stop
+    completing (its workers die with it: PR_SET_PDEATHSIG)."""
+
+    def __init__(self, endpoint: tuple[str, int], interval_s: float, timeout_s: float, who: str) -> None:
+        self.endpoint, self.interval_s, self.timeout_s, self.who = endpoint, interval_s, timeout_s, who
+        self.last_ok = time.monotonic()
+        self.armed = threading.Event()
+
+    def begin(self) -> StoreDeadman:
+        self.armed.set()
+        threading.Thread(target=self._ping, name="gpucert-store-ping", daemon=True).start()
+        addr, port = self.endpoint
+        args = (
+            lambda: self.last_ok,
+            self.armed,
+            self.interval_s,
+            self.timeout_s,
+            f"{self.who}: the store at {addr}:{port}",
+        )
+        threading.Thread(target=deadman, args=args, name="gpucert-deadman", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.armed.clear()
+
+    def _ping(self) -> None:
+        try:
+            store = connect_store(*self.endpoint, False, self.timeout_s, self.who)
+        except RuntimeError:
+            return  # the deadman names the store once the timeout has passed
+        while self.armed.is_set():
+            try:
+                store.check(["gpucert/agent/roster"])
+                self.last_ok = time.monotonic()
+            except RuntimeError:
+                pass
+            time.sleep(self.interval_s)
