@@ -69,13 +69,6 @@ def relabel(identities: Iterable[RankIdentity]) -> list[RankIdentity]:
     return [dataclasses.replace(i, node=labels[i.node_rank]) for i in ranks]
 
 
-def ranks_by_node(identities: Iterable[RankIdentity]) -> dict[int, list[RankIdentity]]:
-    by_node: dict[int, list[RankIdentity]] = {}
-    for ident in sorted(identities, key=lambda i: i.rank):
-        by_node.setdefault(ident.node_rank, []).append(ident)
-    return by_node
-
-
 def row_identity(row: dict[str, Any]) -> tuple[str, int | None, str | None]:
     """(subject, NVML index, node) of a benchmark's per-rank row; rows from before node identity (a replayed
     result of an old version) name the local rank as before."""
