@@ -124,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--mem", type=int, default=256, help="MB the probe step asks for (--mem)")
     slurm.add_argument("--timeout", type=float, default=120.0, help="seconds each Slurm command may take")
     slurm.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # what the probe step runs
+    fs = cluster_checks.add_parser(
+        "fs",
+        parents=[common, _cluster_options()],
+        help="shared filesystem: same mount everywhere, a token seen on every node, metadata and I/O rates",
+    )
+    fs.add_argument("path", type=Path, help="a directory on the shared filesystem (files go in a subdirectory)")
+    fs.add_argument("--files", type=int, default=2000, help="small files each node creates, stats and unlinks")
+    fs.add_argument("--size-mib", type=int, default=1024, help="MiB of the checkpoint-sized file each node writes")
     # Parsed by gpucert.launch.command (its unknown options pass through to the launched verb).
     verbs.add_parser("launch", help="a multi-node job: Slurm (submitted and followed), torchrun commands, Kubernetes")
     finetune = verbs.add_parser("finetune", help="LoRA fine-tuning (offline default: tiny model, bundled data)")
@@ -260,6 +268,8 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
     from gpucert.cluster import slurm_checks
     from gpucert.report.store import write_report
 
+    if args.check == "fs":
+        return run_cluster_fs(args, console)
     if args.probe:
         print(json.dumps(slurm_checks.probe()))
         return 0
@@ -277,6 +287,31 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
     report = build_report(request, started, t0, work, [work.part()], results)
     path = write_report(report, output_dir(request, work, started))
     return _show(RunOutcome(report, path, report.status.exit_code), args, console)
+
+
+def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
+    from gpucert.acceptance import RunRequest
+    from gpucert.cluster.fs_checks import FsOptions, run_job
+    from gpucert.runtime.launch_env import NodeEnv, node_env_from_flags, read_node_env
+
+    for name in ("files", "size_mib"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, found {getattr(args, name)}")
+    if args.replay:
+        raise ConfigError("--replay reads a captured node: cluster fs needs the live filesystem")
+    overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
+    request = RunRequest("cluster fs", [], args.config, overrides, args.output, None, ["gpucert", *sys.argv[1:]])
+    if args.nnodes is not None:
+        plan = node_env_from_flags(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    else:
+        plan = read_node_env(os.environ) or NodeEnv("local", 0, 1, "127.0.0.1", 0)
+
+    def say(line: str) -> None:
+        if not args.json:
+            console.print(line, style="dim")
+
+    options = FsOptions(args.path.absolute(), args.files, args.size_mib)
+    return _show(run_job(request, plan, options, say), args, console)
 
 
 def run_launch(argv: list[str]) -> int:

@@ -1,0 +1,193 @@
+"""`gpucert cluster fs`: the judges on made-up measurements, the per-node run with in-memory peers (threads as
+nodes: a check that raises leaves nothing behind), and the real two-node Slurm cluster (slow)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpucert.cluster import fs_checks
+from gpucert.cluster.fs_checks import FsOptions, find_mount, judge_consistency, judge_mounts, judge_rate, run_node
+from gpucert.hardware.mounts import parse_mounts
+from gpucert.runtime.errors import RendezvousError
+from gpucert.status import Status
+
+NFS = {"source": "fs1:/export/shared", "target": "/shared", "fstype": "nfs4", "options": ["rw", "vers=4.2"]}
+
+
+def test_find_mount_takes_the_longest_mount_point_prefix() -> None:
+    mounts = parse_mounts(
+        "/dev/vda / ext4 rw 0 0\nfs1:/export /shared nfs4 rw,vers=4.2 0 0\n/dev/vdb /sharedx xfs rw 0 0\n"
+    )
+    found = find_mount(Path("/shared/x/y"), mounts)
+    assert found is not None and found.target == "/shared"
+    found = find_mount(Path("/sharedx/a"), mounts)
+    assert found is not None and found.fstype == "xfs"
+    found = find_mount(Path("/home"), mounts)
+    assert found is not None and found.target == "/"
+
+
+def test_the_same_shared_mount_on_every_node_passes() -> None:
+    # NFSv4's clientaddr names each client: it differs by design.
+    other = {**NFS, "options": ["rw", "vers=4.2", "clientaddr=10.0.0.2"]}
+    (result,) = judge_mounts("/shared/x", {"node1": NFS, "node2": other})
+    assert result.status is Status.PASS
+    assert result.value == "nfs4"
+
+
+def test_a_mount_that_differs_fails_naming_the_node_and_the_field() -> None:
+    other = {**NFS, "options": ["ro", "vers=4.2"]}
+    (result,) = judge_mounts("/shared/x", {"node1": NFS, "node2": other, "node3": NFS})
+    assert result.status is Status.FAIL
+    assert "options 'ro,vers=4.2' on node2" in result.message
+    assert "node3" not in result.message.split("found", 1)[1]
+
+
+def test_a_local_filesystem_on_several_nodes_warns() -> None:
+    local = {"source": "/dev/vda", "target": "/", "fstype": "ext4", "options": ["rw"]}
+    (result,) = judge_mounts("/scratch", {"node1": local, "node2": local})
+    assert result.status is Status.WARN
+    assert "not shared? every node sees its own disk" in result.message
+
+
+def test_an_unreadable_mount_is_error_on_that_node() -> None:
+    results = judge_mounts("/shared", {"node1": NFS, "node2": {"error": "could not read /proc/self/mounts"}})
+    assert [(r.status, r.node) for r in results] == [(Status.ERROR, "node2"), (Status.SKIP, None)]
+
+
+def test_a_node_that_does_not_see_the_token_fails_named() -> None:
+    seen = {"node1": {"seen": "abc"}, "node2": {"seen": None, "error": "FileNotFoundError: No such file"}}
+    renamed = {"node1": {"seen": "abc", "old_exists": False}, "node2": {"seen": "abc", "old_exists": False}}
+    results = judge_consistency("abc", seen, renamed)
+    assert [(r.node, r.status) for r in results] == [("node1", Status.PASS), ("node2", Status.FAIL)]
+    assert "expected node2 to see what node 0 wrote" in results[1].message
+    assert "FileNotFoundError" in results[1].message
+
+
+def test_a_rename_not_seen_fails() -> None:
+    seen = {"node1": {"seen": "abc"}, "node2": {"seen": "abc"}}
+    renamed = {"node1": {"seen": "abc", "old_exists": False}, "node2": {"seen": None, "old_exists": True}}
+    results = judge_consistency("abc", seen, renamed)
+    assert results[1].status is Status.FAIL
+    assert "the rename" in results[1].message
+
+
+def test_consistency_on_one_node_is_skip_with_why() -> None:
+    (result,) = judge_consistency("abc", {"node1": {"seen": "abc"}}, {"node1": {"seen": "abc"}})
+    assert result.status is Status.SKIP
+    assert "one node" in result.message
+
+
+def test_a_rate_without_a_floor_is_shown_not_passed() -> None:
+    per_node = {"node1": {"bytes": 2e9, "elapsed_s": 1.0}, "node2": {"bytes": 2e9, "elapsed_s": 2.0}}
+    results = judge_rate("fs.write", per_node, "bytes", 1e-9, "GB/s", None, "benchmarks.fs_write_gbps_min", "cpu")
+    assert [(r.subject, r.value, r.status) for r in results] == [
+        ("node1", 2.0, Status.SKIP),
+        ("node2", 1.0, Status.SKIP),
+        ("2 nodes at once", 2.0, Status.SKIP),  # 4 GB over the slowest node's 2 s
+    ]
+    assert "not judged: profile cpu sets no benchmarks.fs_write_gbps_min" in results[0].message
+
+
+def test_a_rate_below_its_floor_fails_naming_the_node() -> None:
+    per_node = {"node1": {"ops": 3000, "elapsed_s": 1.0}, "node2": {"error": "OSError: disk full"}}
+    results = judge_rate("fs.metadata", per_node, "ops", 1.0, "ops/s", 5000.0, "benchmarks.x", "site")
+    assert [(r.node, r.status) for r in results] == [("node1", Status.FAIL), ("node2", Status.ERROR)]
+    assert results[0].message == "expected >= 5000 ops/s, found 3000 ops/s on node1"
+
+
+# The per-node run with threads as nodes: an in-memory store that behaves like the agent's.
+
+
+class MemoryPeers:
+    def __init__(self, rank: int, nodes: int, shared: dict[str, Any], cond: threading.Condition) -> None:
+        self.node_rank, self.num_nodes = rank, nodes
+        self.labels = {r: f"node{r + 1}" for r in range(nodes)}
+        self.shared, self.cond = shared, cond
+
+    def put(self, key: str, value: Any) -> None:
+        with self.cond:
+            self.shared[key] = json.loads(json.dumps(value))
+            self.cond.notify_all()
+
+    def get(self, key: str, timeout_s: float, what: str) -> Any:
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.shared, timeout_s):
+                raise RendezvousError(f"{what}: nothing came within {timeout_s:g} s")
+            return self.shared[key]
+
+    def barrier(self, name: str, timeout_s: float) -> None:
+        self.put(f"barrier/{name}/{self.node_rank}", 1)
+        with self.cond:
+            keys = [f"barrier/{name}/{r}" for r in range(self.num_nodes)]
+            if not self.cond.wait_for(lambda: all(k in self.shared for k in keys), timeout_s):
+                raise RendezvousError(f"{name}: late")
+
+
+RUNTIME = SimpleNamespace(rendezvous_timeout_s=5.0, collective_timeout_s=5.0)
+
+
+def run_nodes(nodes: int, options: FsOptions) -> tuple[list[Any], list[BaseException]]:
+    shared: dict[str, Any] = {}
+    cond = threading.Condition()
+    answers: list[Any] = [None] * nodes
+    errors: list[BaseException] = []
+
+    def node(rank: int) -> None:
+        try:
+            answers[rank] = run_node(MemoryPeers(rank, nodes, shared, cond), options, RUNTIME)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in range(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return answers, errors
+
+
+def test_two_nodes_in_one_directory_see_each_other_and_leave_nothing(tmp_path: Path) -> None:
+    answers, errors = run_nodes(2, FsOptions(tmp_path, metadata_files=20, size_mib=1))
+    assert errors == []
+    found = answers[0]
+    assert answers[1] is None and set(found) == {"node1", "node2"}
+    assert found["node2"]["token"]["seen"] == found["node1"]["token"]["seen"]
+    assert found["node2"]["write"]["bytes"] == 1024 * 1024
+    assert "O_DIRECT" in found["node2"]["read"]["cache"] or "fadvise" in found["node2"]["read"]["cache"]
+    profile = SimpleNamespace(name="cpu", benchmarks=SimpleNamespace())
+    results = fs_checks.judge_all(str(tmp_path), found, profile)
+    assert {r.status for r in results if r.name == "fs.consistency"} == {Status.PASS}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_check_that_raises_is_error_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(directory: Path, files: int) -> dict[str, Any]:
+        (directory).mkdir(parents=True, exist_ok=True)
+        (directory / "half-done").write_text("x")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fs_checks, "measure_metadata", broken)
+    answers, errors = run_nodes(2, FsOptions(tmp_path, metadata_files=20, size_mib=1))
+    assert errors == []
+    assert "No space left on device" in answers[0]["node2"]["metadata"]["error"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_dies_midway_still_removes_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(path: Path, size_bytes: int) -> dict[str, Any]:
+        path.write_bytes(b"x" * 1024)
+        raise KeyboardInterrupt  # not a check's failure: the run stops, the files still go
+
+    monkeypatch.setattr(fs_checks, "measure_read", interrupted)
+    t0 = time.monotonic()
+    _, errors = run_nodes(1, FsOptions(tmp_path, metadata_files=5, size_mib=1))
+    assert [type(e) for e in errors] == [KeyboardInterrupt]
+    assert time.monotonic() - t0 < 10
+    assert list(tmp_path.iterdir()) == []
