@@ -4,6 +4,7 @@ nodes: a check that raises leaves nothing behind), and the real two-node Slurm c
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from gpucert.cluster.fs_checks import FsOptions, find_mount, judge_consistency, 
 from gpucert.hardware.mounts import parse_mounts
 from gpucert.runtime.errors import RendezvousError
 from gpucert.status import Status
+from tests.cluster.slurm import SlurmCluster, exit_code, output_of, submit, wait_job
 
 NFS = {"source": "fs1:/export/shared", "target": "/shared", "fstype": "nfs4", "options": ["rw", "vers=4.2"]}
 
@@ -191,3 +193,36 @@ def test_a_run_that_dies_midway_still_removes_its_files(tmp_path: Path, monkeypa
     assert [type(e) for e in errors] == [KeyboardInterrupt]
     assert time.monotonic() - t0 < 10
     assert list(tmp_path.iterdir()) == []
+
+
+# The real two-node Slurm cluster: one task per node, MASTER_ADDR/MASTER_PORT exported as
+# gpucert.launch.slurm renders them (tests/fixtures/launch/accept-2-nodes.sbatch); no --kill-on-bad-exit,
+# since a WARN verdict (exit 1) is an expected ending here.
+
+FS_JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=5
+set -euo pipefail
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
+export MASTER_ADDR MASTER_PORT
+srun --ntasks-per-node=1 {python} -m gpucert cluster fs {shared} --profile cpu \\
+  --files 50 --size-mib 2 --set runtime.rendezvous_timeout_s=60 --output {out}
+"""
+
+
+@pytest.mark.slow
+def test_cluster_fs_on_two_slurm_nodes_writes_one_report(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    shared, out = tmp_path / "shared", tmp_path / "run"
+    shared.mkdir()
+    script = FS_JOB.format(python=sys.executable, shared=shared, out=out)
+    job = wait_job(submit(script, slurm_cluster.env, workdir=tmp_path), slurm_cluster.env, timeout_s=180)
+    # WARN at worst: both slurmd nodes live on this host's local disk.
+    assert exit_code(job)[0] in (0, 1), output_of(job)[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["meta"]["nodes"] == ["node1", "node2"]
+    found = {(r["name"], r["node"]): r["status"] for r in report["results"]}
+    assert found[("fs.consistency", "node1")] == found[("fs.consistency", "node2")] == "PASS"
+    assert {node for name, node in found if name == "fs.write"} == {"node1", "node2", None}
+    assert list(shared.iterdir()) == []
