@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psutil
 
+from gpucert.launch.slurm import FINAL_STATES
+
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 # The binaries that say the packages above are installed.
 BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "munged", "munge", "unmunge")
@@ -40,22 +42,8 @@ MUNGE_KEY = Path("/etc/munge/munge.key")
 MUNGE_RUN_DIR = Path("/run/munge")
 MUNGE_PID_FILE = MUNGE_RUN_DIR / "munged.pid"
 ETC_HOSTS = Path("/etc/hosts")
-# Job states after which a job never runs again (squeue(1), "JOB STATE CODES").
-FINISHED_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "REVOKED",
-        "SPECIAL_EXIT",
-        "TIMEOUT",
-    }
-)
+# Job states after which a job never runs again: the ones gpucert launch follows a job to.
+FINISHED_STATES = FINAL_STATES
 # Below Linux's default ephemeral range (32768-60999), so an outgoing connection cannot take a port between
 # the moment it is picked and the moment a daemon binds it.
 PORT_RANGE = (20000, 32000)

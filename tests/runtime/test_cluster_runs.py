@@ -46,11 +46,9 @@ def node_flags(rank: int, port: int) -> list[str]:
     return ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)]
 
 
-def two_nodes(
-    argv: list[str], port: int, tmp_path: Path, timeout_s: float = 240
-) -> list[subprocess.CompletedProcess[str]]:
-    """The same gpucert command on node ranks 0 and 1, started together; both outputs."""
-    procs = [
+def start_two_nodes(argv: list[str], port: int, tmp_path: Path) -> list[subprocess.Popen[str]]:
+    """The same gpucert command on node ranks 0 and 1, started together."""
+    return [
         subprocess.Popen(
             [*GPUCERT, *argv, *node_flags(rank, port)],
             env=clean_env(TMPDIR=str(tmp_path)),
@@ -60,6 +58,13 @@ def two_nodes(
         )
         for rank in (0, 1)
     ]
+
+
+def two_nodes(
+    argv: list[str], port: int, tmp_path: Path, timeout_s: float = 240
+) -> list[subprocess.CompletedProcess[str]]:
+    """start_two_nodes, run to the end: both outputs."""
+    procs = start_two_nodes(argv, port, tmp_path)
     done = []
     for proc in procs:
         out, err = proc.communicate(timeout=timeout_s)
@@ -288,16 +293,7 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     argv = ["accept", "--profile", "cpu", "--nproc", "1", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
     argv += ["--set", "runtime.heartbeat_interval_s=0.5", "--set", "runtime.heartbeat_timeout_s=3"]
     argv += ["--set", "runtime.rendezvous_timeout_s=8"]
-    procs = [
-        subprocess.Popen(
-            [*GPUCERT, *argv, *node_flags(rank, port)],
-            env=clean_env(TMPDIR=str(tmp_path)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    procs = start_two_nodes(argv, port, tmp_path)
     _worker_of_rank(psutil.Process(procs[1].pid), 1, 90)
     time.sleep(3)
     procs[1].kill()
@@ -402,16 +398,7 @@ def test_a_stopped_worker_on_node_1_is_named_and_both_nodes_go_on(tmp_path: Path
     argv = ["accept", "--profile", "cpu", "--nproc", "1", "-o", str(out), "--skip", "p2p,collectives,train"]
     argv += ["--set", "bench.matmul.warmup_s=60", "--set", "runtime.heartbeat_interval_s=0.5"]
     argv += ["--set", "runtime.heartbeat_timeout_s=3"]
-    procs = [
-        subprocess.Popen(
-            [*GPUCERT, *argv, *node_flags(rank, port)],
-            env=clean_env(TMPDIR=str(tmp_path)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    procs = start_two_nodes(argv, port, tmp_path)
     victim = _worker_of_rank(psutil.Process(procs[1].pid), 1, 90)
     time.sleep(4)
     victim.send_signal(signal.SIGSTOP)

@@ -36,6 +36,8 @@ FINAL_STATES = {
     "NODE_FAIL",
     "OUT_OF_MEMORY",
     "PREEMPTED",
+    "REVOKED",
+    "SPECIAL_EXIT",
     "TIMEOUT",
 }
 JUDGED_VERBS = ("accept", "health", "bench")
