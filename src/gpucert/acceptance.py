@@ -200,12 +200,13 @@ class RunOutcome:
     exit_code: int
 
 
-def run_local(request: RunRequest) -> RunOutcome:
-    """discover/health of this node: nothing to meet, no process group."""
+def run_local(request: RunRequest, job_results: Callable[[], list[Result]] | None = None) -> RunOutcome:
+    """discover/health of this node, or checks of what surrounds it (job_results: `cluster slurm`): nothing to
+    meet, no process group."""
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     work = collect_node(request)
     work.results = check_health(work, request, started)
-    report = build_report(request, started, t0, work, [work.part()], [])
+    report = build_report(request, started, t0, work, [work.part()], job_results() if job_results else [])
     path = write_report(report, output_dir(request, work, started))
     return RunOutcome(report, path, report.status.exit_code)
 
@@ -255,7 +256,10 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
             say(f"node {agent.label}: the report is written by node 0 ({agent.labels[0]}); verdict exit code {code}")
             return RunOutcome(None, None, code)
         try:
-            parts = _collect_parts(agent, ran, work.config.runtime, lost)
+            # After a lost node: whatever the remaining nodes sent, briefly.
+            runtime = work.config.runtime
+            wait = runtime.heartbeat_timeout_s if lost else runtime.collective_timeout_s
+            parts = read_parts(agent.store, agent.num_nodes, ran, wait, skip_missing=lost, prefix="data/")
             report = build_report(request, started, t0, work, parts, job_results)
             path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
         except BaseException:
@@ -275,23 +279,6 @@ def _aborted(message: str, node: str | None) -> Result:
         remediation="find the named node or rank (its log, dmesg, the network to node 0); nothing after this "
         "point was judged",
     )
-
-
-def _collect_parts(agent: Any, ran: list[str], runtime: Any, lost: bool) -> list[dict[str, Any]]:
-    """Every node's checks and telemetry; after a lost node, whatever the remaining nodes sent (briefly)."""
-    wait = runtime.heartbeat_timeout_s if lost else runtime.collective_timeout_s
-    parts = []
-    for r in range(agent.num_nodes):
-        try:
-            part = agent.get(f"part/{r}", wait, f"node rank {r}'s checks")
-            for name in ran:
-                part["results"] += agent.get(f"telemetry/{name}/{r}", wait, f"node rank {r}'s telemetry")
-        except RendezvousError:
-            if not lost:
-                raise
-            continue
-        parts.append(part)
-    return parts
 
 
 def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
@@ -321,7 +308,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         )
         # The watchdog's own connection: the main thread's may be blocked in a wait on a dead peer.
         store = rt.watchdog.store if rt.watchdog is not None and rt.watchdog.store is not None else rt.store
-        parts = _read_parts(rt, request.benchmarks, wait=False, store=store) or [work.part()]
+        parts = read_parts(store, rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
         report = build_report(request, started, t0, work, parts, [*done, failed])
         path = write_report(report, output_dir(request, work, started))
         say(f"partial report written to {path}")
@@ -350,7 +337,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         rt.set_phase("report")
         outcome = RunOutcome(None, None, 0)
         if rt.is_main:
-            parts = _read_parts(rt, request.benchmarks)
+            wait = rt.config.collective_timeout_s
+            parts = read_parts(rt.store, rt.num_nodes, request.benchmarks, wait, skip_missing=False)
             report = build_report(request, started, t0, work, parts, done)
             path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
             rt.store.set("verdict", str(report.status.exit_code))
@@ -372,22 +360,34 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     return outcome
 
 
-def _read_parts(rt: Any, benchmarks: list[str], wait: bool = True, store: Any = None) -> list[dict[str, Any]]:
-    """Every node's checks and telemetry from the job's store; wait=False takes only what is there (a run that
-    stopped part-way: the nodes and benchmarks that got that far)."""
+def read_parts(
+    store: Any, num_nodes: int, benchmarks: list[str], timeout_s: float, skip_missing: bool, prefix: str = ""
+) -> list[dict[str, Any]]:
+    """Every node's checks and the telemetry of each benchmark, as the nodes put them in the run's store.
+
+    timeout_s > 0 waits that long for each node's keys; a node that sent nothing in time is left out when
+    skip_missing (a lost node, already named) and an error naming it otherwise. timeout_s == 0 takes only what
+    is there (a run that stopped part-way: the nodes and benchmarks that got that far).
+    """
     from datetime import timedelta
 
-    store = store or rt.store
     parts = []
-    for node in range(rt.num_nodes):
-        keys = [f"part/{node}"] + [f"telemetry/{name}/{node}" for name in benchmarks]
-        if wait:
-            store.wait(keys, timedelta(seconds=rt.config.collective_timeout_s))
-        elif not store.check(keys[:1]):
+    for node in range(num_nodes):
+        keys = [f"{prefix}part/{node}"] + [f"{prefix}telemetry/{name}/{node}" for name in benchmarks]
+        if timeout_s > 0:
+            try:
+                store.wait(keys, timedelta(seconds=timeout_s))
+            except RuntimeError:
+                if skip_missing:
+                    continue
+                raise RendezvousError(
+                    f"node rank {node}'s checks and telemetry did not come within {timeout_s:g} s"
+                ) from None
+        present = keys if timeout_s > 0 else [k for k in keys if store.check([k])]
+        if keys[0] not in present:
             continue
         part = json.loads(store.get(keys[0]))
-        for key in keys[1:]:
-            if wait or store.check([key]):
-                part["results"] += json.loads(store.get(key))
+        for key in present[1:]:
+            part["results"] += json.loads(store.get(key))
         parts.append(part)
     return parts

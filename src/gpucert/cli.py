@@ -21,9 +21,7 @@ import importlib.util
 import json
 import os
 import sys
-import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -264,9 +262,8 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_cluster(args: argparse.Namespace, console: Console) -> int:
-    from gpucert.acceptance import RunOutcome, RunRequest, build_report, collect_node, output_dir
+    from gpucert.acceptance import RunRequest, run_local
     from gpucert.cluster import slurm_checks
-    from gpucert.report.store import write_report
 
     if args.check == "fs":
         return run_cluster_fs(args, console)
@@ -278,15 +275,13 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(f"--{name} must be > 0, found {getattr(args, name)}")
     if args.gpus < 0:
         raise ConfigError(f"--gpus must be >= 0, found {args.gpus}")
-    started, t0 = datetime.now(timezone.utc), time.perf_counter()
     overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
     request = RunRequest("cluster slurm", [], args.config, overrides, args.output, None, ["gpucert", *sys.argv[1:]])
-    work = collect_node(request)
     here = [sys.executable, "-m", "gpucert"]
-    results = slurm_checks.run_checks(args.partition, args.cpus, args.gpus, args.mem, args.timeout, here)
-    report = build_report(request, started, t0, work, [work.part()], results)
-    path = write_report(report, output_dir(request, work, started))
-    return _show(RunOutcome(report, path, report.status.exit_code), args, console)
+    outcome = run_local(
+        request, lambda: slurm_checks.run_checks(args.partition, args.cpus, args.gpus, args.mem, args.timeout, here)
+    )
+    return _show(outcome, args, console)
 
 
 def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:

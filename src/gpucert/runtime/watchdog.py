@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from gpucert.runtime.group import ABORTED_EXIT, AbortRecord, connect_store, read_abort, record_abort, say
+from gpucert.runtime.group import (
+    ABORTED_EXIT,
+    AbortRecord,
+    connect_store,
+    leave_failed,
+    read_abort,
+    record_abort,
+    say,
+)
 
 if TYPE_CHECKING:
     from gpucert.runtime.group import Runtime
@@ -138,10 +146,7 @@ class Watchdog:
             except Exception as exc:  # the exit below must happen whatever the callback did
                 say(f"while stopping: {type(exc).__name__}: {exc}")
         say(f"{self.rt.me.describe()} stops: {record.message()}")
-        if self.rt.serves_store:
-            # The other ranks read the abort record from this process: let them before the store goes.
-            time.sleep(2 * self.rt.config.heartbeat_interval_s)
-        os._exit(ABORTED_EXIT)
+        leave_failed(self.rt, ABORTED_EXIT)
 
 
 def deadman(
