@@ -110,7 +110,7 @@ def with_gpu_uuids(results: list[Result], nodes: dict[str, dict[str, Any]]) -> l
 
 def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> RunConfig:
     config = load_config(RunConfig, request.config_path, request.overrides, base=base)
-    problems = config.runtime.problems()
+    problems = config.runtime.problems() + config.localize.problems()
     if problems:
         raise ConfigError("; ".join(problems))
     return config

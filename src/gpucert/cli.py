@@ -35,6 +35,7 @@ from gpucert.status import Status
 
 if TYPE_CHECKING:
     from gpucert.acceptance import RunOutcome
+    from gpucert.runtime.launch_env import NodeEnv
 
 ERROR_EXIT = Status.ERROR.exit_code
 
@@ -76,6 +77,7 @@ def _cluster_options() -> _Parser:
     group.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (0 writes the report)")
     group.add_argument("--master-addr", help="node rank 0's address, reachable from every node")
     group.add_argument("--master-port", type=int, default=29500, help="node rank 0's port (default 29500)")
+    group.add_argument("--node-name", help="this node's name in the report (default: its hostname)")
     return cluster
 
 
@@ -130,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     fs.add_argument("path", type=Path, help="a directory on the shared filesystem (files go in a subdirectory)")
     fs.add_argument("--files", type=int, default=2000, help="small files each node creates, stats and unlinks")
     fs.add_argument("--size-mib", type=int, default=1024, help="MiB of the checkpoint-sized file each node writes")
+    localize = cluster_checks.add_parser(
+        "localize",
+        parents=[common],
+        help="find the slow node or link: pairwise all_gather + per-GPU matmul jobs, suspects re-paired",
+        description="Runs disjoint pair jobs (two-node gpucert accept: matmul on every GPU, Ring all_gather "
+        "across the pair), then re-pairs suspects with known-good nodes. Nodes come from --hosts/--hostfile "
+        "(ssh to other hosts) or, inside a Slurm allocation, from the allocation (one srun step per pair). "
+        "The run directory (--output) must be on a filesystem every node shares.",
+    )
+    where = localize.add_mutually_exclusive_group()
+    where.add_argument("--hosts", nargs="+", metavar="HOST[:GPUS]", help="the nodes, e.g. gpu01 gpu02, or h:0 h:1")
+    where.add_argument("--hostfile", type=Path, help="a file of nodes, one per line (MPI's `host slots=8` works)")
     # Parsed by gpucert.launch.command (its unknown options pass through to the launched verb).
     verbs.add_parser("launch", help="a multi-node job: Slurm (submitted and followed), torchrun commands, Kubernetes")
     finetune = verbs.add_parser("finetune", help="LoRA fine-tuning (offline default: tiny model, bundled data)")
@@ -143,6 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
     evaluate.add_argument("--output", "-o", help="where evaluation.json goes (default: next to the adapter)")
     return parser
+
+
+def _flag_plan(args: argparse.Namespace) -> NodeEnv | None:
+    """The node plan of --nnodes/--node-rank/--master-addr/--master-port/--node-name; None without --nnodes."""
+    from gpucert.runtime.launch_env import node_env_from_flags
+
+    if getattr(args, "nnodes", None) is None:
+        if getattr(args, "node_name", None) is not None:
+            raise ConfigError("--node-name names this node among others: it needs --nnodes (and --node-rank)")
+        return None
+    return node_env_from_flags(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.node_name)
 
 
 def _benchmarks_of(args: argparse.Namespace) -> list[str]:
@@ -161,7 +186,7 @@ def _benchmarks_of(args: argparse.Namespace) -> list[str]:
 
 def run_suite(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_with_agents
-    from gpucert.runtime.launch_env import NodeEnv, node_env_from_flags, read_node_env, read_rank_env
+    from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
 
     overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
     nproc = getattr(args, "nproc", None)
@@ -194,15 +219,12 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
             "install gpucert[bench], or run `gpucert health` on each node and join the reports with "
             "`gpucert report merge`"
         )
-    plan: NodeEnv | None
-    if nnodes is not None:
-        plan = node_env_from_flags(nnodes, args.node_rank, args.master_addr, args.master_port)
-    elif args.verb != "discover" and not args.replay and read_rank_env(os.environ) is not None:
+    plan = _flag_plan(args)
+    if plan is None and args.verb != "discover" and not args.replay and read_rank_env(os.environ) is not None:
         # One rank of an outside torchrun/srun job: join it (a lone torchrun rank too, for a uniform path).
-        outcome = run_in_ranks(request, say)
-        return _show(outcome, args, console)
-    else:
-        plan = None if args.replay else read_node_env(os.environ)
+        return _show(run_in_ranks(request, say), args, console)
+    if plan is None and not args.replay:
+        plan = read_node_env(os.environ)
     if args.verb == "discover" or (not benchmarks and (plan is None or plan.num_nodes == 1)):
         outcome = run_local(request)
     else:
@@ -267,6 +289,8 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
 
     if args.check == "fs":
         return run_cluster_fs(args, console)
+    if args.check == "localize":
+        return run_cluster_localize(args, console)
     if args.probe:
         print(json.dumps(slurm_checks.probe()))
         return 0
@@ -287,7 +311,7 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
 def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest
     from gpucert.cluster.fs_checks import FsOptions, run_job
-    from gpucert.runtime.launch_env import NodeEnv, node_env_from_flags, read_node_env
+    from gpucert.runtime.launch_env import NodeEnv, read_node_env
 
     for name in ("files", "size_mib"):
         if getattr(args, name) < 1:
@@ -296,10 +320,7 @@ def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--replay reads a captured node: cluster fs needs the live filesystem")
     overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
     request = RunRequest("cluster fs", [], args.config, overrides, args.output, None, ["gpucert", *sys.argv[1:]])
-    if args.nnodes is not None:
-        plan = node_env_from_flags(args.nnodes, args.node_rank, args.master_addr, args.master_port)
-    else:
-        plan = read_node_env(os.environ) or NodeEnv("local", 0, 1, "127.0.0.1", 0)
+    plan = _flag_plan(args) or read_node_env(os.environ) or NodeEnv("local", 0, 1, "127.0.0.1", 0)
 
     def say(line: str) -> None:
         if not args.json:
@@ -307,6 +328,26 @@ def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
 
     options = FsOptions(args.path.absolute(), args.files, args.size_mib)
     return _show(run_job(request, plan, options, say), args, console)
+
+
+def run_cluster_localize(args: argparse.Namespace, console: Console) -> int:
+    from gpucert.acceptance import RunRequest
+    from gpucert.cluster.localize import read_hostfile, run_localize
+
+    if args.replay:
+        raise ConfigError("--replay reads a captured node: localize runs jobs on live nodes")
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("localize's pair jobs meet through torch.distributed: install gpucert[bench] on every node")
+    hosts = read_hostfile(args.hostfile) if args.hostfile else args.hosts
+    overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
+    command = ["gpucert", *sys.argv[1:]]
+    request = RunRequest("cluster localize", [], args.config, overrides, args.output, None, command)
+
+    def say(line: str) -> None:
+        if not args.json:
+            console.print(line, style="dim")
+
+    return _show(run_localize(request, hosts, say, os.environ), args, console)
 
 
 def run_launch(argv: list[str]) -> int:

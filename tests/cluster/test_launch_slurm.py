@@ -104,3 +104,31 @@ def test_cluster_slurm_passes_on_a_working_cluster(slurm_cluster: SlurmCluster, 
     assert found[("slurm.partition", "debug")] == "PASS"
     assert found[("slurm.sbatch", "sbatch --wait")] == "PASS"
     assert {name for name, _ in found} >= {"slurm.srun", "slurm.job.cpus", "slurm.job.gpus", "slurm.job.memory"}
+
+
+def test_localize_runs_one_srun_step_per_pair_and_names_both_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """`launch slurm localize` runs localize once in the batch step; its pair job is an srun step on node1 and
+    node2, judged here against a floor any working pair clears (two nodes have no other pair to compare with)."""
+    run = tmp_path / "localize"
+    done = launch(
+        slurm_cluster, "localize", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu",
+        "--set", "bench.nproc=1", "--set", "localize.pair_busbw_gbps_min=0.0001",
+        "--output", str(run), "--follow-timeout", "200",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:] + slurm_log_tails(run)
+    report = json.loads((run / "report.json").read_text())
+    assert report["meta"]["nodes"] == ["node1", "node2"] or report["meta"]["nodes"] == ["node2", "node1"]
+    [pair] = [r for r in report["results"] if r["name"] == "localize.pair"]
+    assert pair["status"] == "PASS" and set(pair["details"]["nodes"]) == {"node1", "node2"}, pair
+    assert pair["threshold_source"] == "config: localize.pair_busbw_gbps_min"
+    verdicts = {r["node"]: r["status"] for r in report["results"] if r["name"] == "localize.node"}
+    assert verdicts == {"node1": "PASS", "node2": "PASS"}
+    # Every node's inventory and health came back from its pair job, under its Slurm name.
+    assert set(report["nodes"]) == {"node1", "node2"}
+    assert {r["node"] for r in report["results"] if r["name"] == "node.xid"} == {"node1", "node2"}
+
+
+def slurm_log_tails(run: Path) -> str:
+    return "\n".join(
+        f"== {p}\n{p.read_text()[-2000:]}" for p in sorted(run.rglob("*.log")) + sorted(run.rglob("*.out"))
+    )

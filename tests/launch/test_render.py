@@ -50,11 +50,33 @@ def test_finetune_script_runs_torchrun_with_the_task_s_node_rank() -> None:
     assert 'bash -c \'exec torchrun --node-rank="$SLURM_NODEID"' in script
 
 
+LOCALIZE = dict(verb="localize", args=("--profile", "h200", "--output", "/shared/runs/loc"), run_dir="/shared/runs/loc")
+FS = dict(verb="fs", args=("/shared/scratch", "--output", "/shared/runs/fs"), run_dir="/shared/runs/fs")
+
+
+def test_localize_runs_once_in_the_batch_step_and_fs_on_every_node() -> None:
+    script = render_sbatch(job(16, **LOCALIZE))
+    assert script == (GOLDEN / "localize-16-nodes.sbatch").read_text()
+    # localize starts one srun step per pair itself: the script must not start it on every node.
+    assert "srun" not in script.split("set -euo pipefail")[1]
+    assert "\ngpucert cluster localize --profile h200 --output /shared/runs/loc || rc=$?\n" in script
+    fs = render_sbatch(job(2, **FS))
+    assert fs == (GOLDEN / "fs-2-nodes.sbatch").read_text()
+    assert "--kill-on-bad-exit=1 --output=/shared/runs/fs/logs/node-%n-%N.log gpucert cluster fs /shared/scratch" in fs
+
+
+def test_localize_is_refused_where_it_cannot_run_once() -> None:
+    with pytest.raises(ConfigError, match="runs once and starts the pair jobs itself"):
+        torchrun.node_commands("localize", (), 2, "a", 29500, 8, {}, 60)
+
+
 def regenerate() -> None:
     for nodes in (1, 2, 16):
         (GOLDEN / f"accept-{nodes}-nodes.sbatch").write_text(render_sbatch(job(nodes)))
     ft = job(2, verb="finetune", args=("cfg.yaml", "--output-dir", "/shared/ft"))
     (GOLDEN / "finetune-2-nodes.sbatch").write_text(render_sbatch(ft))
+    (GOLDEN / "localize-16-nodes.sbatch").write_text(render_sbatch(job(16, **LOCALIZE)))
+    (GOLDEN / "fs-2-nodes.sbatch").write_text(render_sbatch(job(2, **FS)))
 
 
 @pytest.mark.parametrize(

@@ -349,8 +349,8 @@ def _judged(
 
 
 def profile_floor(profile: Any, name: str) -> float | None:
-    """A floor from the profile's benchmarks section, where a profile defines one (none built in yet)."""
-    value = getattr(profile.benchmarks, name, None)
+    """A floor from the profile's benchmarks section (a site profile sets them; none is built in)."""
+    value = getattr(profile.benchmarks, name)
     return float(value) if value is not None else None
 
 

@@ -72,6 +72,15 @@ class BenchmarkExpectations:
     # A GPU or node this far below the cluster median of a per-GPU figure FAILs (gpu-fryer's 10 % rule, taken
     # across the nodes of a run); None turns the rule off, as on CPU ranks sharing cores.
     cluster_deviation_pct: float | None = 10.0
+    # Ring all_gather busbw between two nodes (`gpucert cluster localize`), GB/s. A fact of the fabric (NICs
+    # per node, their rate), so a site profile sets it: Google's cluster-health-scanner holds 8x400G H200
+    # pairs to 250. None: pairs are judged against each other only.
+    pair_busbw_gbps_min: float | None = None
+    # Shared filesystem (`gpucert cluster fs`), per node with every node at once: create+stat+unlink ops/s and
+    # checkpoint-sized write/read GB/s. None: shown, not judged.
+    fs_metadata_ops_min: float | None = None
+    fs_write_gbps_min: float | None = None
+    fs_read_gbps_min: float | None = None
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,48 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
+class LocalizeConfig:
+    """`gpucert cluster localize`: pair jobs of a Ring all_gather across two nodes and a matmul on every GPU."""
+
+    # The all_gather message of every pair job: large, so the wires are timed and not the latency.
+    size_mib: int = 1024
+    # The per-GPU figure: one square matmul size and dtype, timed after matmul_warmup_s of load.
+    matmul_dtype: str = "bf16"
+    matmul_size: int = 8192
+    matmul_warmup_s: float = 3.0
+    # A pair this far below the others (the median of the other pairs; the best of them when fewer than 3) is a
+    # suspect. None: the profile's benchmarks.cluster_deviation_pct; null there turns the relative rule off.
+    deviation_pct: float | None = None
+    # A pair below this busbw (GB/s) is a suspect. None: the profile's benchmarks.pair_busbw_gbps_min.
+    pair_busbw_gbps_min: float | None = None
+    # Seconds one pair job may take before it is stopped and counted as ERROR.
+    pair_timeout_s: float = 900.0
+    # Pair k of a round meets on base_port + k (node rank 0 of the pair serves it).
+    base_port: int = 29600
+    # Seeds the random pairing of round 1; None draws one (recorded in the report, to rerun the same pairs).
+    seed: int | None = None
+    # Rounds after the first that re-pair suspects with known-good nodes (more when suspects outnumber them).
+    max_rounds: int = 3
+
+    def problems(self) -> list[str]:
+        found = []
+        for key in ("size_mib", "matmul_size", "max_rounds"):
+            if getattr(self, key) < 1:
+                found.append(f"localize.{key} must be >= 1, found {getattr(self, key)}")
+        if self.matmul_warmup_s < 0:
+            found.append(f"localize.matmul_warmup_s must be >= 0, found {self.matmul_warmup_s}")
+        if self.pair_timeout_s <= 0:
+            found.append(f"localize.pair_timeout_s must be > 0, found {self.pair_timeout_s}")
+        if self.deviation_pct is not None and not 0 < self.deviation_pct < 100:
+            found.append(f"localize.deviation_pct must be in (0, 100), found {self.deviation_pct}")
+        if self.pair_busbw_gbps_min is not None and self.pair_busbw_gbps_min < 0:
+            found.append(f"localize.pair_busbw_gbps_min must be >= 0, found {self.pair_busbw_gbps_min}")
+        if not 1024 <= self.base_port <= 65000:
+            found.append(f"localize.base_port must be in 1024..65000, found {self.base_port}")
+        return found
+
+
+@dataclass(frozen=True)
 class RunConfig:
     # A profile name from configs/profiles/ or a path to a profile YAML; "auto" picks by GPU name.
     profile: str = "auto"
@@ -106,3 +148,4 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     # Rendezvous, collective and heartbeat timeouts of multi-process runs (runtime/config.py).
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    localize: LocalizeConfig = field(default_factory=LocalizeConfig)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from gpucert.config.loader import ConfigError
-from gpucert.launch.slurm import JUDGED_VERBS, VERBS
+from gpucert.launch.slurm import JUDGED_VERBS, VERB_ARGV, VERBS, refuse_once_verb
 
 
 def render_manifests(
@@ -32,6 +32,7 @@ def render_manifests(
 ) -> str:
     if verb not in VERBS:
         raise ConfigError(f"verb {verb!r}: expected one of {', '.join(VERBS)}")
+    refuse_once_verb(verb, "k8s")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?", name):
         raise ConfigError(f"--name {name!r}: a Kubernetes name is lower-case letters, digits and '-' (max 42)")
     if nodes < 1:
@@ -39,7 +40,7 @@ def render_manifests(
     service = f"{name}-rdzv"
     head = f"{name}-0.{service}"
     if verb in JUDGED_VERBS:
-        command = ["gpucert", verb, *args, "--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}"]
+        command = [*VERB_ARGV[verb], *args, "--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}"]
     else:
         # $(VAR) is expanded by the kubelet from the container's environment.
         command = [

@@ -40,7 +40,27 @@ FINAL_STATES = {
     "SPECIAL_EXIT",
     "TIMEOUT",
 }
-JUDGED_VERBS = ("accept", "health", "bench")
+# What each verb runs: one task per node (the node agents), or once in the batch step (localize issues its own
+# srun steps, one per pair of nodes).
+VERB_ARGV = {
+    "accept": ("gpucert", "accept"),
+    "health": ("gpucert", "health"),
+    "bench": ("gpucert", "bench"),
+    "fs": ("gpucert", "cluster", "fs"),
+    "localize": ("gpucert", "cluster", "localize"),
+}
+ONCE_VERBS = ("localize",)
+
+
+def refuse_once_verb(verb: str, backend: str) -> None:
+    if verb in ONCE_VERBS:
+        raise ConfigError(
+            f"`launch {backend} {verb}`: {verb} runs once and starts the pair jobs itself; run "
+            "`gpucert cluster localize --hosts H1 H2 ...` on one host, or `gpucert launch slurm localize`"
+        )
+
+
+JUDGED_VERBS = tuple(VERB_ARGV)
 VERBS = (*JUDGED_VERBS, "finetune")
 
 
@@ -128,8 +148,7 @@ def _task_command(job: SlurmJob) -> str:
     """What srun runs on every node, quoted for the batch script's shell."""
     if job.verb in JUDGED_VERBS:
         # gpucert's node agent: node rank from SLURM_NODEID, node 0's address from MASTER_ADDR below.
-        argv = ["gpucert", job.verb, *job.args]
-        return shlex.join(argv)
+        return shlex.join([*VERB_ARGV[job.verb], *job.args])
     nproc = job.gpus_per_node or 1
     torchrun = [
         "torchrun",
@@ -158,21 +177,32 @@ def render_sbatch(job: SlurmJob) -> str:
     if job.container_image:
         srun += [f"--container-image={job.container_image}", f"--container-mounts={job.run_dir}:{job.run_dir}"]
     port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 10000))"
+    if job.verb in ONCE_VERBS:
+        run = [
+            "# Runs once, here in the batch step; it starts one srun step per pair of nodes itself.",
+            "rc=0",
+            f"{_task_command(job)} || rc=$?",
+        ]
+    else:
+        run = [
+            "# Node rank 0's address, resolved inside the job: the allocation's first host.",
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f"MASTER_PORT={port}",
+            "export MASTER_ADDR MASTER_PORT",
+            "rc=0",
+            f"{shlex.join(srun)} {_task_command(job)} || rc=$?",
+        ]
     lines = [
         "#!/bin/bash",
         f"# gpucert launch slurm {job.verb}, rendered by gpucert {gpucert.__version__}: submit with sbatch;",
-        f"# every node's output goes to {job.run_dir}/logs/node-<index>-<host>.log.",
+        f"# every node's output goes to {job.run_dir}/"
+        + ("pairs/<round>-<pair>/logs/." if job.verb in ONCE_VERBS else "logs/node-<index>-<host>.log."),
         *_directives(job),
         "set -euo pipefail",
         f"mkdir -p {run_dir}/logs",
         *job.setup,
         *(f"export {key}={shlex.quote(value)}" for key, value in job.env.items()),
-        "# Node rank 0's address, resolved inside the job: the allocation's first host.",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"MASTER_PORT={port}",
-        "export MASTER_ADDR MASTER_PORT",
-        "rc=0",
-        f"{shlex.join(srun)} {_task_command(job)} || rc=$?",
+        *run,
         "exit $rc",
     ]
     return "\n".join(lines) + "\n"

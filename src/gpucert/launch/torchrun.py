@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from gpucert.config.loader import ConfigError
-from gpucert.launch.slurm import JUDGED_VERBS, VERBS
+from gpucert.launch.slurm import JUDGED_VERBS, VERB_ARGV, VERBS, refuse_once_verb
 
 
 def node_commands(
@@ -28,11 +28,12 @@ def node_commands(
         raise ConfigError(f"verb {verb!r}: expected one of {', '.join(VERBS)}")
     if nodes < 1:
         raise ConfigError(f"--nodes must be >= 1, found {nodes}")
+    refuse_once_verb(verb, "torchrun")
     prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
     commands = []
     for rank in range(nodes):
         if verb in JUDGED_VERBS:
-            argv = [*prefix, "gpucert", verb, "--nnodes", str(nodes), "--node-rank", str(rank)]
+            argv = [*prefix, *VERB_ARGV[verb], "--nnodes", str(nodes), "--node-rank", str(rank)]
             argv += ["--master-addr", head, "--master-port", str(port)]
             argv += ["--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}", *args]
         else:

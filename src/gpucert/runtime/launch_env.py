@@ -184,12 +184,16 @@ def read_node_env(env: Mapping[str, str]) -> NodeEnv | None:
     return None
 
 
-def node_env_from_flags(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int) -> NodeEnv:
-    """`--nnodes N --node-rank R --master-addr A [--master-port P]`, checked before any work."""
+def node_env_from_flags(
+    nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int, node_name: str | None = None
+) -> NodeEnv:
+    """`--nnodes N --node-rank R --master-addr A [--master-port P] [--node-name NAME]`, checked before any work."""
     if nnodes < 1:
         raise ConfigError(f"--nnodes must be >= 1, found {nnodes}")
+    if node_name is not None and not re.fullmatch(r"[A-Za-z0-9_.:@+=-]+", node_name):
+        raise ConfigError(f"--node-name {node_name!r}: use letters, digits and _.:@+=- (it names files and results)")
     if nnodes == 1:
-        return NodeEnv("flags", 0, 1, master_addr or "127.0.0.1", master_port)
+        return NodeEnv("flags", 0, 1, master_addr or "127.0.0.1", master_port, node_name)
     if node_rank is None or master_addr is None:
         raise ConfigError(
             f"--nnodes {nnodes} needs --node-rank (0..{nnodes - 1}) and --master-addr (node rank 0's address)"
@@ -198,7 +202,7 @@ def node_env_from_flags(nnodes: int, node_rank: int | None, master_addr: str | N
         raise ConfigError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, found {node_rank}")
     if not 0 < master_port < 65536:
         raise ConfigError(f"--master-port must be in 1..65535, found {master_port}")
-    return NodeEnv("flags", node_rank, nnodes, master_addr, master_port)
+    return NodeEnv("flags", node_rank, nnodes, master_addr, master_port, node_name)
 
 
 def first_host(nodelist: str) -> str:

@@ -79,6 +79,13 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(1)
 
 
+def term_with_parent() -> None:
+    """preexec_fn of a gpucert (or srun) process a controller starts: SIGTERM when the controller dies, so it
+    stops its own workers (or srun its step) instead of running on unattended."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)

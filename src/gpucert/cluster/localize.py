@@ -1,0 +1,794 @@
+"""`gpucert cluster localize`: find the slow node or link with pairwise jobs (reference cluster.md §4).
+
+Round 1 pairs the nodes at random into disjoint pairs and runs all N/2 pair jobs at once. A pair job is a
+two-node `gpucert accept` of what localizes: a matmul on every GPU of both nodes, and an all_gather across the
+two nodes with NCCL's Ring forced (tree and NVLS report busbw above what the wires carry). A pair below the
+reference (the median busbw of the other pairs; the best of them when fewer than 3) or below the floor is a
+suspect, and so is a pair job that did not finish. Round 2 pairs every suspect node with a node of a passing
+pair: a suspect that is slow with a known-good partner too is a bad node; a failed pair whose two nodes both
+pass with known-good partners is a bad link between them. That is O(1) rounds of N/2 jobs, as Google's
+cluster-health-scanner does it.
+
+Every GPU's matmul is also held to the median of all GPUs (`cluster.outlier.*`, the accept rule), so with no
+known-good node to re-pair with (two nodes; every pair failing) a slow GPU still names its node; otherwise
+the failed pair is named as such, and the report says why it could not narrow it down.
+
+Pair jobs run as one `srun` step each inside a Slurm allocation, or from a host list as one gpucert per node
+(ssh to hosts other than this one). Each writes its own report under `<run>/pairs/`; localize writes one
+report of its own, in the project's schema, with every node's inventory and health from its pair jobs.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import secrets
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpucert.config.loader import ConfigError
+from gpucert.config.profiles import Profile
+from gpucert.config.run import RunConfig
+from gpucert.report.schema import Report, Result
+from gpucert.status import Status
+
+# Exit codes of a job that ran and judged (PASS, WARN, FAIL); 3 and deaths by signal mean it did not.
+VERDICT_CODES = (0, 1, 2)
+CLUSTER = "cluster"
+# Variables a pair job on another host needs from ours (ssh passes no environment).
+FORWARDED_PREFIXES = ("NCCL_", "GPUCERT_", "UCX_", "FI_")
+# Seconds a pair's surviving process gets, after its partner failed, to say why before it is stopped.
+PARTNER_GRACE_S = 5.0
+_HOST = re.compile(r"^[A-Za-z0-9_.-]+$")
+_GPUS = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the search: where its pair jobs run, and (host lists) which GPUs of that host it is."""
+
+    name: str
+    host: str
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES of the node's processes; None: all the host's GPUs
+
+
+def _expand_gpus(text: str) -> str:
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        lo, hi = int(first), int(last or first)
+        if hi < lo:
+            raise ConfigError(f"GPU range {part!r} runs backwards")
+        out += range(lo, hi + 1)
+    return ",".join(str(i) for i in out)
+
+
+def parse_node(text: str) -> NodeSpec:
+    """`host` or `host:GPUS` (GPUS like 0, 0-3 or 0,2: that host's GPUs, as one node of the search)."""
+    host, sep, gpus = text.strip().partition(":")
+    if not _HOST.match(host):
+        raise ConfigError(f"host {host!r} (in {text!r}): expected a hostname or IPv4 address (letters, digits, _.-)")
+    if not sep:
+        return NodeSpec(host, host)
+    if not _GPUS.match(gpus):
+        raise ConfigError(f"{text!r}: expected host:GPUS with GPUS like 0, 0-3 or 0,2 (CUDA_VISIBLE_DEVICES)")
+    return NodeSpec(f"{host}:{gpus}", host, _expand_gpus(gpus))
+
+
+def parse_hosts(items: Sequence[str]) -> list[NodeSpec]:
+    nodes = [parse_node(item) for item in items]
+    names = [n.name for n in nodes]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"node(s) listed twice: {', '.join(twice)}")
+    if len(nodes) < 2:
+        raise ConfigError(f"localize needs at least 2 nodes to pair, found {len(nodes)}: {', '.join(names) or '-'}")
+    return nodes
+
+
+def read_hostfile(path: Path) -> list[str]:
+    """One node per line (MPI-style `host slots=8` keeps the first word); `#` starts a comment."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--hostfile {path}: {exc.strerror or exc}") from exc
+    return [line.split("#")[0].split()[0] for line in lines if line.split("#")[0].strip()]
+
+
+def slurm_nodes(env: Mapping[str, str], run: Callable[[list[str]], str]) -> list[NodeSpec]:
+    """The nodes of the Slurm allocation we run in (`scontrol show hostnames $SLURM_JOB_NODELIST`)."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise ConfigError(
+            "no nodes to localize: give --hosts H1 H2 ... (or --hostfile), or run inside a Slurm allocation "
+            "(`gpucert launch slurm localize --nodes N`, or sbatch/salloc)"
+        )
+    return parse_hosts(run(["scontrol", "show", "hostnames", nodelist]).split())
+
+
+# Pairing
+
+
+@dataclass(frozen=True)
+class Pair:
+    round: int
+    index: int
+    head: NodeSpec  # node rank 0 of the pair job: serves its rendezvous and writes its report
+    other: NodeSpec
+
+    @property
+    def subject(self) -> str:
+        return f"{self.head.name} <-> {self.other.name}"
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, NodeSpec]:
+        return (self.head, self.other)
+
+    @property
+    def dirname(self) -> str:
+        return f"r{self.round}-{self.index:02d}"
+
+
+def first_round(nodes: Sequence[NodeSpec], seed: int) -> tuple[list[Pair], list[NodeSpec]]:
+    """Disjoint random pairs; with an odd count, one node waits for round 2 (paired with a known-good one)."""
+    order = list(nodes)
+    random.Random(seed).shuffle(order)
+    pairs = [Pair(1, i // 2, order[i], order[i + 1]) for i in range(0, len(order) - 1, 2)]
+    return pairs, order[2 * len(pairs) :]
+
+
+def repair_rounds(suspects: Sequence[NodeSpec], goods: Sequence[NodeSpec], max_rounds: int) -> list[list[Pair]]:
+    """Each suspect with a different known-good node (the pair's head: it writes the report even when the
+    suspect dies); more suspects than good nodes take more rounds, up to max_rounds."""
+    rounds: list[list[Pair]] = []
+    pending = list(suspects)
+    while pending and goods and len(rounds) < max_rounds:
+        now, pending = pending[: len(goods)], pending[len(goods) :]
+        rounds.append([Pair(len(rounds) + 2, i, good, s) for i, (s, good) in enumerate(zip(now, goods, strict=False))])
+    return rounds
+
+
+# Running pair jobs
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process of a pair job: a gpucert node agent (host list) or the srun of the pair's step (Slurm)."""
+
+    who: str  # node name(s) it runs for
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+
+
+@dataclass
+class PairOutcome:
+    pair: Pair
+    directory: Path
+    busbw_gbps: float | None = None
+    error: str | None = None
+    # A pair job that ran but found wrong all_gather output: data corruption, judged FAIL whatever the speed.
+    corrupt: str | None = None
+    report: Report | None = None
+    exits: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def ran(self) -> bool:
+        return self.busbw_gbps is not None
+
+
+def _is_local(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()) or host.startswith("127.")
+
+
+def pair_args(
+    pair: Pair, directory: Path, config: RunConfig, profile: str, config_path: Path | None, overrides: Sequence[str]
+) -> list[str]:
+    """`gpucert accept` of a pair job, without its node placement (flags or srun's environment give that)."""
+    loc = config.localize
+    size = loc.size_mib * 1024 * 1024
+    args = ["accept", "--skip", "memory,p2p,train", "--output", str(directory), "--profile", profile]
+    if config_path is not None:
+        args += ["--config", str(config_path.absolute())]
+    for item in overrides:
+        args += ["--set", item]
+    sets = {
+        "bench.collectives.ops": "[all_gather]",
+        "bench.collectives.intra_node_ops": "[]",
+        "bench.collectives.force_ring": "true",
+        "bench.collectives.min_bytes": str(size),
+        "bench.collectives.max_bytes": str(size),
+        "bench.collectives.gate_bytes": str(size),
+        "bench.matmul.dtypes": f"[{loc.matmul_dtype}]",
+        "bench.matmul.sizes": f"[{loc.matmul_size}]",
+        "bench.matmul.sweep_budget_s": "0",
+        "bench.matmul.warmup_s": str(loc.matmul_warmup_s),
+    }
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    return args
+
+
+def _clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    from gpucert.runtime.launch_env import RANK_VARIABLES
+
+    return {k: v for k, v in env.items() if k not in RANK_VARIABLES}
+
+
+def host_launches(pair: Pair, args: Sequence[str], port: int, env: Mapping[str, str]) -> list[Launch]:
+    """One gpucert per node: this host's directly, other hosts' over ssh (BatchMode: never a password prompt)."""
+    local = [_is_local(n.host) for n in pair.nodes]
+    addr = "127.0.0.1" if all(local) else (socket.getfqdn() if local[0] else pair.head.host)
+    launches = []
+    for rank, node in enumerate(pair.nodes):
+        flags = ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", addr, "--master-port", str(port)]
+        argv = [sys.executable, "-m", "gpucert", *args, *flags, "--node-name", node.name]
+        mine = _clean_env(env)
+        if node.gpus is not None:
+            mine["CUDA_VISIBLE_DEVICES"] = node.gpus
+        if not local[rank]:
+            passed = {k: v for k, v in mine.items() if k.startswith(FORWARDED_PREFIXES) or k == "CUDA_VISIBLE_DEVICES"}
+            remote = ["env", *(f"{k}={v}" for k, v in sorted(passed.items())), *argv]
+            argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", node.host, shlex.join(remote)]
+        log = pair_directory_log(pair, rank, node)
+        launches.append(Launch(node.name, argv, mine, log))
+    return launches
+
+
+def pair_directory_log(pair: Pair, rank: int, node: NodeSpec) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", node.name)
+    return Path("logs") / f"node-{rank}-{safe}.log"
+
+
+def slurm_launches(pair: Pair, args: Sequence[str], port: int, env: Mapping[str, str]) -> list[Launch]:
+    """One srun step on the pair's two nodes, one task each: the node agents read their rank from SLURM_NODEID
+    and node rank 0's address from the step's node list, so only the port (one per concurrent step) is ours."""
+    step_env = {**_clean_env(env), "MASTER_PORT": str(port)}
+    srun = [
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        f"--nodelist={pair.head.host},{pair.other.host}",
+        "--kill-on-bad-exit=1",
+        "--job-name=gpucert-localize",
+        "--output=logs/node-%n-%N.log",
+    ]
+    if env.get("SLURM_GPUS_PER_NODE"):
+        srun.append(f"--gpus-per-node={env['SLURM_GPUS_PER_NODE']}")
+    argv = [*srun, sys.executable, "-m", "gpucert", *args]
+    return [Launch(pair.subject, argv, step_env, Path("logs") / "srun.log")]
+
+
+def _start(launch: Launch, directory: Path) -> subprocess.Popen[bytes]:
+    from gpucert.runtime.spawn import term_with_parent
+
+    log = directory / launch.log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            launch.argv,
+            env=launch.env,
+            cwd=directory,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=term_with_parent,
+        )
+
+
+def run_pairs(
+    jobs: Sequence[tuple[Pair, Path, list[Launch]]], timeout_s: float, grace_s: float, say: Callable[[str], None]
+) -> list[PairOutcome]:
+    """Every pair job of a round at once; each ends by itself, by its timeout, or soon after a partner process
+    failed. Nothing started here outlives this function (Ctrl-C included)."""
+    from gpucert.runtime.spawn import stop_all
+
+    running: list[tuple[Pair, Path, list[Launch], list[subprocess.Popen[bytes]]]] = []
+    outcomes: dict[int, PairOutcome] = {}
+    timed_out: set[int] = set()
+    stopped: set[int] = set()
+    try:
+        for pair, directory, launches in jobs:
+            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                procs = [_start(launch, directory) for launch in launches]
+            except OSError as exc:
+                error = f"could not start {launches[0].argv[0]}: {exc.strerror or exc}"
+                outcomes[pair.index] = PairOutcome(pair, directory, error=error)
+                continue
+            running.append((pair, directory, launches, procs))
+        deadline = time.monotonic() + timeout_s
+        stop_at: dict[int, float] = {}
+        while any(p.poll() is None for *_, procs in running for p in procs):
+            now = time.monotonic()
+            for pair, _directory, _launches, procs in running:
+                codes = [p.poll() for p in procs]
+                if None not in codes:
+                    continue
+                if any(c is not None and c not in VERDICT_CODES for c in codes):
+                    # The partner waits on a peer that is gone; its own timeouts would end it, later.
+                    stop_at.setdefault(pair.index, now + PARTNER_GRACE_S)
+                if now > deadline:
+                    timed_out.add(pair.index)
+                if now > deadline or now > stop_at.get(pair.index, float("inf")):
+                    stopped.add(pair.index)
+                    stop_all(procs, grace_s)
+            time.sleep(0.2)
+    finally:
+        stop_all([p for *_, procs in running for p in procs], grace_s)
+    for pair, directory, launches, procs in running:
+        exits = {launch.who: proc.returncode for launch, proc in zip(launches, procs, strict=True)}
+        outcomes[pair.index] = read_outcome(
+            pair, directory, launches, exits, timeout_s if pair.index in timed_out else None, pair.index in stopped
+        )
+    for index in sorted(outcomes):
+        o = outcomes[index]
+        say(f"  {o.pair.subject}: " + (f"{o.busbw_gbps:.3g} GB/s busbw" if o.ran else f"no result: {o.error}"))
+    return [outcomes[k] for k in sorted(outcomes)]
+
+
+def _last_error(log: Path) -> str | None:
+    """The line of a node's log that says what went wrong (gpucert prints `gpucert: error: ...`)."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    # gpucert's own words first; then ssh's or srun's; then an exception; never torch's [W...] warnings.
+    for accept in (
+        lambda t: t.startswith("gpucert:"),
+        lambda t: t.startswith(("ssh:", "srun:")),
+        lambda t: "Error" in t.split(":")[0] or "error:" in t,
+    ):
+        for line in reversed(lines):
+            if accept(line) and not line.startswith("[W"):
+                return line[:400]
+    return None
+
+
+def read_outcome(
+    pair: Pair,
+    directory: Path,
+    launches: Sequence[Launch],
+    exits: dict[str, int | None],
+    timed_out_after: float | None = None,
+    stopped: bool = False,
+) -> PairOutcome:
+    """What a finished pair job measured, read from the report its node rank 0 wrote; why not, otherwise."""
+    from gpucert.report.store import load_report
+
+    outcome = PairOutcome(pair, directory, exits=exits)
+    path = directory / "report.json"
+    if path.exists():
+        try:
+            outcome.report = load_report(path)
+        except ValueError as exc:
+            outcome.error = str(exc)
+            return outcome
+        gathers = [r for r in outcome.report.results if r.name == "collective.all_gather" and r.node is None]
+        aborted = [r for r in outcome.report.results if r.name == "run.aborted"]
+        if gathers and isinstance(gathers[0].value, (int, float)) and gathers[0].status is not Status.ERROR:
+            outcome.busbw_gbps = float(gathers[0].value)
+            if (gathers[0].threshold_source or "").startswith("correctness"):
+                outcome.corrupt = gathers[0].message
+        elif aborted:
+            outcome.error = aborted[0].message
+        elif gathers:
+            outcome.error = gathers[0].message
+        else:
+            outcome.error = f"{path} has no all_gather result across the two nodes"
+        return outcome
+    if timed_out_after is not None:
+        outcome.error = f"no report after {timed_out_after:g} s (localize.pair_timeout_s): stopped"
+        return outcome
+    causes = []
+    for launch in launches:
+        code = exits.get(launch.who)
+        if stopped and (code is None or code < 0):
+            continue  # we stopped it: its partner's failure is the cause
+        if code not in VERDICT_CODES:
+            said = _last_error(directory / launch.log)
+            causes.append(f"{launch.who}: {_exit_text(code)}" + (f": {said}" if said else ""))
+    outcome.error = "; ".join(causes) or f"no report at {path} (is the run directory on a filesystem both nodes share?)"
+    return outcome
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running when stopped"
+    if code < 0:
+        import signal
+
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+# Judging
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a pair's busbw is held to: a floor, a share of the reference, or both (the higher wins)."""
+
+    floor: float | None
+    floor_source: str | None
+    pct: float | None
+    pct_source: str | None
+
+
+def rule_of(config: RunConfig, profile: Profile) -> Rule:
+    loc = config.localize
+    floor: float | None
+    pct: float | None
+    if loc.pair_busbw_gbps_min is not None:
+        floor, floor_source = loc.pair_busbw_gbps_min, "config: localize.pair_busbw_gbps_min"
+    else:
+        floor = profile.benchmarks.pair_busbw_gbps_min
+        floor_source = f"profile {profile.name}: benchmarks.pair_busbw_gbps_min"
+    if loc.deviation_pct is not None:
+        pct, pct_source = loc.deviation_pct, "config: localize.deviation_pct"
+    else:
+        pct = profile.benchmarks.cluster_deviation_pct
+        pct_source = f"profile {profile.name}: benchmarks.cluster_deviation_pct"
+    return Rule(floor, floor_source if floor is not None else None, pct, pct_source if pct is not None else None)
+
+
+def reference(values: Sequence[float]) -> float | None:
+    """What the other pairs reach: their median, or their best when fewer than 3 (a median of two is their
+    mean, which a slow pair drags down)."""
+    if not values:
+        return None
+    return statistics.median(values) if len(values) >= 3 else max(values)
+
+
+def judge_pair(
+    outcome: PairOutcome, others: Sequence[float], rule: Rule, what: str, others_ran: bool = False
+) -> Result:
+    """One `localize.pair` result. others: busbw of the pairs this one is compared with. A pair job that gave
+    no figure is FAIL where other pair jobs of the run did (these nodes could not run what others ran), and
+    ERROR where none did (then the run itself is in question: config, install, shared run directory)."""
+    pair = outcome.pair
+    base: dict[str, Any] = dict(
+        name="localize.pair",
+        subject=pair.subject,
+        unit="GB/s",
+        category=CLUSTER,
+        details={
+            "round": pair.round,
+            "nodes": [n.name for n in pair.nodes],
+            "report": str(outcome.directory / "report.json"),
+            "exits": outcome.exits,
+        },
+    )
+    where = f"on {pair.subject} (round {pair.round}, {what})"
+    if not outcome.ran:
+        return Result(
+            **base,
+            status=Status.FAIL if others_ran else Status.ERROR,
+            message=f"the pair job gave no busbw {where}: {outcome.error}",
+            remediation=f"read the pair's logs in {outcome.directory / 'logs'}; a node that cannot run a pair "
+            "with a known-good node either is named below",
+        )
+    busbw = outcome.busbw_gbps or 0.0
+    base["value"] = busbw
+    if outcome.corrupt:
+        return Result(
+            **base,
+            status=Status.FAIL,
+            threshold_source="correctness: exact expected output",
+            expected="0 wrong elements",
+            message=f"expected exact all_gather output, found wrong elements {where}: {outcome.corrupt}",
+            remediation="wrong data across the network means a bad NIC, cable or GPU: drain both nodes until "
+            "the re-pairs below name one",
+        )
+    ref = reference(others)
+    limits: list[tuple[float, str, str]] = []
+    if rule.floor is not None and rule.floor_source is not None:
+        limits.append((rule.floor, rule.floor_source, f"the floor {rule.floor:g} GB/s"))
+    if rule.pct is not None and rule.pct_source is not None and ref is not None:
+        kind = "median" if len(others) >= 3 else "best"
+        text = f"within {rule.pct:g} % of the {kind} of {len(others)} other pair(s), {ref:.3g} GB/s"
+        limits.append((ref * (1 - rule.pct / 100), rule.pct_source, text))
+    if not limits:
+        why = "no other pair to compare with" if ref is None else "the relative rule is off"
+        return Result(
+            **base,
+            status=Status.SKIP,
+            message=f"not judged: {busbw:.3g} GB/s busbw {where}; {why} and no floor is set "
+            "(localize.pair_busbw_gbps_min or the profile's benchmarks.pair_busbw_gbps_min)",
+        )
+    threshold, source, text = max(limits)
+    base.update(expected=f">= {threshold:.3g} GB/s", threshold_source=source)
+    base["details"] = {**base["details"], "reference_gbps": ref, "threshold_gbps": threshold}
+    if busbw < threshold:
+        return Result(
+            **base,
+            status=Status.FAIL,
+            message=f"expected busbw >= {threshold:.3g} GB/s ({text}), found {busbw:.3g} GB/s {where}",
+            remediation="a suspect pair: the re-pairs with known-good nodes below say which node or link",
+        )
+    return Result(**base, status=Status.PASS, message=f"{busbw:.3g} GB/s busbw {where}, {text}")
+
+
+def _failed(result: Result) -> bool:
+    return result.status in (Status.FAIL, Status.ERROR)
+
+
+def slow_gpu_nodes(results: Sequence[Result]) -> dict[str, list[str]]:
+    """Nodes the cross-node GPU outlier rule failed, with what it said (the per-GPU lines)."""
+    found: dict[str, list[str]] = {}
+    for r in results:
+        if r.name.startswith("cluster.outlier.") and r.status is Status.FAIL and r.node is not None:
+            found.setdefault(r.node, []).append(r.message)
+    return found
+
+
+def conclude(
+    nodes: Sequence[NodeSpec],
+    judged: Sequence[tuple[PairOutcome, Result]],
+    slow_gpus: Mapping[str, list[str]],
+    left_out: Sequence[NodeSpec],
+) -> list[Result]:
+    """One `localize.node` result per node and one `localize.link` per link found bad."""
+    first = [(o, r) for o, r in judged if o.pair.round == 1]
+    later = [(o, r) for o, r in judged if o.pair.round > 1]
+    round1 = {n.name: r.status for o, r in first for n in o.pair.nodes}
+
+    def partner_text(name: str) -> str:
+        # A re-pair partner passed round 1, or (where no pair could be judged) at least ran its pair job.
+        return f"known-good {name}" if round1.get(name) is Status.PASS else f"{name} (its round-1 pair ran, unjudged)"
+
+    results = []
+    cleared: set[str] = set()
+    for node in nodes:
+        mine = [(o, r) for o, r in first if node in o.pair.nodes]
+        again = [(o, r) for o, r in later if o.pair.other == node]
+        subject: dict[str, Any] = dict(subject=node.name, node=node.name, category=CLUSTER, name="localize.node")
+        gpus = slow_gpus.get(node.name)
+        if again:
+            o, r = again[-1]
+            partner = o.pair.head.name
+            if _failed(r):
+                results.append(
+                    Result(
+                        **subject,
+                        status=Status.FAIL,
+                        message=f"bad node {node.name}: its re-pair with {partner_text(partner)} failed too "
+                        f"({r.message})",
+                        expected=f"a passing pair with {partner_text(partner)}",
+                        threshold_source="localize: re-pair with a known-good node",
+                        remediation=f"drain {node.name}; check its NICs (ibstat, port rates, errors), GPU clocks "
+                        "and the pair job's logs",
+                        details={"partner": partner, "round": o.pair.round},
+                    )
+                )
+                continue
+            cleared.add(node.name)
+        if gpus:
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.FAIL,
+                    message=f"bad node {node.name}: a GPU below its peers: {gpus[0]}",
+                    threshold_source="cluster.outlier: the GPUs' median",
+                    remediation=f"drain {node.name}: see its cluster.outlier results for the GPU, and its clocks, "
+                    "power and processes",
+                )
+            )
+            continue
+        if node.name in cleared:
+            o, r = again[-1]
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.PASS,
+                    message=f"{node.name} passes with {partner_text(o.pair.head.name)} ({r.message})",
+                )
+            )
+            continue
+        if not mine:
+            why = "was left out of round 1 (odd count) and no known-good node was found to pair it with"
+            if node not in left_out:
+                why = "took part in no pair"
+            results.append(Result(**subject, status=Status.SKIP, message=f"not judged: {node.name} {why}"))
+            continue
+        o, r = mine[0]
+        partner = next(n for n in o.pair.nodes if n != node).name
+        if r.status is Status.PASS:
+            results.append(
+                Result(**subject, status=Status.PASS, message=f"{node.name} passes with {partner} ({r.message})")
+            )
+        elif r.status is Status.SKIP:
+            reason = r.message.removeprefix("not judged: ")
+            results.append(
+                Result(**subject, status=Status.SKIP, message=f"not judged: its pair with {partner}: {reason}")
+            )
+        elif slow_gpus.get(partner):
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.SKIP,
+                    message=f"not judged: {node.name}'s only pair failed, which its partner {partner}'s slow GPU "
+                    "explains; no known-good node was free to clear it",
+                )
+            )
+        else:
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.WARN,
+                    message=f"suspect, not narrowed down: {node.name}'s pair with {partner} failed and no known-good "
+                    "node was free to re-pair it with",
+                    remediation="rerun localize with more nodes (a node of a passing pair tells the two apart)",
+                )
+            )
+    for o, r in first:
+        head, other = (n.name for n in o.pair.nodes)
+        if _failed(r) and {head, other} <= cleared:
+            results.append(
+                Result(
+                    name="localize.link",
+                    subject=o.pair.subject,
+                    status=Status.FAIL,
+                    category=CLUSTER,
+                    message=f"bad link {o.pair.subject}: each node passes with a known-good node, but not with the "
+                    f"other ({r.message})",
+                    threshold_source="localize: both nodes cleared by re-pairs",
+                    remediation="the path between these two nodes is slow: check the switch ports and cables on "
+                    "it (ibdiagnet, port error counters) and the rails each NIC is on",
+                )
+            )
+    return results
+
+
+# The whole search
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What localize runs: its nodes, how pair jobs start, where they write, and how they are judged."""
+
+    nodes: list[NodeSpec]
+    slurm: bool  # one srun step per pair; else one gpucert per node (ssh for other hosts)
+    run_dir: Path
+    config: RunConfig
+    profile: Profile
+    config_path: Path | None
+    overrides: tuple[str, ...]
+    seed: int
+
+
+def choose_seed(config: RunConfig) -> int:
+    return config.localize.seed if config.localize.seed is not None else secrets.randbelow(2**31)
+
+
+def _what(config: RunConfig) -> str:
+    from gpucert.bench.collectives import format_bytes
+
+    return f"Ring all_gather {format_bytes(config.localize.size_mib * 1024 * 1024)}"
+
+
+def node_parts(outcomes: Sequence[PairOutcome]) -> list[dict[str, Any]]:
+    """Each node's inventory and own results (health, per-GPU matmul) from the first pair report it is in;
+    the pair reports' cluster.* judgements are left behind (localize judges across all nodes)."""
+    parts: dict[str, dict[str, Any]] = {}
+    for o in outcomes:
+        if o.report is None:
+            continue
+        for node in o.pair.nodes:
+            if node.name in parts or node.name not in o.report.meta.nodes:
+                continue
+            parts[node.name] = {
+                "label": node.name,
+                "inventory": o.report.nodes.get(node.name, {}),
+                "results": [
+                    r.to_dict() for r in o.report.results if r.node == node.name and not r.name.startswith("cluster.")
+                ],
+            }
+    return list(parts.values())
+
+
+def _profile_arg(config: RunConfig, profile: Profile) -> str:
+    """The pair jobs' --profile: the one this run resolved (a path made absolute, for every node)."""
+    if config.profile == "auto":
+        return profile.name
+    path = Path(config.profile)
+    return str(path.absolute()) if path.suffix in (".yaml", ".yml") else config.profile
+
+
+def search(
+    plan: Plan, say: Callable[[str], None], env: Mapping[str, str]
+) -> tuple[list[tuple[PairOutcome, Result]], list[NodeSpec], dict[str, list[str]]]:
+    """Round 1, then the re-pair rounds: every pair job with its judged result, the node round 1 left out,
+    and the nodes with a slow GPU (they are not known-good partners)."""
+    from gpucert.report.cluster import cross_node_outliers
+
+    config, loc = plan.config, plan.config.localize
+    rule, what = rule_of(config, plan.profile), _what(config)
+    launcher = slurm_launches if plan.slurm else host_launches
+    profile_arg = _profile_arg(config, plan.profile)
+
+    def run_round(pairs: list[Pair]) -> list[PairOutcome]:
+        jobs = []
+        for pair in pairs:
+            directory = plan.run_dir / "pairs" / pair.dirname
+            args = pair_args(pair, directory, config, profile_arg, plan.config_path, plan.overrides)
+            jobs.append((pair, directory, launcher(pair, args, loc.base_port + pair.index, env)))
+        say(f"round {pairs[0].round}: {len(pairs)} pair job(s) at once: " + ", ".join(p.subject for p in pairs))
+        return run_pairs(jobs, loc.pair_timeout_s, config.runtime.kill_grace_s, say)
+
+    pairs, left_out = first_round(plan.nodes, plan.seed)
+    first = run_round(pairs)
+    measured = {id(o): o.busbw_gbps for o in first if o.busbw_gbps is not None and not o.corrupt}
+    ran = bool(measured)
+    judged = [(o, judge_pair(o, [v for k, v in measured.items() if k != id(o)], rule, what, ran)) for o in first]
+    node_results = [Result.from_dict(r) for part in node_parts(first) for r in part["results"]]
+    slow = slow_gpu_nodes(cross_node_outliers(node_results, plan.profile))
+    # Known-good partners: nodes of passing pairs; where no pair could be judged (too few to compare, no
+    # floor), nodes of pairs that ran, which still tells a node that cannot run a pair job at all.
+    goods = [n for o, r in judged if r.status is Status.PASS for n in o.pair.nodes if n.name not in slow] or [
+        n for o, r in judged if r.status is Status.SKIP for n in o.pair.nodes if n.name not in slow
+    ]
+    suspects = [n for o, r in judged if _failed(r) for n in o.pair.nodes] + list(left_out)
+    # Round 2 on is held to what passing pairs reached (all measured pairs, where none passed by a rule).
+    passing = [o.busbw_gbps for o, r in judged if r.status is Status.PASS and o.busbw_gbps is not None]
+    level = passing or list(measured.values())
+    for later in repair_rounds(suspects, goods, loc.max_rounds):
+        judged += [(o, judge_pair(o, level, rule, what, ran)) for o in run_round(later)]
+    return judged, left_out, slow
+
+
+def run_localize(request: Any, hosts: Sequence[str] | None, say: Callable[[str], None], env: Mapping[str, str]) -> Any:
+    """The whole search from this host (a login node, or the batch host of a Slurm allocation): one report."""
+    import dataclasses
+
+    from gpucert.acceptance import RunOutcome, build_report, collect_node, output_dir
+    from gpucert.launch.slurm import SlurmError, _run
+    from gpucert.report.store import write_report
+
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    work = collect_node(request)
+    if work.config.profile == "auto" and not work.inventory.gpu.gpus:
+        raise ConfigError(
+            f"localize sizes its pair jobs by the nodes' GPU profile, and this host ({work.inventory.hostname}) has "
+            "no NVIDIA GPU to choose one by: pass --profile (e.g. h100-sxm, h200; cpu for CPU nodes)"
+        )
+    if hosts:
+        nodes, slurm = parse_hosts(hosts), False
+    else:
+        try:
+            nodes, slurm = slurm_nodes(env, lambda argv: _run(argv)), True
+        except SlurmError as exc:
+            raise ConfigError(str(exc)) from exc
+    run_dir = output_dir(request, work, started).absolute()
+    if (run_dir / "pairs").exists():
+        raise ConfigError(f"{run_dir} holds an earlier localize run (pairs/): choose another --output")
+    try:
+        (run_dir / "pairs").mkdir(parents=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run directory {run_dir}: {exc.strerror or exc}") from exc
+    seed = choose_seed(work.config)
+    # The seed actually used is in the report's config: `--set localize.seed=N` reruns the same pairs.
+    work.config = dataclasses.replace(work.config, localize=dataclasses.replace(work.config.localize, seed=seed))
+    overrides = tuple(o for o in request.overrides if not o.startswith("profile="))
+    plan = Plan(nodes, slurm, run_dir, work.config, work.profile, request.config_path, overrides, seed)
+    how = "one srun step per pair" if slurm else "a host list"
+    say(f"localizing over {len(nodes)} nodes ({how}; seed {seed}); pair jobs in {run_dir / 'pairs'}")
+    judged, left_out, _slow = search(plan, say, env)
+    parts = node_parts([o for o, _r in judged])
+    report = build_report(request, started, t0, work, parts, [r for _o, r in judged])
+    verdicts = conclude(nodes, judged, slow_gpu_nodes(report.results), left_out)
+    meta = dataclasses.replace(report.meta, nodes=[n.name for n in nodes])
+    report = dataclasses.replace(report, meta=meta, results=[*report.results, *verdicts])
+    path = write_report(report, run_dir)
+    return RunOutcome(report, path, report.status.exit_code)
