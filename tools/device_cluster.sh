@@ -6,6 +6,9 @@
 #   STEP=finetune  a short Qwen2-7B-shape DDP fine-tuning over two torchrun agents, then node 0 alone (the
 #                  rendezvous timeout names the missing node)
 #   STEP=verify    the GPU test tier (tests/gpu, both GPUs), then accept under two torchrun agents
+#   STEP=localize  gpucert cluster localize over the two "nodes" (localhost:0, localhost:1), first idle, then with
+#                  GPU 1 kept busy by a competing process (a bf16 matmul loop); FLOOR=3 also holds the pair to
+#                  3 GB/s busbw; NODES=4 on a 4-GPU machine
 #   STEP=faults    accept under two torchrun agents again; a 2-node fine-tuning whose rank 1 is SIGKILLed mid-run
 #                  (both nodes must end within 60 s, naming it); a matmul benchmark whose rank 1 is SIGSTOPped
 # Results: $OUT/cluster.tgz (reports, logs), $OUT/summary.txt. Usage: STEP=accept bash tools/device_cluster.sh
@@ -40,7 +43,34 @@ torchrun_accept() {  # PORT: every rank of two torchrun agents runs `gpucert acc
   wait
   echo "accept-torchrun: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 }
-if [ "$step" = accept ]; then
+hog() {  # GPU SECONDS: a competing process that keeps one GPU busy with bf16 matmuls
+  CUDA_VISIBLE_DEVICES=$1 timeout "$2" python3 -c "
+import torch
+a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)
+i = 0
+while True:
+    a = (a @ a).clamp_(-1, 1); i += 1
+    if i % 50 == 0: torch.cuda.synchronize()
+" > /tmp/res/hog.log 2>&1 &
+}
+if [ "$step" = localize ]; then
+  n=${NODES:-2}; hosts=(); for g in $(seq 0 $((n - 1))); do hosts+=("localhost:$g"); done
+  loc=(--hosts "${hosts[@]}" --set health.expected_gpus=$n)
+  start=$(date +%s)
+  timeout 280 gpucert cluster localize "${loc[@]}" -o /tmp/res/localize-idle > /tmp/res/localize-idle.log 2>&1
+  echo "localize-idle ($n nodes): exit $? $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  hog $((n - 1)) 300; sleep 5
+  start=$(date +%s)
+  timeout 280 gpucert cluster localize "${loc[@]}" -o /tmp/res/localize-slowed > /tmp/res/localize-slowed.log 2>&1
+  echo "localize-slowed ($n nodes, GPU $((n - 1)) busy): exit $? $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  if [ -n "${FLOOR:-}" ]; then  # the pair judged against a floor (GB/s) too
+    start=$(date +%s)
+    timeout 280 gpucert cluster localize "${loc[@]}" --set localize.pair_busbw_gbps_min="$FLOOR" \
+      -o /tmp/res/localize-slowed-floor > /tmp/res/localize-slowed-floor.log 2>&1
+    echo "localize-slowed-floor ($FLOOR GB/s): exit $? $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  fi
+  pkill -f "a = torch.randn" ; nvidia-smi --query-gpu=index,utilization.gpu --format=csv | tee -a "$OUT/summary.txt"
+elif [ "$step" = accept ]; then
   two_nodes accept-agents 29610 gpucert accept -o /tmp/res/accept-agents "${common[@]}"
   torchrun_accept 29620
 elif [ "$step" = verify ]; then

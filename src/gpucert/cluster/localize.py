@@ -527,7 +527,8 @@ def _failed(result: Result) -> bool:
 def slow_gpu_nodes(results: Sequence[Result]) -> dict[str, list[str]]:
     """Nodes the cross-node GPU outlier rule failed, with what it said (the per-GPU lines)."""
     found: dict[str, list[str]] = {}
-    for r in results:
+    # The per-GPU lines first: they name the GPU.
+    for r in sorted(results, key=lambda r: r.gpu_index is None):
         if r.name.startswith("cluster.outlier.") and r.status is Status.FAIL and r.node is not None:
             found.setdefault(r.node, []).append(r.message)
     return found
@@ -678,9 +679,10 @@ def _what(config: RunConfig) -> str:
     return f"Ring all_gather {format_bytes(config.localize.size_mib * 1024 * 1024)}"
 
 
-def node_parts(outcomes: Sequence[PairOutcome]) -> list[dict[str, Any]]:
-    """Each node's inventory and own results (health, per-GPU matmul) from the first pair report it is in;
-    the pair reports' cluster.* judgements are left behind (localize judges across all nodes)."""
+def node_parts(outcomes: Sequence[PairOutcome], figure: str) -> list[dict[str, Any]]:
+    """Each node's inventory, health and per-GPU figure (`figure`, e.g. matmul.bf16.8192) from the first pair
+    report it is in. Nothing else: the pair jobs' other results judge a benchmark cut down to localize (no
+    max-achievable sweep), and their cluster.* judgements cover two nodes, where localize judges them all."""
     parts: dict[str, dict[str, Any]] = {}
     for o in outcomes:
         if o.report is None:
@@ -688,14 +690,17 @@ def node_parts(outcomes: Sequence[PairOutcome]) -> list[dict[str, Any]]:
         for node in o.pair.nodes:
             if node.name in parts or node.name not in o.report.meta.nodes:
                 continue
+            mine = [r for r in o.report.results if r.node == node.name and (r.category == "health" or r.name == figure)]
             parts[node.name] = {
                 "label": node.name,
                 "inventory": o.report.nodes.get(node.name, {}),
-                "results": [
-                    r.to_dict() for r in o.report.results if r.node == node.name and not r.name.startswith("cluster.")
-                ],
+                "results": [r.to_dict() for r in mine],
             }
     return list(parts.values())
+
+
+def figure_name(config: RunConfig) -> str:
+    return f"matmul.{config.localize.matmul_dtype}.{config.localize.matmul_size}"
 
 
 def _profile_arg(config: RunConfig, profile: Profile) -> str:
@@ -732,7 +737,7 @@ def search(
     measured = {id(o): o.busbw_gbps for o in first if o.busbw_gbps is not None and not o.corrupt}
     ran = bool(measured)
     judged = [(o, judge_pair(o, [v for k, v in measured.items() if k != id(o)], rule, what, ran)) for o in first]
-    node_results = [Result.from_dict(r) for part in node_parts(first) for r in part["results"]]
+    node_results = [Result.from_dict(r) for part in node_parts(first, figure_name(config)) for r in part["results"]]
     slow = slow_gpu_nodes(cross_node_outliers(node_results, plan.profile))
     # Known-good partners: nodes of passing pairs; where no pair could be judged (too few to compare, no
     # floor), nodes of pairs that ran, which still tells a node that cannot run a pair job at all.
@@ -785,7 +790,7 @@ def run_localize(request: Any, hosts: Sequence[str] | None, say: Callable[[str],
     how = "one srun step per pair" if slurm else "a host list"
     say(f"localizing over {len(nodes)} nodes ({how}; seed {seed}); pair jobs in {run_dir / 'pairs'}")
     judged, left_out, _slow = search(plan, say, env)
-    parts = node_parts([o for o, _r in judged])
+    parts = node_parts([o for o, _r in judged], figure_name(work.config))
     report = build_report(request, started, t0, work, parts, [r for _o, r in judged])
     verdicts = conclude(nodes, judged, slow_gpu_nodes(report.results), left_out)
     meta = dataclasses.replace(report.meta, nodes=[n.name for n in nodes])
