@@ -35,6 +35,7 @@ from gpucert.status import Status
 
 if TYPE_CHECKING:
     from gpucert.acceptance import RunOutcome
+    from gpucert.report.schema import Report
     from gpucert.runtime.launch_env import NodeEnv
 
 ERROR_EXIT = Status.ERROR.exit_code
@@ -90,7 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     verbs.add_parser("discover", parents=[common], help="inventory of this node")
     cluster = _cluster_options()
-    verbs.add_parser("health", parents=[common, cluster], help="GPU and node health checks")
+    health = verbs.add_parser("health", parents=[common, cluster], help="GPU and node health checks")
+    health.add_argument(
+        "--drain",
+        action="store_true",
+        help="as Slurm's HealthCheckProgram: drain this node on FAIL (reason: the failing check), resume it when "
+        "it passes again and gpucert had drained it; WARN and ERROR change nothing",
+    )
+    health.add_argument(
+        "--slurm-node", help="this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)"
+    )
     accept = verbs.add_parser(
         "accept", parents=[common, cluster], help="the acceptance suite: discover + health + benchmarks"
     )
@@ -195,6 +205,8 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(f"--nproc must be >= 1, found {nproc}")
         overrides.append(f"bench.nproc={nproc}")
     benchmarks = _benchmarks_of(args)
+    if getattr(args, "drain", False) and (args.replay or getattr(args, "nnodes", None) not in (None, 1)):
+        raise ConfigError("--drain acts on this live node: not with --replay or --nnodes (run it on every node)")
     if benchmarks and args.replay:
         raise ConfigError("--replay reads a captured node: benchmarks need the live node")
     request = RunRequest(
@@ -229,7 +241,23 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         outcome = run_local(request)
     else:
         outcome = run_with_agents(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, say)
-    return _show(outcome, args, console)
+    code = _show(outcome, args, console)
+    if getattr(args, "drain", False) and outcome.report is not None:
+        code = _drain(outcome.report, args, code)
+    return code
+
+
+def _drain(report: Report, args: argparse.Namespace, code: int) -> int:
+    """The health verdict, or ERROR when the node should have been drained and could not be."""
+    import socket
+
+    from gpucert.cluster.slurm_checks import apply_drain
+
+    node = args.slurm_node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    timeout_s = float(report.meta.config.get("health", {}).get("command_timeout_s", 20.0))
+    said, ok = apply_drain(node, list(report.results), timeout_s)
+    print(f"gpucert: {said}", file=sys.stderr)
+    return code if ok else ERROR_EXIT
 
 
 def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> int:

@@ -15,6 +15,7 @@ import pytest
 
 from gpucert.cluster import fs_checks
 from gpucert.cluster.fs_checks import FsOptions, find_mount, judge_consistency, judge_mounts, judge_rate, run_node
+from gpucert.config.profiles import load_profile
 from gpucert.hardware.mounts import parse_mounts
 from gpucert.runtime.errors import RendezvousError
 from gpucert.status import Status
@@ -163,9 +164,18 @@ def test_two_nodes_in_one_directory_see_each_other_and_leave_nothing(tmp_path: P
     assert found["node2"]["token"]["seen"] == found["node1"]["token"]["seen"]
     assert found["node2"]["write"]["bytes"] == 1024 * 1024
     assert "O_DIRECT" in found["node2"]["read"]["cache"] or "fadvise" in found["node2"]["read"]["cache"]
-    profile = SimpleNamespace(name="cpu", benchmarks=SimpleNamespace())
-    results = fs_checks.judge_all(str(tmp_path), found, profile)
+    # A site profile holds the floors: metadata easily met, a write rate no disk reaches.
+    site = tmp_path.parent / f"{tmp_path.name}-site.yaml"
+    site.write_text(
+        "name: site\ndescription: d\nextends: cpu\nbenchmarks: {fs_metadata_ops_min: 1, fs_write_gbps_min: 1.0e+6}\n"
+    )
+    results = fs_checks.judge_all(str(tmp_path), found, load_profile(str(site)))
     assert {r.status for r in results if r.name == "fs.consistency"} == {Status.PASS}
+    by = {(r.name, r.subject): r for r in results}
+    assert by[("fs.metadata", "node1")].status is Status.PASS
+    assert by[("fs.write", "node2")].status is Status.FAIL
+    assert by[("fs.write", "node2")].threshold_source == "profile site: benchmarks.fs_write_gbps_min"
+    assert by[("fs.read", "node1")].status is Status.SKIP  # no floor for reads in this profile
     assert list(tmp_path.iterdir()) == []
 
 

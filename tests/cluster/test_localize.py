@@ -239,3 +239,26 @@ def test_a_host_list_search_names_the_node_that_cannot_run_and_clears_its_partne
     assert report["meta"]["config"]["localize"]["seed"] == 1
     ran = [r for r in pairs if r.get("value") is not None]
     assert len(ran) == 2 and len(list((run / "pairs").glob("r*/report.json"))) == 2
+
+
+def test_the_lent_h200s_pair_report_names_the_node_whose_gpu_another_process_slowed() -> None:
+    """The pair job's report from the lent 2xH200 (2026-11-22): GPU 1 ran a competing bf16 matmul loop. Read and
+    judged as localize does, it names localhost:1 from its GPU (279 against 706 TFLOP/s), with nothing else to
+    compare the one pair with."""
+    from gpucert.cluster.localize import node_parts, read_outcome, slow_gpu_nodes
+    from gpucert.config.profiles import load_profile
+    from gpucert.report.cluster import cross_node_outliers
+    from gpucert.report.schema import Result
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "localize" / "h200x2-slowed" / "pairs" / "r1-00"
+    pair = Pair(1, 0, NodeSpec("localhost:0", "localhost", "0"), NodeSpec("localhost:1", "localhost", "1"))
+    got = read_outcome(pair, fixture, [], {"localhost:0": 2, "localhost:1": 2})
+    assert got.ran and got.busbw_gbps == pytest.approx(2.52, abs=0.01) and not got.corrupt
+    [part0, part1] = sorted(node_parts([got], "matmul.bf16.8192"), key=lambda p: p["label"])
+    names = {r["name"] for r in part1["results"]}
+    assert "matmul.bf16.8192" in names and "matmul.bf16.max" not in names  # the cut-down sweep stays behind
+    results = [Result.from_dict(r) for part in (part0, part1) for r in part["results"]]
+    slow = slow_gpu_nodes(cross_node_outliers(results, load_profile("h200")))
+    assert list(slow) == ["localhost:1"] and "found 278.9 TFLOP/s on localhost:1 GPU 1" in slow["localhost:1"][0]
+    found = conclude(list(pair.nodes), judged_round([got]), slow, [])
+    assert verdicts(found) == {"localhost:0": Status.SKIP, "localhost:1": Status.FAIL}

@@ -181,3 +181,39 @@ def test_an_impossible_request_is_refused_at_submit(slurm_cluster: SlurmCluster)
         submit("#!/bin/bash\ntrue\n", slurm_cluster.env, args=["-p", "gpu"])
     done = subprocess.run(["sinfo", "-h", "-o", "%P %a"], env=slurm_cluster.env, capture_output=True, text=True)
     assert done.stdout.split() == ["debug*", "up"]
+
+
+def test_health_as_health_check_program_drains_a_failing_node_and_resumes_it(slurm_cluster, tmp_path) -> None:
+    """`gpucert health --drain` on node2: a failing check (one GPU expected on this CPU machine) drains it with
+    the check as reason; passing again resumes it. A drain someone else set is left alone."""
+    import subprocess
+    import sys
+
+    def health(*extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "gpucert", "health", "--profile", "cpu", "--drain", "--slurm-node", "node2"]
+        argv += ["--json", "-o", str(tmp_path / f"run{len(extra)}"), *extra]
+        return subprocess.run(argv, env=slurm_cluster.env, capture_output=True, text=True, timeout=120)
+
+    def node2() -> dict[str, str]:
+        out = subprocess.run(["scontrol", "show", "node", "node2", "-o"], env=slurm_cluster.env, capture_output=True,
+                             text=True, timeout=30, check=True).stdout  # fmt: skip
+        state = out.split("State=")[1].split()[0]
+        return {"state": state, "reason": out.split(" Reason=")[1].strip() if " Reason=" in out else ""}
+
+    try:
+        failed = health("--set", "health.expected_gpus=1")
+        assert failed.returncode == 2, failed.stderr
+        assert "drained node2: gpucert: gpu.count" in failed.stderr
+        seen = node2()
+        assert "DRAIN" in seen["state"] and seen["reason"].startswith("gpucert: gpu.count"), seen
+        assert "expected 1" in seen["reason"], seen
+        passed = health()
+        assert passed.returncode == 0, passed.stderr
+        assert "resumed node2" in passed.stderr and "DRAIN" not in node2()["state"]
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=cable swap"],
+                       env=slurm_cluster.env, check=True, timeout=30)  # fmt: skip
+        kept = health()
+        assert kept.returncode == 0 and "drained by someone else: cable swap" in kept.stderr, kept.stderr
+        assert "DRAIN" in node2()["state"]
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], env=slurm_cluster.env, timeout=30)

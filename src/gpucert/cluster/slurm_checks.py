@@ -297,3 +297,51 @@ def run_checks(
     out, error = _ask(wait, timeout_s)
     results.append(judge_sbatch("COMPLETED" if out is not None else None, error))
     return results
+
+
+# `gpucert health --drain`: Slurm's HealthCheckProgram (or a prolog) that drains a failing node.
+
+DRAIN_PREFIX = "gpucert: "
+# Slurm keeps the reason whole, but sinfo -R and most dashboards show a line: keep it one, and short.
+REASON_CHARS = 200
+
+
+def drain_reason(results: list[Result]) -> str | None:
+    """The reason a FAIL verdict drains the node with: the first failing check, named. WARN and ERROR drain
+    nothing (ERROR means the check could not run: investigate, do not take the node away)."""
+    failed = [r for r in results if r.status is Status.FAIL]
+    if not failed:
+        return None
+    first = failed[0]
+    more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
+    text = " ".join(f"{DRAIN_PREFIX}{first.name} {first.subject}: {first.message}".split())
+    if len(text) + len(more) > REASON_CHARS:
+        text = text[: REASON_CHARS - len(more) - 3] + "..."
+    return text + more
+
+
+def apply_drain(node: str, results: list[Result], timeout_s: float, ask: Any = None) -> tuple[str, bool]:
+    """Drain `node` on a FAIL; on a verdict that drains nothing, resume it when gpucert drained it (reason
+    starting `gpucert: `), as NHC does; a drain set by anyone else is left alone. (what was done, succeeded)"""
+    ask = ask or _ask
+    reason = drain_reason(results)
+    if reason is not None:
+        _, error = ask(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], timeout_s)
+        if error is not None:
+            return f"could not drain {node}: {error}", False
+        return f"drained {node}: {reason}", True
+    out, error = ask(["scontrol", "show", "node", node, "-o"], timeout_s)
+    if error is not None or out is None:
+        return f"could not read Slurm node {node}: {error}", False
+    found = parse_nodes(out)
+    if not found:
+        return f"Slurm knows no node {node} (--slurm-node)", False
+    state, was = found[0].state, found[0].reason or ""
+    if "DRAIN" in state and was.startswith(DRAIN_PREFIX):
+        _, error = ask(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout_s)
+        if error is not None:
+            return f"could not resume {node}: {error}", False
+        return f"resumed {node}: its checks pass now (gpucert had drained it: {was})", True
+    return f"{node} left {state}: nothing failed" + (
+        f" (drained by someone else: {was})" if "DRAIN" in state else ""
+    ), True
