@@ -183,6 +183,7 @@ def test_an_impossible_request_is_refused_at_submit(slurm_cluster: SlurmCluster)
     assert done.stdout.split() == ["debug*", "up"]
 
 
+@pytest.mark.slow
 def test_health_as_health_check_program_drains_a_failing_node_and_resumes_it(slurm_cluster, tmp_path) -> None:
     """`gpucert health --drain` on node2: a failing check (one GPU expected on this CPU machine) drains it with
     the check as reason; passing again resumes it. A drain someone else set is left alone."""
