@@ -10,7 +10,7 @@ from gpucert.config.loader import ConfigError, apply_overrides, build, load_conf
 from gpucert.config.run import HealthConfig, RunConfig
 
 HEALTH_KEYS = "command_timeout_s, expected_gpus, liveness, xid_window_h"
-RUN_KEYS = "bench, health, profile, runs_dir, runtime"
+RUN_KEYS = "bench, health, localize, profile, runs_dir, runtime"
 
 
 @dataclass(frozen=True)
