@@ -239,19 +239,20 @@ def host_launches(pair: Pair, args: Sequence[str], port: int, env: Mapping[str, 
             passed = {k: v for k, v in mine.items() if k.startswith(FORWARDED_PREFIXES) or k == "CUDA_VISIBLE_DEVICES"}
             remote = ["env", *(f"{k}={v}" for k, v in sorted(passed.items())), *argv]
             argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", node.host, shlex.join(remote)]
-        log = pair_directory_log(pair, rank, node)
+        log = _node_log(rank, node)
         launches.append(Launch(node.name, argv, mine, log))
     return launches
 
 
-def pair_directory_log(pair: Pair, rank: int, node: NodeSpec) -> Path:
+def _node_log(rank: int, node: NodeSpec) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", node.name)
     return Path("logs") / f"node-{rank}-{safe}.log"
 
 
 def slurm_launches(pair: Pair, args: Sequence[str], port: int, env: Mapping[str, str]) -> list[Launch]:
     """One srun step on the pair's two nodes, one task each: the node agents read their rank from SLURM_NODEID
-    and node rank 0's address from the step's node list, so only the port (one per concurrent step) is ours."""
+    and node rank 0's address from the step's node list, so only the port (one per concurrent step) is ours.
+    Slurm orders the step's nodes itself, so either node may be the one that writes the pair's report."""
     step_env = {**_clean_env(env), "MASTER_PORT": str(port)}
     srun = [
         "srun",
