@@ -16,8 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpucert.config.loader import load_config
-from gpucert.finetune.config import FinetuneConfig
+from gpucert.finetune.config import FinetuneConfig, load_finetune_config
 
 
 def default_config_path() -> Path:
@@ -36,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load(args: argparse.Namespace, extra: list[str] | None = None) -> FinetuneConfig:
-    return load_config(FinetuneConfig, args.config or default_config_path(), [*args.overrides, *(extra or [])])
+def load(args: argparse.Namespace, extra: list[str] | None = None, training: bool = False) -> FinetuneConfig:
+    """The checked config: a bad value is a ConfigError (exit 3) before any directory, cache entry or model."""
+    return load_finetune_config(args.config or default_config_path(), [*args.overrides, *(extra or [])], training)
 
 
 def finetune(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def finetune(args: argparse.Namespace) -> int:
     # json.dumps quotes the value, so YAML reads a path like 2026-01-01 or a word like "on" as a string.
     extra = [f"resume={json.dumps(args.resume)}"] if args.resume else []
     extra += [f"output_dir={json.dumps(str(args.output))}"] if args.output else []
-    cfg = load(args, extra)
+    cfg = load(args, extra, training=args.stage != "prepare")
     if args.stage == "prepare":
         return prepare(cfg)
     return finetune_exit_code(cfg)

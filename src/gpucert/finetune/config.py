@@ -2,15 +2,71 @@
 
 Units and meanings live in the names; every field says what it changes. `tiny.yaml` is the offline default:
 a small randomly initialised Qwen2-architecture model and the bundled Glaive-format sample data.
+
+Every value is checked when the config is loaded (`load_finetune_config`), before a run directory, a data
+cache entry or a model exists: a bad one is a ConfigError (exit 3) naming the key, the rule and where the
+value came from, e.g. `--set train.micro_batch=0: train.micro_batch must be >= 1, found 0`.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from gpucert.config.loader import ConfigError, load_config
 from gpucert.runtime.config import RuntimeConfig
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# The values the code accepts, kept here so a config is judged without importing torch; the modules that act on
+# them hold the same lists (model.DTYPES, model.ATTN_IMPLEMENTATIONS, parallel.MODES, formats.FORMATS,
+# template.SHIPPED_TEMPLATES), and tests/finetune/test_config_validation.py checks that they agree.
+DTYPES = ("bf16", "fp16", "fp32")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2")
+PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
+FORMATS = ("glaive", "alpaca", "messages")
+TEMPLATES = ("qwen2.5-tools", "alpaca", "tokenizer")
+# data.source "synthetic" makes max_rows rows, this many when max_rows is unset (prepare.SYNTHETIC_ROWS).
+SYNTHETIC_ROWS = 512
+# The first token of every document has no label: a row needs two tokens to train on anything.
+MIN_MAX_LENGTH = 2
+# numpy's seed range (np.random.seed refuses anything else).
+SEED_MAX = 2**32 - 1
+
+
+def _rule(ok: bool, key: str, rule: str, value: object) -> list[str]:
+    """[] when ok, else the one message "<key> must be <rule>, found <value>"."""
+    return [] if ok else [f"{key} must be {rule}, found {value!r}"]
+
+
+def _at_least_1(section: str, config: object, names: Sequence[str]) -> list[str]:
+    return [
+        m
+        for name in names
+        for m in _rule(getattr(config, name) >= 1, f"{section}.{name}", ">= 1", getattr(config, name))
+    ]
+
+
+def _positive(key: str, value: float) -> list[str]:
+    return _rule(value > 0 and math.isfinite(value), key, "a finite number > 0", value)
+
+
+def _fraction(key: str, value: float) -> list[str]:
+    return _rule(0 <= value < 1, key, "in [0, 1)", value)
+
+
+def _one_of(key: str, value: str, allowed: Sequence[str]) -> list[str]:
+    return _rule(value in allowed, key, f"one of {', '.join(allowed)}", value)
+
+
+def _named(key: str, value: str, what: str) -> list[str]:
+    return _rule(bool(value.strip()), key, what, value)
+
+
+def _seed(key: str, value: int) -> list[str]:
+    return _rule(0 <= value <= SEED_MAX, key, f"in 0..{SEED_MAX}", value)
 
 
 @dataclass(frozen=True)
@@ -32,6 +88,13 @@ class ModelConfig:
     # are padded to data.max_length so shapes stay static.
     compile: bool = False
 
+    def problems(self) -> list[str]:
+        return [
+            *_named("model.name", self.name, 'a hub id, a local directory or "tiny"'),
+            *_one_of("model.dtype", self.dtype, DTYPES),
+            *_one_of("model.attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS),
+        ]
+
 
 @dataclass(frozen=True)
 class LoraConfig:
@@ -39,6 +102,19 @@ class LoraConfig:
     alpha: int = 128
     dropout: float = 0.05
     target_modules: list[str] = field(default_factory=lambda: list(ALL_LINEAR))
+
+    def problems(self) -> list[str]:
+        return [
+            *_rule(self.r >= 1, "lora.r", ">= 1", self.r),
+            *_rule(self.alpha > 0, "lora.alpha", "> 0", self.alpha),
+            *_fraction("lora.dropout", self.dropout),
+            *_rule(
+                bool(self.target_modules) and all(m.strip() for m in self.target_modules),
+                "lora.target_modules",
+                "a non-empty list of module names (e.g. [q_proj, v_proj])",
+                self.target_modules,
+            ),
+        ]
 
 
 @dataclass(frozen=True)
@@ -54,12 +130,42 @@ class DataConfig:
     template: str = "qwen2.5-tools"
     max_length: int = 4096
     packing: bool = True
-    # Held-out share, split by conversation (never by row of a packed sequence).
+    # Held-out share, split by conversation (never by row of a packed sequence); in (0, 1): training evaluates
+    # on it and `gpucert evaluate` generates from it, so it cannot be empty.
     eval_fraction: float = 0.05
     max_rows: int | None = None
     # Prepared datasets are cached here by fingerprint; put it on the shared filesystem for multi-node runs.
     cache_dir: str = ".gpucert-cache/data"
     seed: int = 1234
+
+    def problems(self) -> list[str]:
+        found = [
+            *_named("data.source", self.source, 'a hub dataset id, a local file, "sample" or "synthetic"'),
+            *_one_of("data.format", self.format, FORMATS),
+            *_named("data.split", self.split, "a split name (e.g. train)"),
+            *_one_of("data.template", self.template, TEMPLATES),
+            *_rule(self.max_length >= MIN_MAX_LENGTH, "data.max_length", f">= {MIN_MAX_LENGTH}", self.max_length),
+            *_rule(
+                0 < self.eval_fraction < 1,
+                "data.eval_fraction",
+                "in (0, 1): training and `gpucert evaluate` need a held-out split",
+                self.eval_fraction,
+            ),
+            *_rule(self.max_rows is None or self.max_rows >= 1, "data.max_rows", "null or >= 1", self.max_rows),
+            *_named("data.cache_dir", self.cache_dir, "a directory"),
+            *_seed("data.seed", self.seed),
+        ]
+        if self.source == "synthetic" and 0 < self.eval_fraction < 1 and (self.max_rows is None or self.max_rows >= 1):
+            # Synthetic rows are split by count: both splits need at least one row.
+            total = self.max_rows or SYNTHETIC_ROWS
+            held = round(self.eval_fraction * total)
+            if not 1 <= held < total:
+                found.append(
+                    f"data.eval_fraction x data.max_rows must leave at least one synthetic row in each split, "
+                    f"found {self.eval_fraction} x {total} rows = {held} held out; raise data.max_rows or change "
+                    "data.eval_fraction"
+                )
+        return found
 
 
 @dataclass(frozen=True)
@@ -71,6 +177,7 @@ class TrainConfig:
     lr: float = 2e-5
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
+    # 0 turns gradient clipping off.
     max_grad_norm: float = 1.0
     epochs: float = 1.0
     # Stops earlier than the epochs would; None runs the epochs.
@@ -87,12 +194,34 @@ class TrainConfig:
     # Peak dense BF16 TFLOP/s for MFU; None takes the hardware profile's.
     peak_tflops: float | None = None
 
+    def problems(self) -> list[str]:
+        return [
+            *_one_of("train.parallel", self.parallel, PARALLEL_MODES),
+            *_at_least_1(
+                "train",
+                self,
+                ("micro_batch", "grad_accum", "log_every", "eval_every", "save_every", "keep_checkpoints"),
+            ),
+            *_positive("train.lr", self.lr),
+            *_fraction("train.warmup_ratio", self.warmup_ratio),
+            *_rule(0 <= self.weight_decay < math.inf, "train.weight_decay", ">= 0", self.weight_decay),
+            *_rule(self.max_grad_norm >= 0, "train.max_grad_norm", ">= 0 (0 turns clipping off)", self.max_grad_norm),
+            *_positive("train.epochs", self.epochs),
+            *_rule(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "null or >= 1", self.max_steps),
+            *_seed("train.seed", self.seed),
+            *(_positive("train.final_loss_max", self.final_loss_max) if self.final_loss_max is not None else []),
+            *(_positive("train.peak_tflops", self.peak_tflops) if self.peak_tflops is not None else []),
+        ]
+
 
 @dataclass(frozen=True)
 class EvalConfig:
     max_examples: int = 200
     batch_size: int = 8
     max_new_tokens: int = 256
+
+    def problems(self) -> list[str]:
+        return _at_least_1("eval", self, ("max_examples", "batch_size", "max_new_tokens"))
 
 
 @dataclass(frozen=True)
@@ -112,3 +241,53 @@ class FinetuneConfig:
     resume_allow_data_change: bool = False
     # Timeouts of the multi-process job: rendezvous, collectives, heartbeats (runtime.heartbeat_timeout_s...).
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def problems(self) -> list[str]:
+        """Every value the code cannot run with, as "<section>.<key> must be ..., found X" messages."""
+        return [
+            *self.model.problems(),
+            *self.lora.problems(),
+            *self.data.problems(),
+            *self.train.problems(),
+            *self.eval.problems(),
+            *_rule(
+                self.output_dir is None or bool(self.output_dir.strip()),
+                "output_dir",
+                "null or a directory",
+                self.output_dir,
+            ),
+            *_named("resume", self.resume, "none, auto or a checkpoint directory"),
+            *self.runtime.problems(),
+        ]
+
+    def path_problems(self) -> list[str]:
+        """What the filesystem says about output_dir and resume, for training (evaluate uses neither)."""
+        found = []
+        if self.output_dir and Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
+            found.append(f"output_dir must be a directory, found {self.output_dir!r}, which is a file")
+        if self.resume not in ("none", "auto") and not Path(self.resume).is_dir():
+            found.append(
+                f"resume must be none, auto or a checkpoint directory, found {self.resume!r} (no such directory)"
+            )
+        return found
+
+
+def load_finetune_config(path: Path | None, overrides: Sequence[str] = (), training: bool = False) -> FinetuneConfig:
+    """The config of path (None: the defaults) < overrides, refused as a whole (ConfigError) when any value is bad.
+
+    Each message names where its value came from: the last `--set` of that key, else the file. `training` adds
+    the checks of output_dir and resume against the filesystem.
+    """
+    cfg = load_config(FinetuneConfig, path, overrides)
+    found = cfg.problems() + (cfg.path_problems() if training else [])
+    if found:
+        raise ConfigError("; ".join(f"{_source(message, path, overrides)}: {message}" for message in found))
+    return cfg
+
+
+def _source(message: str, path: Path | None, overrides: Sequence[str]) -> str:
+    key = message.split(" ", 1)[0]
+    for item in reversed(overrides):
+        if item.split("=", 1)[0].strip() == key:
+            return f"--set {item}"
+    return str(path) if path else "defaults"

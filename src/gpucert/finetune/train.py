@@ -50,7 +50,7 @@ import yaml
 from datasets import Dataset
 from torch import nn
 
-from gpucert.config.loader import ConfigError, load_config
+from gpucert.config.loader import ConfigError
 from gpucert.finetune import metrics as flops
 from gpucert.finetune.checkpoint import (
     TrainerState,
@@ -62,7 +62,7 @@ from gpucert.finetune.checkpoint import (
     save_adapter,
     save_checkpoint,
 )
-from gpucert.finetune.config import FinetuneConfig
+from gpucert.finetune.config import FinetuneConfig, load_finetune_config
 from gpucert.finetune.model import (
     IGNORE_INDEX,
     ModelInfo,
@@ -264,8 +264,12 @@ def run_finetune(cfg: FinetuneConfig, profile_peak_tflops: float | None = None) 
     A failure is recorded for the whole job (every other rank exits within a heartbeat interval, naming this
     one) and printed. A lone process then raises FinetuneFailed (KeyboardInterrupt for Ctrl-C); a rank of a
     larger job exits at once with 3 (130 for Ctrl-C), as its peers' watchdogs do: with a peer gone, tearing
-    down the process group could hang.
+    down the process group could hang. A config with a bad value (built in code, not loaded by
+    load_finetune_config) is a ConfigError before anything is created.
     """
+    problems = cfg.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
     rt: Runtime | None = None
 
     def where_this_rank_was(_: AbortRecord) -> None:
@@ -657,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_dir:
         overrides.append(f"output_dir={json.dumps(args.output_dir)}")
     try:
-        cfg = load_config(FinetuneConfig, args.config, overrides)
+        cfg = load_finetune_config(args.config, overrides, training=True)
     except ConfigError as exc:
         print(f"gpucert finetune: error: {exc}", file=sys.stderr)
         return Status.ERROR.exit_code
@@ -668,7 +672,7 @@ def finetune_exit_code(cfg: FinetuneConfig) -> int:
     """Train, and say how it went as the exit code: the run's verdict, 3 when it failed, 130 on Ctrl-C."""
     try:
         result = run_finetune(cfg, profile_peak())
-    except RendezvousError as exc:
+    except (ConfigError, RendezvousError) as exc:
         print(f"gpucert finetune: error: {exc}", file=sys.stderr)
         return Status.ERROR.exit_code
     except FinetuneFailed:
