@@ -109,8 +109,15 @@ def with_gpu_uuids(results: list[Result], nodes: dict[str, dict[str, Any]]) -> l
 
 
 def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> RunConfig:
+    """The resolved config, every range and name checked (ConfigError naming each bad key) before any work."""
     config = load_config(RunConfig, request.config_path, request.overrides, base=base)
-    problems = config.runtime.problems() + config.localize.problems()
+    if base is None and config.profile != "auto":
+        # A named profile's run defaults sit under the file and --set values: judge the values the run will use.
+        base = load_profile(config.profile).run_defaults
+        config = load_config(RunConfig, request.config_path, request.overrides, base=base)
+    # "auto": the profile, whose run defaults may change a related key (gate_bytes against max_bytes), is known
+    # once collect_node has read the hardware and loads again; only the timeouts are judged now.
+    problems = config.problems() if base is not None else config.runtime.problems() + config.localize.problems()
     if problems:
         raise ConfigError("; ".join(problems))
     return config
@@ -193,6 +200,26 @@ def output_dir(request: RunRequest, head: NodeWork, started: datetime) -> Path:
     return request.output or default_run_dir(Path(head.config.runs_dir), head.inventory.hostname, started)
 
 
+def check_output_writable(request: RunRequest, config: RunConfig) -> None:
+    """Refuse an output directory the report could not be written to, before anything runs; creates nothing.
+
+    Probed with a real file in the directory, or in the nearest existing parent that would hold it: permission
+    bits do not tell a read-only mount, and root writes through them."""
+    target = (request.output or Path(config.runs_dir)).absolute()
+    what = "--output" if request.output else "runs_dir"
+    existing = next(p for p in (target, *target.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {target}: {existing} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        where = "" if existing == target else f" ({existing}, where it would be created)"
+        raise ConfigError(
+            f"{what} {target}: cannot write there{where}: {exc.strerror or exc}; choose another {what}"
+        ) from None
+
+
 @dataclass
 class RunOutcome:
     report: Report | None  # None on the nodes and ranks that do not write it
@@ -205,6 +232,7 @@ def run_local(request: RunRequest, job_results: Callable[[], list[Result]] | Non
     meet, no process group."""
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     work = collect_node(request)
+    check_output_writable(request, work.config)
     work.results = check_health(work, request, started)
     report = build_report(request, started, t0, work, [work.part()], job_results() if job_results else [])
     path = write_report(report, output_dir(request, work, started))
@@ -219,6 +247,7 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     work = collect_node(request)
+    check_output_writable(request, work.config)
     nproc = nproc or work.config.bench.nproc or default_nproc()
     if nproc < 1:
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")

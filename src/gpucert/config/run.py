@@ -10,6 +10,52 @@ from dataclasses import dataclass, field
 
 from gpucert.runtime.config import RuntimeConfig
 
+GIB = 1 << 30
+MIB = 1 << 20
+
+# What the benchmarks can run, kept here without torch so a bad name is refused before any worker starts (the
+# light install has no torch). tests/config/test_validation.py checks them against the bench modules:
+# matmul.PEAK_RATIO, collectives.BUSBW_FACTORS and DTYPES, train_proxy.PRESETS.
+MATMUL_DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp32")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+COLLECTIVE_DTYPES = ("bf16", "fp16", "fp32")
+TRAIN_MODELS = ("1b", "tiny")
+# train.loss_decreasing compares the first 3 losses with the last 3 (train_proxy.LOSS_WINDOW): fewer steps
+# cannot be judged.
+TRAIN_MIN_STEPS = 6
+
+# The largest buffer one benchmark may ask for. Each holds two or three of its size at once (a collective's
+# input and output, STREAM's a, b and c, a p2p source and target on every GPU), so 32 GiB is already 64-96 GiB
+# on one GPU: what an 80 GB H100 to a 141 GB H200 can hold beside NCCL's buffers and the CUDA context. Above
+# it a run cannot fit; under gloo the buffers are host memory, once per rank (a 1 TiB message ran 230 s into
+# the OOM killer).
+MAX_BUFFER_BYTES = 32 * GIB
+# The largest square matmul: its fp32 A, B and C (3 x 4 x N^2 bytes) are 48 GiB at 65536.
+MAX_MATMUL_SIZE = 65536
+
+
+def _at_least(key: str, value: float, low: float) -> list[str]:
+    return [] if value >= low else [f"{key} must be >= {low}, found {value}"]
+
+
+def _positive(key: str, value: float) -> list[str]:
+    return [] if value > 0 else [f"{key} must be > 0, found {value}"]
+
+
+def _mib_in_range(key: str, value: int) -> list[str]:
+    cap = MAX_BUFFER_BYTES // MIB
+    if 1 <= value <= cap:
+        return []
+    why = "" if value < 1 else f" ({cap // 1024} GiB: the benchmark holds 2-3 buffers of this size on a GPU)"
+    return [f"{key} must be in 1..{cap}{why}, found {value}"]
+
+
+def _known(key: str, values: list[str], allowed: tuple[str, ...], empty_ok: bool = False) -> list[str]:
+    if not values and not empty_ok:
+        return [f"{key} must name at least one of {', '.join(allowed)}, found []"]
+    unknown = [v for v in values if v not in allowed]
+    return [f"{key}: unknown {', '.join(map(repr, unknown))}; expected any of {', '.join(allowed)}"] if unknown else []
+
 
 @dataclass(frozen=True)
 class HealthConfig:
@@ -22,8 +68,13 @@ class HealthConfig:
     # Seconds an external command (nvidia-smi, dmesg) may take before its check is ERROR.
     command_timeout_s: float = 20.0
 
-
-GIB = 1 << 30
+    def problems(self) -> list[str]:
+        found = [] if self.expected_gpus is None else _at_least("health.expected_gpus", self.expected_gpus, 0)
+        return (
+            found
+            + _positive("health.xid_window_h", self.xid_window_h)
+            + _positive("health.command_timeout_s", self.command_timeout_s)
+        )
 
 
 @dataclass(frozen=True)
@@ -37,6 +88,20 @@ class MatmulBenchConfig:
     warmup_s: float = 10.0
     repeats: int = 30
 
+    def problems(self) -> list[str]:
+        found = _known("bench.matmul.dtypes", self.dtypes, MATMUL_DTYPES)
+        if not self.sizes:
+            found.append("bench.matmul.sizes must name at least one size, found []")
+        bad = [n for n in self.sizes if not 1 <= n <= MAX_MATMUL_SIZE]
+        if bad:
+            found.append(f"bench.matmul.sizes must each be in 1..{MAX_MATMUL_SIZE}, found {bad}")
+        return [
+            *found,
+            *_at_least("bench.matmul.sweep_budget_s", self.sweep_budget_s, 0),
+            *_at_least("bench.matmul.warmup_s", self.warmup_s, 0),
+            *_at_least("bench.matmul.repeats", self.repeats, 1),
+        ]
+
 
 @dataclass(frozen=True)
 class MemoryBenchConfig:
@@ -45,6 +110,14 @@ class MemoryBenchConfig:
     pcie_size_mib: int = 512
     warmup: int = 5
     repeats: int = 30
+
+    def problems(self) -> list[str]:
+        return [
+            *_mib_in_range("bench.memory.size_mib", self.size_mib),
+            *_mib_in_range("bench.memory.pcie_size_mib", self.pcie_size_mib),
+            *_at_least("bench.memory.warmup", self.warmup, 0),
+            *_at_least("bench.memory.repeats", self.repeats, 1),
+        ]
 
 
 @dataclass(frozen=True)
@@ -64,12 +137,45 @@ class CollectivesBenchConfig:
     # Also run within each node of a multi-node run (NVLink there, the network across): one curve per node.
     intra_node_ops: list[str] = field(default_factory=lambda: ["all_reduce"])
 
+    def problems(self) -> list[str]:
+        key = "bench.collectives"
+        found = [
+            *_known(f"{key}.ops", self.ops, COLLECTIVE_OPS),
+            *_known(f"{key}.intra_node_ops", self.intra_node_ops, COLLECTIVE_OPS, empty_ok=True),
+            *_at_least(f"{key}.warmup", self.warmup, 0),
+            *_at_least(f"{key}.repeats", self.repeats, 1),
+        ]
+        if self.dtype not in COLLECTIVE_DTYPES:
+            found.append(f"{key}.dtype must be one of {', '.join(COLLECTIVE_DTYPES)}, found {self.dtype!r}")
+        if self.min_bytes < 1:
+            found.append(f"{key}.min_bytes must be >= 1, found {self.min_bytes}")
+        elif self.max_bytes < self.min_bytes:
+            found.append(f"{key}.max_bytes must be >= {key}.min_bytes ({self.min_bytes}), found {self.max_bytes}")
+        elif not self.min_bytes <= self.gate_bytes <= self.max_bytes:
+            found.append(
+                f"{key}.gate_bytes must be in {key}.min_bytes..{key}.max_bytes "
+                f"({self.min_bytes}..{self.max_bytes}), found {self.gate_bytes}"
+            )
+        if self.max_bytes > MAX_BUFFER_BYTES:
+            found.append(
+                f"{key}.max_bytes must be <= {MAX_BUFFER_BYTES} (32 GiB: every rank holds an input and an output "
+                f"buffer of this size beside NCCL's, more than an 80-141 GB GPU can hold), found {self.max_bytes}"
+            )
+        return found
+
 
 @dataclass(frozen=True)
 class P2pBenchConfig:
     size_mib: int = 1024
     warmup: int = 5
     repeats: int = 20
+
+    def problems(self) -> list[str]:
+        return [
+            *_mib_in_range("bench.p2p.size_mib", self.size_mib),
+            *_at_least("bench.p2p.warmup", self.warmup, 0),
+            *_at_least("bench.p2p.repeats", self.repeats, 1),
+        ]
 
 
 @dataclass(frozen=True)
@@ -81,6 +187,27 @@ class TrainBenchConfig:
     steps: int = 30
     # Steps excluded from throughput (compilation, allocator warm-up).
     warmup_steps: int = 5
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.model not in TRAIN_MODELS:
+            found.append(f"bench.train.model must be one of {', '.join(TRAIN_MODELS)}, found {self.model!r}")
+        found += _at_least("bench.train.seq_len", self.seq_len, 1) + _at_least(
+            "bench.train.micro_batch", self.micro_batch, 1
+        )
+        if self.warmup_steps < 0:
+            found.append(f"bench.train.warmup_steps must be >= 0, found {self.warmup_steps}")
+        elif self.steps <= self.warmup_steps:
+            # Throughput is timed over the steps after warm-up: at least one must remain.
+            found.append(
+                f"bench.train.steps must be > bench.train.warmup_steps ({self.warmup_steps}), found {self.steps}"
+            )
+        if self.steps < TRAIN_MIN_STEPS:
+            found.append(
+                f"bench.train.steps must be >= {TRAIN_MIN_STEPS} (the loss check compares the first 3 losses with "
+                f"the last 3), found {self.steps}"
+            )
+        return found
 
 
 @dataclass(frozen=True)
@@ -94,6 +221,18 @@ class BenchConfig:
     collectives: CollectivesBenchConfig = field(default_factory=CollectivesBenchConfig)
     p2p: P2pBenchConfig = field(default_factory=P2pBenchConfig)
     train: TrainBenchConfig = field(default_factory=TrainBenchConfig)
+
+    def problems(self) -> list[str]:
+        found = [] if self.nproc is None else _at_least("bench.nproc", self.nproc, 1)
+        return [
+            *found,
+            *_positive("bench.timeout_s", self.timeout_s),
+            *self.matmul.problems(),
+            *self.memory.problems(),
+            *self.collectives.problems(),
+            *self.p2p.problems(),
+            *self.train.problems(),
+        ]
 
 
 @dataclass(frozen=True)
@@ -149,3 +288,12 @@ class RunConfig:
     # Rendezvous, collective and heartbeat timeouts of multi-process runs (runtime/config.py).
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     localize: LocalizeConfig = field(default_factory=LocalizeConfig)
+
+    def problems(self) -> list[str]:
+        """Every value out of its range or not among the known names, each message naming its key."""
+        found = self.health.problems() + self.bench.problems() + self.runtime.problems() + self.localize.problems()
+        if self.localize.matmul_dtype not in MATMUL_DTYPES:
+            found.append(
+                f"localize.matmul_dtype must be one of {', '.join(MATMUL_DTYPES)}, found {self.localize.matmul_dtype!r}"
+            )
+        return found

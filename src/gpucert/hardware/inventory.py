@@ -41,6 +41,10 @@ class NodeSources:
     replayed_from: str | None = None
 
 
+# What `gpucert capture` writes (hardware/capture.py) and a replay reads.
+BUNDLE_MARKERS = ("nvml-snapshot.json", "software.json", "environment.json", "hostname.txt", "dmesg.txt", "root")
+
+
 def live_sources() -> NodeSources:
     try:
         nvml, error = load_pynvml(), None
@@ -61,6 +65,12 @@ def bundle_sources(bundle: Path) -> NodeSources:
     """Replay a `gpucert capture` bundle; a missing piece reads as absent, as it would on a bare node."""
     if not bundle.is_dir():
         raise ValueError(f"{bundle}: not a capture bundle directory")
+    # Any one of these makes a (partial) bundle; with none, a run directory or a typo would replay as a bare node.
+    if not any((bundle / name).exists() for name in BUNDLE_MARKERS):
+        raise ValueError(
+            f"{bundle}: not a capture bundle: it has none of {', '.join(BUNDLE_MARKERS)} "
+            "(`gpucert capture -o DIR` writes one)"
+        )
     snapshot_path = bundle / "nvml-snapshot.json"
     nvml = SnapshotNvml.from_file(snapshot_path) if snapshot_path.exists() else None
     software_path = bundle / "software.json"
