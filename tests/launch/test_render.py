@@ -112,7 +112,8 @@ def test_hostile_values_in_the_script_body_stay_inert(tmp_path: Path) -> None:
     bin_dir.mkdir()
     for name, body in (
         ("srun", 'for a in "$@"; do printf "%s\\n" "$a"; done; echo "IFNAME=$NCCL_SOCKET_IFNAME"'),
-        ("scontrol", "echo node1; echo node2"),
+        # A long node list: the script must read it whole, or scontrol's SIGPIPE fails the job under pipefail.
+        ("scontrol", "seq -f node%g 1 200000"),
     ):
         path = bin_dir / name
         path.write_text(f"#!/bin/bash\n{body}\n")

@@ -185,8 +185,9 @@ def render_sbatch(job: SlurmJob) -> str:
         ]
     else:
         run = [
-            "# Node rank 0's address, resolved inside the job: the allocation's first host.",
-            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "# Node rank 0's address, resolved inside the job: the allocation's first host. sed reads every line:",
+            "# `head -n 1` would exit early, and scontrol's SIGPIPE would end the job under pipefail.",
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
             f"MASTER_PORT={port}",
             "export MASTER_ADDR MASTER_PORT",
             "rc=0",
