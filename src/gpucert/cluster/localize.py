@@ -302,10 +302,13 @@ def run_pairs(
     try:
         for pair, directory, launches in jobs:
             directory.mkdir(parents=True, exist_ok=True)
+            procs = []
             try:
-                procs = [_start(launch, directory) for launch in launches]
+                for launch in launches:
+                    procs.append(_start(launch, directory))
             except OSError as exc:
-                error = f"could not start {launches[0].argv[0]}: {exc.strerror or exc}"
+                stop_all(procs, grace_s)  # the partner already started would only wait for this one
+                error = f"{launch.who}: could not start {launch.argv[0]}: {exc.strerror or exc}"
                 outcomes[pair.index] = PairOutcome(pair, directory, error=error)
                 continue
             running.append((pair, directory, launches, procs))
