@@ -38,12 +38,12 @@ from typing import Any
 from gpucert.config.loader import ConfigError
 from gpucert.config.profiles import Profile
 from gpucert.config.run import RunConfig
+from gpucert.report.cluster import CLUSTER
 from gpucert.report.schema import Report, Result
 from gpucert.status import Status
 
 # Exit codes of a job that ran and judged (PASS, WARN, FAIL); 3 and deaths by signal mean it did not.
 VERDICT_CODES = (0, 1, 2)
-CLUSTER = "cluster"
 # Variables a pair job on another host needs from ours (ssh passes no environment).
 FORWARDED_PREFIXES = ("NCCL_", "GPUCERT_", "UCX_", "FI_")
 # Seconds a pair's surviving process gets, after its partner failed, to say why before it is stopped.
@@ -370,6 +370,7 @@ def read_outcome(
 ) -> PairOutcome:
     """What a finished pair job measured, read from the report its node rank 0 wrote; why not, otherwise."""
     from gpucert.report.store import load_report
+    from gpucert.runtime.spawn import exit_cause
 
     outcome = PairOutcome(pair, directory, exits=exits)
     path = directory / "report.json"
@@ -402,19 +403,9 @@ def read_outcome(
             continue  # we stopped it: its partner's failure is the cause
         if code not in VERDICT_CODES:
             said = _last_error(directory / launch.log)
-            causes.append(f"{launch.who}: {_exit_text(code)}" + (f": {said}" if said else ""))
+            causes.append(f"{launch.who}: {exit_cause(code)}" + (f": {said}" if said else ""))
     outcome.error = "; ".join(causes) or f"no report at {path} (is the run directory on a filesystem both nodes share?)"
     return outcome
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "still running when stopped"
-    if code < 0:
-        import signal
-
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
 
 
 # Judging
@@ -666,11 +657,10 @@ class Plan:
     nodes: list[NodeSpec]
     slurm: bool  # one srun step per pair; else one gpucert per node (ssh for other hosts)
     run_dir: Path
-    config: RunConfig
+    config: RunConfig  # its localize.seed is the seed drawn for this run
     profile: Profile
     config_path: Path | None
     overrides: tuple[str, ...]
-    seed: int
 
 
 def choose_seed(config: RunConfig) -> int:
@@ -717,9 +707,9 @@ def _profile_arg(config: RunConfig, profile: Profile) -> str:
 
 def search(
     plan: Plan, say: Callable[[str], None], env: Mapping[str, str]
-) -> tuple[list[tuple[PairOutcome, Result]], list[NodeSpec], dict[str, list[str]]]:
-    """Round 1, then the re-pair rounds: every pair job with its judged result, the node round 1 left out,
-    and the nodes with a slow GPU (they are not known-good partners)."""
+) -> tuple[list[tuple[PairOutcome, Result]], list[NodeSpec]]:
+    """Round 1, then the re-pair rounds: every pair job with its judged result, and the node round 1 left out.
+    Nodes with a slow GPU are not taken as known-good partners."""
     from gpucert.report.cluster import cross_node_outliers
 
     config, loc = plan.config, plan.config.localize
@@ -736,7 +726,7 @@ def search(
         say(f"round {pairs[0].round}: {len(pairs)} pair job(s) at once: " + ", ".join(p.subject for p in pairs))
         return run_pairs(jobs, loc.pair_timeout_s, config.runtime.kill_grace_s, say)
 
-    pairs, left_out = first_round(plan.nodes, plan.seed)
+    pairs, left_out = first_round(plan.nodes, choose_seed(config))
     first = run_round(pairs)
     measured = {id(o): o.busbw_gbps for o in first if o.busbw_gbps is not None and not o.corrupt}
     ran = bool(measured)
@@ -754,7 +744,7 @@ def search(
     level = passing or list(measured.values())
     for later in repair_rounds(suspects, goods, loc.max_rounds):
         judged += [(o, judge_pair(o, level, rule, what, ran)) for o in run_round(later)]
-    return judged, left_out, slow
+    return judged, left_out
 
 
 def run_localize(request: Any, hosts: Sequence[str] | None, say: Callable[[str], None], env: Mapping[str, str]) -> Any:
@@ -790,10 +780,10 @@ def run_localize(request: Any, hosts: Sequence[str] | None, say: Callable[[str],
     # The seed actually used is in the report's config: `--set localize.seed=N` reruns the same pairs.
     work.config = dataclasses.replace(work.config, localize=dataclasses.replace(work.config.localize, seed=seed))
     overrides = tuple(o for o in request.overrides if not o.startswith("profile="))
-    plan = Plan(nodes, slurm, run_dir, work.config, work.profile, request.config_path, overrides, seed)
+    plan = Plan(nodes, slurm, run_dir, work.config, work.profile, request.config_path, overrides)
     how = "one srun step per pair" if slurm else "a host list"
     say(f"localizing over {len(nodes)} nodes ({how}; seed {seed}); pair jobs in {run_dir / 'pairs'}")
-    judged, left_out, _slow = search(plan, say, env)
+    judged, left_out = search(plan, say, env)
     parts = node_parts([o for o, _r in judged], figure_name(work.config))
     report = build_report(request, started, t0, work, parts, [r for _o, r in judged])
     verdicts = conclude(nodes, judged, slow_gpu_nodes(report.results), left_out)

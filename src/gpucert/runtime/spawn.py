@@ -31,11 +31,7 @@ class WorkerExit:
 
     @property
     def cause(self) -> str:
-        if self.returncode is None:
-            return "stopped by gpucert"
-        if self.returncode < 0:
-            return f"killed by {signal.Signals(-self.returncode).name}"
-        return f"exit code {self.returncode}"
+        return exit_cause(self.returncode)
 
     def last_error(self) -> str | None:
         """The last line of the worker's log that names an exception, for a one-line report."""
@@ -65,6 +61,15 @@ class SpawnOutcome:
     def first_failure(self) -> WorkerExit | None:
         failed = [e for e in self.exits if e.returncode not in (0, None)]
         return failed[0] if failed else None
+
+
+def exit_cause(returncode: int | None) -> str:
+    """How a process gpucert started ended, in words (None: it was still running when gpucert stopped it)."""
+    if returncode is None:
+        return "stopped by gpucert"
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
 
 
 def die_with_parent(parent_pid: int | None) -> None:
