@@ -8,12 +8,12 @@ import pytest
 
 from gpucert.status import Status, worst
 
-ORDER = [Status.SKIP, Status.PASS, Status.WARN, Status.FAIL, Status.ERROR]
+ORDER = [Status.SKIP, Status.INFO, Status.PASS, Status.WARN, Status.FAIL, Status.ERROR]
 
 
-def test_statuses_are_ordered_skip_pass_warn_fail_error() -> None:
+def test_statuses_are_ordered_skip_info_pass_warn_fail_error() -> None:
     assert sorted(reversed(ORDER)) == ORDER
-    assert sorted([Status.FAIL, Status.SKIP, Status.ERROR, Status.PASS, Status.WARN]) == ORDER
+    assert sorted([Status.FAIL, Status.SKIP, Status.ERROR, Status.PASS, Status.INFO, Status.WARN]) == ORDER
     for lower, higher in itertools.pairwise(ORDER):
         assert lower < higher
         assert lower <= higher
@@ -33,12 +33,12 @@ def test_a_status_equals_only_itself() -> None:
 
 def test_enum_lists_every_status_in_order() -> None:
     assert list(Status) == ORDER
-    assert [s.rank for s in ORDER] == [0, 1, 2, 3, 4]
+    assert [s.rank for s in ORDER] == [0, 1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize(
     ("status", "code"),
-    [(Status.SKIP, 0), (Status.PASS, 0), (Status.WARN, 1), (Status.FAIL, 2), (Status.ERROR, 3)],
+    [(Status.SKIP, 0), (Status.INFO, 0), (Status.PASS, 0), (Status.WARN, 1), (Status.FAIL, 2), (Status.ERROR, 3)],
 )
 def test_exit_codes_follow_nagios(status: Status, code: int) -> None:
     assert status.exit_code == code
@@ -46,7 +46,7 @@ def test_exit_codes_follow_nagios(status: Status, code: int) -> None:
 
 def test_values_round_trip_through_their_names() -> None:
     assert [Status(s.value) for s in ORDER] == ORDER
-    assert [s.value for s in ORDER] == ["SKIP", "PASS", "WARN", "FAIL", "ERROR"]
+    assert [s.value for s in ORDER] == ["SKIP", "INFO", "PASS", "WARN", "FAIL", "ERROR"]
 
 
 @pytest.mark.parametrize(
@@ -55,6 +55,8 @@ def test_values_round_trip_through_their_names() -> None:
         ([], Status.SKIP),
         ([Status.SKIP], Status.SKIP),
         ([Status.PASS, Status.SKIP], Status.PASS),
+        ([Status.INFO, Status.SKIP], Status.INFO),
+        ([Status.INFO, Status.PASS], Status.PASS),
         ([Status.PASS, Status.WARN, Status.PASS], Status.WARN),
         ([Status.WARN, Status.FAIL, Status.PASS], Status.FAIL),
         ([Status.FAIL, Status.ERROR, Status.WARN], Status.ERROR),

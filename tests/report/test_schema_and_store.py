@@ -106,7 +106,7 @@ def test_the_json_schema_rejects_what_it_should() -> None:
     data["schema_version"] = "3.0"
     assert schema_errors(data) == [
         "'3.0' does not match '^[12]\\\\.[0-9]+$'",
-        "'OK' is not one of ['SKIP', 'PASS', 'WARN', 'FAIL', 'ERROR']",
+        "'OK' is not one of ['SKIP', 'INFO', 'PASS', 'WARN', 'FAIL', 'ERROR']",
         "'yesterday' is not a 'date-time'",
         "-1 is less than the minimum of 0",
         "Additional properties are not allowed ('extra' was unexpected)",
@@ -117,10 +117,10 @@ def test_report_status_exit_code_and_counts() -> None:
     report = make_report()
     assert report.status is Status.FAIL
     data = report.to_dict()
-    assert data["schema_version"] == SCHEMA_VERSION == "2.0"
+    assert data["schema_version"] == SCHEMA_VERSION == "2.1"
     assert data["status"] == "FAIL"
     assert data["exit_code"] == 2
-    assert data["counts"] == {"SKIP": 0, "PASS": 1, "WARN": 1, "FAIL": 1, "ERROR": 0}
+    assert data["counts"] == {"SKIP": 0, "INFO": 0, "PASS": 1, "WARN": 1, "FAIL": 1, "ERROR": 0}
     assert data["meta"]["tool"] == "gpucert"
     assert data["inventory"] == INVENTORY
 
@@ -282,7 +282,7 @@ EXPECTED_MARKDOWN = "\n".join(
         "- **Node:** s",
         "- **Profile:** h100-sxm",
         "- **When:** 2026-11-21T18:50:00+00:00 (12.3 s)",
-        "- **Tool:** gpucert 0.1.0, method 1, schema 2.0",
+        "- **Tool:** gpucert 0.1.0, method 1, schema 2.1",
         "- **Command:** `gpucert health --set health.expected_gpus=8`",
         "- **Verdict:** FAIL (exit code 2); 1 PASS, 1 WARN, 1 FAIL",
         "",

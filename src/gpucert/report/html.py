@@ -24,6 +24,7 @@ from gpucert.status import Status
 # The terminal's colours (report/terminal.py STATUS_STYLE), in shades that read on white.
 STATUS_COLOUR = {
     Status.SKIP: "#6e7781",
+    Status.INFO: "#0969da",
     Status.PASS: "#1a7f37",
     Status.WARN: "#9a6700",
     Status.FAIL: "#cf222e",
@@ -31,6 +32,7 @@ STATUS_COLOUR = {
 }
 STATUS_BACKGROUND = {
     Status.SKIP: "#f3f4f6",
+    Status.INFO: "#ddf4ff",
     Status.PASS: "#dafbe1",
     Status.WARN: "#fff3c4",
     Status.FAIL: "#ffe0de",

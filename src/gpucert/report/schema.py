@@ -15,7 +15,8 @@ from gpucert.status import Status, worst
 
 # 2.0: every result may name its node (`node`), and a cluster run carries every node's inventory (`nodes`).
 # Reports of 1.x are still read: their results simply name no node.
-SCHEMA_VERSION = "2.0"
+# 2.1: the INFO status (shown, not judged) and its count.
+SCHEMA_VERSION = "2.1"
 READABLE_MAJORS = ("1", "2")
 
 Value = float | int | str | bool | None

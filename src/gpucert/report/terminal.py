@@ -15,6 +15,7 @@ from gpucert.status import Status
 
 STATUS_STYLE = {
     Status.SKIP: "dim",
+    Status.INFO: "cyan",
     Status.PASS: "green",
     Status.WARN: "yellow",
     Status.FAIL: "bold red",
