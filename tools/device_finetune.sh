@@ -4,6 +4,9 @@
 # Each run's metrics.json (NAME.json) and log tail (NAME.log) come back in $OUT/runs.tgz (one file: the device
 # returns only a few), a line each in $OUT/summary.txt; adapters and checkpoints stay on the machine
 # (gigabytes). Usage: bash tools/device_finetune.sh PLAN
+# A plan line may put environment assignments before its options ("NAME 1 SDPA_BACKEND=cudnn --set ..."); a
+# line whose environment sets PROFILE_STEP runs tools/profile_finetune.py, and its kernel table comes back as
+# NAME.prof.txt.
 set -u
 plan=${1:?plan file}
 config=${CONFIG:-configs/finetune/qwen2-7b-speed.yaml}
@@ -21,9 +24,15 @@ python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|triton|acc
 while read -r name nproc args; do
   case "$name" in ''|'#'*) continue ;; esac
   start=$(date +%s)
-  # shellcheck disable=SC2086
-  timeout "${RUN_TIMEOUT:-400}" torchrun --standalone --nproc-per-node="$nproc" -m gpucert.finetune.train \
-    "$config" --output-dir "/tmp/runs/$name" $args > "/tmp/$name.log" 2>&1
+  envs=()
+  # shellcheck disable=SC2206
+  words=($args)
+  while [ "${#words[@]}" -gt 0 ] && [[ "${words[0]}" == [A-Z]*=* ]]; do envs+=("${words[0]}"); words=("${words[@]:1}"); done
+  entry=(-m gpucert.finetune.train)
+  [[ " ${envs[*]} " == *" PROFILE_STEP="* ]] && entry=(tools/profile_finetune.py)
+  env "${envs[@]}" PROFILE_OUT="/tmp/results/$name.prof.txt" timeout "${RUN_TIMEOUT:-400}" \
+    torchrun --standalone --nproc-per-node="$nproc" "${entry[@]}" \
+    "$config" --output-dir "/tmp/runs/$name" "${words[@]}" > "/tmp/$name.log" 2>&1
   echo "$name exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
   grep -v "^\[finetune\] step [0-9]*/" "/tmp/$name.log" | tail -60 > "/tmp/results/$name.log"
   [ -f "/tmp/runs/$name/metrics.json" ] && cp "/tmp/runs/$name/metrics.json" "/tmp/results/$name.json"
