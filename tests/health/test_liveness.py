@@ -47,10 +47,37 @@ def test_a_wrong_result_fails_that_gpu_only() -> None:
     assert "max relative error 5.00e-01 on GPU 2" in results[2].message
 
 
-def test_gpus_that_disagree_bit_for_bit_fail() -> None:
+def test_the_gpu_whose_bits_differ_from_the_majority_fails_alone_and_named() -> None:
     results = run_liveness(INVENTORY, HealthConfig(), FakeProbe([ok(0), ok(1), ok(2), ok(3, digest="other")]))
+    assert [r.status for r in results] == [Status.PASS, Status.PASS, Status.PASS, Status.FAIL]
+    odd = results[3]
+    assert odd.message.startswith(f"{INVENTORY.gpu.gpus[3].label} computed different bits (digest other) from the ")
+    assert "the other 3 GPUs (digest abc)" in odd.message and "possible silent data corruption" in odd.message
+    assert odd.details == {"digest": "other", "majority_digest": "abc"}
+    assert "same bits as 2 other GPUs" in results[0].message
+
+
+def test_a_plurality_is_not_a_majority() -> None:
+    # Two of four agree, the other two differ from them and each other: more than half is needed to name a GPU.
+    results = run_liveness(INVENTORY, HealthConfig(), FakeProbe([ok(0), ok(1, "x"), ok(2), ok(3, "y")]))
     assert all(r.status is Status.FAIL for r in results)
-    assert "possible silent data corruption" in results[3].message
+    assert "no result has a majority of the 4 GPUs: cannot tell which is wrong" in results[0].message
+
+
+def test_gpus_that_disagree_with_no_majority_all_fail_naming_each_other() -> None:
+    labels = [gpu.label for gpu in INVENTORY.gpu.gpus]
+    results = run_liveness(INVENTORY, HealthConfig(), FakeProbe([ok(0), ok(1, digest="zzz")]))
+    assert [r.status for r in results[:2]] == [Status.FAIL, Status.FAIL]
+    assert f"from {labels[1]} for the same inputs" in results[0].message
+    assert "no result has a majority of the 2 GPUs: cannot tell which is wrong" in results[0].message
+    assert f"from {labels[0]} for the same inputs" in results[1].message
+
+
+def test_a_wrong_gpu_does_not_vote() -> None:
+    # GPU 2's result is wrong (it FAILs for that): the 3 correct GPUs agree, so none of them is blamed.
+    bad = LivenessResult(2, UUIDS[2], False, 0.5, "zzz", 3.0)
+    results = run_liveness(INVENTORY, HealthConfig(), FakeProbe([ok(0), ok(1), bad, ok(3)]))
+    assert [r.status for r in results] == [Status.PASS, Status.PASS, Status.FAIL, Status.PASS]
 
 
 def test_cuda_indices_are_matched_to_nvml_gpus_by_uuid() -> None:

@@ -20,6 +20,7 @@ from gpucert.health.liveness import LivenessResult
 from gpucert.health.xid import HARD_FAIL_XIDS, events_within, parse_xid_events
 from gpucert.report.schema import Result
 from gpucert.status import Status
+from gpucert.vote import majority_vote
 
 
 def _src(profile: Profile, key: str) -> str:
@@ -748,7 +749,9 @@ def check_xid(
 
 def judge_liveness(inv: NodeInventory, results: list[LivenessResult]) -> list[Result]:
     by_uuid = {r.uuid: r for r in results}
-    digests = {r.digest for r in results if r.ok and r.digest}
+    # Only correct results vote: a GPU that computed wrong already FAILs on its own error.
+    vote = majority_vote({r.uuid: r.digest for r in results if r.ok and r.digest})
+    label_of = {gpu.uuid: gpu.label for gpu in inv.gpu.gpus}
     out = []
     for gpu in inv.gpu.gpus:
         result = by_uuid.get(gpu.uuid)
@@ -778,15 +781,28 @@ def judge_liveness(inv: NodeInventory, results: list[LivenessResult]) -> list[Re
                     remediation="drain; reset the GPU and re-run; RMA if it fails again",
                 )
             )
-        elif len(digests) > 1:
+        elif gpu.uuid in vote.odd:
+            if vote.undecided:
+                others = ", ".join(label_of.get(u, u) for u in vote.odd if u != gpu.uuid)
+                why = (
+                    f"{gpu.label} computed different bits (digest {result.digest}) from {others} for the same "
+                    f"inputs, and no result has a majority of the {vote.voters} GPUs: cannot tell which is wrong"
+                )
+            else:
+                agreeing = vote.voters - len(vote.odd)
+                which = f"the other {agreeing}" if len(vote.odd) == 1 else f"{agreeing} of the {vote.voters}"
+                why = (
+                    f"{gpu.label} computed different bits (digest {result.digest}) from {which} GPUs "
+                    f"(digest {vote.majority}) for the same inputs"
+                )
             out.append(
                 Result(
                     **base,
                     status=Status.FAIL,
                     value=result.max_relative_error,
-                    message=f"{gpu.label} computed different bits (digest {result.digest}) than another "
-                    "GPU for the same inputs: possible silent data corruption",
+                    message=f"{why}: possible silent data corruption",
                     remediation="re-run; a GPU that disagrees twice should be drained and tested with dcgmi diag -r 3",
+                    details={"digest": result.digest, "majority_digest": vote.majority},
                 )
             )
         else:
@@ -795,7 +811,8 @@ def judge_liveness(inv: NodeInventory, results: list[LivenessResult]) -> list[Re
                     **base,
                     status=Status.PASS,
                     value=result.max_relative_error,
-                    message=f"matmul correct (error {result.max_relative_error:.1e}) in {result.duration_ms} ms",
+                    message=f"matmul correct (error {result.max_relative_error:.1e}) in {result.duration_ms} ms"
+                    + (f", same bits as {vote.voters - len(vote.odd) - 1} other GPUs" if vote.voters > 1 else ""),
                     details={"digest": result.digest},
                 )
             )

@@ -2,7 +2,9 @@
 
 Each GPU multiplies the same seeded random fp32 matrices (TF32 off) and is compared with a float64 CPU
 reference; the results of all GPUs must also be bit-identical, since identical inputs on identical hardware
-and libraries give identical bits (Imbue's cross-GPU check, a cheap silent-data-corruption screen).
+and libraries give identical bits (Imbue's cross-GPU check, a cheap silent-data-corruption screen). A GPU whose
+bits differ from the majority's FAILs by name and the rest PASS; with no majority (two GPUs that disagree) every
+one that disagrees FAILs, since nobody can tell which is wrong (gpucert.vote).
 
 Run directly for debugging: `python -m gpucert.health.liveness` prints one JSON list, a row per CUDA GPU.
 """
