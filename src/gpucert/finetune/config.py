@@ -134,6 +134,9 @@ class DataConfig:
     # on it and `gpucert evaluate` generates from it, so it cannot be empty.
     eval_fraction: float = 0.05
     max_rows: int | None = None
+    # Lines of a local JSON/JSONL source that are not a JSON object are skipped and counted; above this share of
+    # the file's lines preparation stops (exit 3) naming the file and the first bad lines. 0 refuses any.
+    max_bad_row_share: float = 0.01
     # Prepared datasets are cached here by fingerprint; put it on the shared filesystem for multi-node runs.
     cache_dir: str = ".gpucert-cache/data"
     seed: int = 1234
@@ -152,6 +155,9 @@ class DataConfig:
                 self.eval_fraction,
             ),
             *_rule(self.max_rows is None or self.max_rows >= 1, "data.max_rows", "null or >= 1", self.max_rows),
+            *_rule(
+                0 <= self.max_bad_row_share <= 1, "data.max_bad_row_share", "in [0, 1]", self.max_bad_row_share
+            ),
             *_named("data.cache_dir", self.cache_dir, "a directory"),
             *_seed("data.seed", self.seed),
         ]
