@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gpucert.finetune.config import DataConfig
+from gpucert.config.loader import ConfigError
+from gpucert.finetune.config import DataConfig, load_finetune_config
 from gpucert.finetune.formats import (
+    DataError,
     alpaca_to_conversation,
     load_conversations,
     load_rows,
@@ -113,3 +115,131 @@ def test_errors_name_the_file_or_the_field(tmp_path: Path) -> None:
         load_conversations(DataConfig(format="sharegpt"))
     with pytest.raises(ValueError, match=r"format 'glaive' needs 'system', 'chat'"):
         load_conversations(DataConfig(source=str(FIXTURES / "alpaca.jsonl"), format="glaive", cache_dir=str(tmp_path)))
+
+
+GOOD_LINE = json.dumps({"instruction": "Say hi.", "output": "Hi!"})
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def alpaca_cfg(path: Path, tmp_path: Path, **data: object) -> DataConfig:
+    return DataConfig(source=str(path), format="alpaca", cache_dir=str(tmp_path / "cache"), **data)  # type: ignore[arg-type]
+
+
+def test_a_broken_line_is_skipped_and_counted_with_its_file_and_line(tmp_path: Path) -> None:
+    lines = [GOOD_LINE] * 150
+    lines[6] = '{"instruction": "Say hi.", "output": '  # cut short
+    lines[40] = ""  # blank lines are not rows and not errors
+    source = write_lines(tmp_path / "rows.jsonl", lines)
+    conversations, report = load_conversations(alpaca_cfg(source, tmp_path))
+    assert len(conversations) == report.total == 148
+    assert report.bad_lines == 1 and report.lines == 149
+    assert report.bad_line_examples[0].startswith("rows.jsonl:7: ")
+    # Rows keep their own source line in the examples of the parser's report.
+    lines[100] = json.dumps({"instruction": "", "output": "x"})
+    conversations, report = load_conversations(alpaca_cfg(write_lines(tmp_path / "rows.jsonl", lines), tmp_path))
+    assert report.dropped["missing_field"].examples[0].at == "rows.jsonl:101"
+
+
+def test_bad_lines_above_the_share_stop_the_run_naming_file_share_and_threshold(tmp_path: Path) -> None:
+    lines = [GOOD_LINE] * 10
+    lines[2] = lines[5] = "{broken"
+    source = write_lines(tmp_path / "rows.jsonl", lines)
+    with pytest.raises(DataError) as caught:
+        load_conversations(alpaca_cfg(source, tmp_path))
+    message = str(caught.value)
+    assert str(source) in message and "2 of 10" in message and "20.0%" in message
+    assert "data.max_bad_row_share=0.01" in message and "rows.jsonl:3" in message and "rows.jsonl:6" in message
+    assert "Fix or delete those lines" in message
+    # Raising the threshold skips them.
+    conversations, report = load_conversations(alpaca_cfg(source, tmp_path, max_bad_row_share=0.25))
+    assert len(conversations) == 8 and report.bad_lines == 2
+
+
+def test_an_empty_file_is_refused_clearly(tmp_path: Path) -> None:
+    for text in ("", "\n\n  \n"):
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text(text)
+        with pytest.raises(DataError, match=r"empty\.jsonl is empty: no rows"):
+            load_conversations(alpaca_cfg(empty, tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("table.json", "instruction,output\nSay hi.,Hi!\n"),
+        ("binary.jsonl", "\x00\x01\x02 not json at all\n\x03\n"),
+        ("array.json", '[{"instruction": "a", "output": "b"}, {"instruction": '),
+    ],
+)
+def test_a_file_that_is_not_json_is_refused_naming_the_file(tmp_path: Path, name: str, content: str) -> None:
+    source = tmp_path / name
+    source.write_text(content)
+    with pytest.raises(DataError) as caught:
+        load_conversations(alpaca_cfg(source, tmp_path))
+    assert str(source) in str(caught.value)
+
+
+def test_undecodable_bytes_are_refused_naming_the_file(tmp_path: Path) -> None:
+    source = tmp_path / "latin1.jsonl"
+    source.write_bytes(GOOD_LINE.encode() + b"\n" + b'{"instruction": "caf\xe9", "output": "x"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl.*UTF-8"):
+        load_conversations(alpaca_cfg(source, tmp_path))
+
+
+def test_a_json_array_file_is_read_and_its_non_object_items_counted(tmp_path: Path) -> None:
+    source = tmp_path / "rows.json"
+    items: list = [json.loads(GOOD_LINE)] * 120 + [[1, 2]]
+    source.write_text(json.dumps(items))
+    conversations, report = load_conversations(alpaca_cfg(source, tmp_path))
+    assert len(conversations) == 120 and report.bad_lines == 1
+    assert report.bad_line_examples[0].startswith("rows.json[120]: ")
+
+
+def test_a_corrupt_parquet_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    source = tmp_path / "rows.parquet"
+    source.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(DataError, match=r"rows\.parquet"):
+        load_conversations(alpaca_cfg(source, tmp_path))
+
+
+def test_max_bad_row_share_is_checked_with_the_config() -> None:
+    assert DataConfig().max_bad_row_share == 0.01
+    assert DataConfig(max_bad_row_share=0.0).problems() == []
+    assert DataConfig(max_bad_row_share=1.0).problems() == []
+    for bad in (-0.1, 1.5, float("nan")):
+        assert DataConfig(max_bad_row_share=bad).problems() == [
+            f"data.max_bad_row_share must be in [0, 1], found {bad!r}"
+        ]
+    with pytest.raises(
+        ConfigError, match=r"--set data.max_bad_row_share=2: data.max_bad_row_share must be in \[0, 1\]"
+    ):
+        load_finetune_config(None, ["data.max_bad_row_share=2"])
+
+
+def test_messages_with_non_finite_arguments_are_dropped() -> None:
+    row = {
+        "messages": [
+            {"role": "user", "content": "mean?"},
+            {"role": "assistant", "tool_calls": [{"function": {"name": "mean", "arguments": '{"x": [1, NaN]}'}}]},
+        ]
+    }
+    conversations, report = parse_messages_rows(
+        [
+            row,
+            {
+                **row,
+                "messages": [
+                    row["messages"][0],
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "mean", "arguments": {"x": float("inf")}}}],
+                    },
+                ],
+            },
+        ]
+    )
+    assert conversations == [] and report.dropped["non_finite_number"].count == 2

@@ -12,6 +12,7 @@ from gpucert.finetune.glaive import (
     Conversation,
     GlaiveFormatError,
     parse_arguments,
+    parse_call,
     parse_row,
     parse_rows,
 )
@@ -162,7 +163,7 @@ def test_blank_lines_inside_a_description_do_not_split_the_function_list() -> No
         (row('USER: hi\n\n\nFUNCTION RESPONSE: {"a": 1}\n\n\nASSISTANT: ok <|endoftext|>'), "without a preceding"),
         (row("USER: hi\n\n\nASSISTANT: <|endoftext|>"), "empty ASSISTANT"),
         (row("USER: hi\n\n\nASSISTANT: ok", system=TOOLS_SYSTEM + "\n\n{broken"), "function list"),
-        (row("USER: hi\n\n\nASSISTANT: <functioncall> no json here"), "without a name"),
+        (row("USER: hi\n\n\nASSISTANT: <functioncall> no json here <|endoftext|>"), "without a name"),
     ],
 )
 def test_bad_rows_are_counted_with_a_reason_never_raised(bad_row: dict, reason: str) -> None:
@@ -181,3 +182,151 @@ def test_report_keeps_at_most_ten_examples() -> None:
 def test_conversation_json_round_trip() -> None:
     conv = parse_row(json.loads((FIXTURES / "glaive_example.json").read_text()))
     assert Conversation.from_json(json.loads(json.dumps(conv.to_json()))) == conv
+
+
+# Rows in Glaive v2's exact textual format (original content), one per data-quality case, with the rule that
+# applies to it (docs/finetune-data.md): {"case", "expect": kept | repaired | dropped, "system", "chat"}.
+QUIRKS = [json.loads(line) for line in (FIXTURES / "glaive_quirks.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.parametrize("quirk", QUIRKS, ids=[f"{i}-{q['case']}-{q['expect']}" for i, q in enumerate(QUIRKS)])
+def test_each_data_quality_case_is_repaired_dropped_or_kept_and_counted(quirk: dict) -> None:
+    conversations, report = parse_rows([quirk])
+    case = quirk["case"]
+    if quirk["expect"] == "dropped":
+        assert conversations == [] and report.unparsable == 1
+        assert set(report.dropped) == {case}, report.dropped
+        assert report.dropped[case].examples[0].row == 0
+    else:
+        assert len(conversations) == 1 and report.unparsable == 0
+        expected = set() if quirk["expect"] == "kept" else {case}
+        # A JSON escape is repaired in a Python literal, itself a repair of the arguments.
+        assert set(report.repaired) - ({"python_literal_arguments"} - expected) == expected
+        assert all(t.count == 1 for t in report.repaired.values())
+    if quirk["expect"] != "dropped":
+        # What training sees: every call names a declared function with a finite JSON object of arguments.
+        conv = conversations[0]
+        declared = [t["function"]["name"] for t in conv.tools]
+        assert len(declared) == len(set(declared))
+        for message in conv.messages:
+            for call in message.get("tool_calls", []):
+                assert call["function"]["name"] in declared
+                json.dumps(call["function"]["arguments"], allow_nan=False)
+            for marker in ("\nUSER:", "\nASSISTANT:", "\nFUNCTION RESPONSE:"):
+                assert marker not in str(message["content"])
+
+
+def test_arguments_under_another_key_are_moved_to_arguments() -> None:
+    for text in (
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        """{"name": "get_weather", "parameters": '{"city": "Paris"}'}""",
+        """{"name": "get_weather", 'args': '{"city": "Paris"}'}""",
+    ):
+        repairs: list = []
+        call = parse_call(text, repairs)
+        assert call["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}, text
+        assert [r.case for r in repairs] == ["arguments_key"]
+    # A call with no arguments at all is a call without arguments, not a repair.
+    repairs = []
+    assert parse_call('{"name": "get_time"}', repairs)["function"]["arguments"] == {} and repairs == []
+
+
+def test_a_call_with_several_candidate_argument_keys_is_dropped() -> None:
+    with pytest.raises(GlaiveFormatError, match="keys") as caught:
+        parse_call('{"name": "f", "parameters": {"a": 1}, "options": {"b": 2}}')
+    assert caught.value.case == "bad_call"
+
+
+@pytest.mark.parametrize(
+    "text", ['{"x": NaN}', '{"x": Infinity}', '{"x": [1, -Infinity]}', '{"x": 1e999}', "{'x': 1e999, 'y': True}"]
+)
+def test_non_finite_numbers_in_arguments_are_refused(text: str) -> None:
+    with pytest.raises(GlaiveFormatError, match="not finite") as caught:
+        parse_arguments(text)
+    assert caught.value.case == "non_finite_number"
+
+
+def test_python_literal_fallback_decodes_json_escapes() -> None:
+    repairs: list = []
+    value = parse_arguments("""{'path': "a\\/b", 'emoji': "\\ud83d\\ude00", 'ok': True}""", repairs)
+    assert value == {"path": "a/b", "emoji": "\U0001f600", "ok": True}
+    assert [r.case for r in repairs] == ["python_literal_arguments", "json_escape_in_literal"]
+    # An escaped backslash before a slash is a backslash and a slash, in JSON and in Python alike.
+    assert parse_arguments("""{'path': "a\\\\/b", 'ok': True}""") == {"path": "a\\/b", "ok": True}
+    # Plain JSON is not a repair.
+    repairs = []
+    assert parse_arguments('{"path": "a\\/b"}', repairs) == {"path": "a/b"} and repairs == []
+
+
+def test_an_unpaired_surrogate_drops_the_row() -> None:
+    with pytest.raises(GlaiveFormatError, match="surrogate"):
+        parse_arguments("""{'text': "\\ud83d alone", 'ok': True}""")
+
+
+def test_stray_role_marker_inside_any_turn_drops_the_row() -> None:
+    call = """<functioncall> {"name": "translate_text", "arguments": '{"text": "a"}'} <|endoftext|>"""
+    for chat in (
+        "USER: hi\nASSISTANT: hello\n\n\nASSISTANT: ok <|endoftext|>",
+        f'USER: hi\n\n\nASSISTANT: {call}\n\n\nFUNCTION RESPONSE: {{"t": "b"}}\nASSISTANT: b'
+        "\n\n\nASSISTANT: b <|endoftext|>",
+        "USER: hi\n\n\nASSISTANT: hello\nUSER: and you? <|endoftext|>",
+    ):
+        conversations, report = parse_rows([row(chat)])
+        assert conversations == [] and list(report.dropped) == ["stray_role_marker"], chat
+        assert "ASSISTANT:" in report.dropped["stray_role_marker"].examples[0].excerpt or "USER:" in (
+            report.dropped["stray_role_marker"].examples[0].excerpt
+        )
+
+
+def test_a_role_word_inside_text_is_not_a_marker() -> None:
+    conv = parse_row(row("USER: Label the line 'USER: x' please\n\n\nASSISTANT: Done: the USER: prefix. <|endoftext|>"))
+    assert conv.messages[-1]["content"] == "Done: the USER: prefix."
+
+
+def test_a_call_to_an_undeclared_function_drops_the_row() -> None:
+    chat = """USER: x\n\n\nASSISTANT: <functioncall> {"name": "book_taxi", "arguments": '{}'} <|endoftext|>"""
+    conversations, report = parse_rows([row(chat)])
+    assert conversations == [] and list(report.dropped) == ["undeclared_function"]
+    assert "book_taxi" in report.dropped["undeclared_function"].examples[0].excerpt
+
+
+def test_a_function_declared_twice_is_deduplicated_when_identical_and_dropped_when_not() -> None:
+    same = TOOLS_SYSTEM + "\n\n" + TOOLS_SYSTEM.split("-\n", 1)[1]
+    conversations, report = parse_rows([row("USER: a\n\n\nASSISTANT: b <|endoftext|>", system=same)])
+    assert [t["function"]["name"] for t in conversations[0].tools] == ["translate_text"]
+    assert report.repaired["duplicate_function"].count == 1
+    other = json.dumps({"name": "translate_text", "parameters": {"type": "object", "properties": {"x": {}}}}, indent=4)
+    conversations, report = parse_rows([row("USER: a\n\n\nASSISTANT: b <|endoftext|>", system=same + "\n\n" + other)])
+    assert conversations == [] and list(report.dropped) == ["conflicting_function"]
+
+
+def test_a_truncated_final_turn_is_cut_and_the_complete_turns_kept() -> None:
+    chat = "USER: a\n\n\nASSISTANT: b <|endoftext|>\n\n\nUSER: c\n\n\nASSISTANT: half a sent"
+    conversations, report = parse_rows([row(chat)])
+    assert [m["role"] for m in conversations[0].messages] == ["system", "user", "assistant"]
+    assert conversations[0].messages[-1]["content"] == "b"
+    assert report.repaired["truncated_final_turn"].count == 1
+    # Nothing complete left: dropped, under the same case.
+    conversations, report = parse_rows([row("USER: a\n\n\nASSISTANT: half a sent")])
+    assert conversations == [] and list(report.dropped) == ["truncated_final_turn"]
+
+
+def test_report_counts_every_case_with_row_and_excerpt() -> None:
+    conversations, report = parse_rows(QUIRKS)
+    assert report.total == len(QUIRKS) and report.parsed == len(conversations)
+    expected_drops = sum(q["expect"] == "dropped" for q in QUIRKS)
+    assert report.unparsable == expected_drops == sum(t.count for t in report.dropped.values())
+    summary = report.as_dict()
+    assert json.loads(json.dumps(summary)) == summary
+    for kind in ("dropped", "repaired"):
+        for case, tally in summary[kind].items():
+            assert tally["count"] >= 1 and tally["examples"], case
+            example = tally["examples"][0]
+            if case != "python_literal_arguments":
+                assert QUIRKS[example["row"]]["case"] == case
+            assert 0 < len(example["excerpt"]) <= 160
+
+
+def test_rows_of_the_report_can_be_named_by_their_source_line() -> None:
+    _, report = parse_rows([row("nonsense")], locations=["data.jsonl:7"])
+    assert report.dropped["no_leading_turn"].examples[0].at == "data.jsonl:7"
