@@ -170,3 +170,23 @@ def test_a_killed_rank_ends_both_nodes_over_nccl(tmp_path: Path) -> None:
     out0 = logs[0].read_text(errors="replace")
     assert re.search(r"stops: rank 1 \(.*\) failed during step \d+: no heartbeat", out0), out0[-3000:]
     print(f"both nodes ended {time.monotonic() - killed:.1f} s after the kill")
+
+
+def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16() -> None:
+    """The fused head's compiled chunk (CUDA only) against full logits and autograd, in the model's bf16."""
+    import torch.nn.functional as F
+
+    from gpucert.finetune.loss import linear_cross_entropy
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(2, 1537, 256, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    weight = (0.1 * torch.randn(32003, 256, device="cuda", generator=g)).to(torch.bfloat16)
+    labels = torch.randint(0, 32003, (2, 1537), device="cuda", generator=g)
+    labels[0, :100] = -100
+    fused = linear_cross_entropy(hidden, weight, labels, chunk=1024)  # a full chunk and a shorter last one
+    (grad_fused,) = torch.autograd.grad(fused, hidden)
+    logits = (hidden[:, :-1] @ weight.t()).float()
+    plain = F.cross_entropy(logits.reshape(-1, 32003), labels[:, 1:].reshape(-1), reduction="sum")
+    (grad_plain,) = torch.autograd.grad(plain, hidden)
+    torch.testing.assert_close(fused.float(), plain, rtol=1e-5, atol=0)
+    torch.testing.assert_close(grad_fused.float(), grad_plain.float(), rtol=2e-2, atol=1e-3)

@@ -21,6 +21,33 @@ IGNORE_INDEX = -100
 CHUNK_TOKENS = 1024
 
 
+def _chunk_loss_and_grad(
+    logits: torch.Tensor, targets: torch.Tensor, accumulate: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ lse - logit_t, softmax - one_hot(t) in the logits' dtype) of one chunk, the softmax in `accumulate`.
+
+    d(Σ lse - logit_t)/d logits = softmax - one_hot(t). Written as whole-tensor expressions so that, compiled, it
+    reads the chunk's logits twice and writes the gradient once instead of the eager path's seven passes over an
+    fp32 copy (5 GB of traffic per 1,024 tokens of a 152k vocabulary; 5 % of a 7B step on an H100, profiled).
+    """
+    x = logits.to(accumulate)
+    lse = torch.logsumexp(x, dim=-1)
+    loss = (lse - x.gather(1, targets[:, None]).squeeze(1)).sum()
+    vocab = torch.arange(x.shape[-1], device=x.device)
+    grad = torch.exp(x - lse[:, None]) - (vocab[None, :] == targets[:, None]).to(accumulate)
+    return loss, grad.to(logits.dtype)
+
+
+# CUDA only: on CPU (tests, the tiny model) compiling costs more than it saves, and the eager function is the
+# same arithmetic. `dynamic` because the last chunk of a batch has its own length.
+_compiled_chunk = torch.compile(_chunk_loss_and_grad, dynamic=True)
+
+
+def _loss_only(logits: torch.Tensor, targets: torch.Tensor, accumulate: torch.dtype) -> torch.Tensor:
+    x = logits.to(accumulate)
+    return (torch.logsumexp(x, dim=-1) - x.gather(1, targets[:, None]).squeeze(1)).sum()
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -30,16 +57,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         accumulate = torch.promote_types(hidden.dtype, torch.float32)
         loss = torch.zeros((), dtype=accumulate, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if want_grad else None
+        chunk_fn = _compiled_chunk if hidden.is_cuda else _chunk_loss_and_grad
         for start in range(0, hidden.shape[0], chunk):
             h, t = hidden[start : start + chunk], targets[start : start + chunk]
-            logits = (h @ weight.t()).to(accumulate)
-            lse = torch.logsumexp(logits, dim=-1)
-            loss += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
-            if grad_hidden is not None:
-                # d(Σ lse - logit_t)/d logits = softmax - one_hot(t), made in place over the logits.
-                probs = logits.sub_(lse[:, None]).exp_()
-                probs[torch.arange(t.shape[0], device=t.device), t] -= 1
-                grad_hidden[start : start + chunk] = probs.to(h.dtype) @ weight
+            logits = h @ weight.t()
+            if grad_hidden is None:
+                loss += _loss_only(logits, t, accumulate)
+                continue
+            part, grad_logits = chunk_fn(logits, t, accumulate)
+            loss += part
+            # The gradient in the model's dtype before its matmul, as the plain path's autograd does.
+            grad_hidden[start : start + chunk] = grad_logits @ weight
         ctx.save_for_backward(grad_hidden if grad_hidden is not None else hidden.new_empty(0))
         return loss
 
