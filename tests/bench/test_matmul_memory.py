@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from gpucert.bench import matmul, memory
 from gpucert.bench.suite import launch_local
 from gpucert.config.profiles import load_profile
@@ -59,6 +61,73 @@ def test_matmul_floor_and_node_median() -> None:
     assert "GPU 3 (NVIDIA H200) is 18.9 % below the node median 740.0 TFLOP/s" in best[3].message
     assert by_name(results, "matmul.bf16.8192")[0].message.startswith("8192^3 bf16: 780.0 TFLOP/s, 78.9 % of")
     assert by_name(results, "matmul.fp8")[0].status is Status.SKIP
+
+
+def test_a_busy_gpu_fails_its_fixed_sizes_though_its_max_passes() -> None:
+    """The lent 2xH200 with a competing process on GPU 1 (2026-11-22): 262 and 315 TFLOP/s at 8192 and 16384
+    against 772 and 683 on GPU 0, while the best of its sweep tries reached 760 and passed."""
+    ranks = [matmul_rank(0, 795.0, 772.0), matmul_rank(1, 760.0, 262.0)]
+    for rank, tflops in zip(ranks, (683.0, 315.0), strict=True):
+        rank["points"].append({**rank["points"][0], "m": 16384, "n": 16384, "k": 16384, "tflops": tflops})
+    results = matmul.judge({"ranks": ranks}, H200, MatmulBenchConfig())
+    assert {r.status for r in by_name(results, "matmul.bf16.max").values()} == {Status.PASS}
+    for size in (8192, 16384):
+        points = by_name(results, f"matmul.bf16.{size}")
+        assert points[0].status is Status.PASS and points[1].status is Status.FAIL
+    slow = by_name(results, "matmul.bf16.8192")[1]
+    assert slow.message == (
+        "expected >= 593 TFLOP/s (60 % of the 989 peak) at 8192^3 bf16, found 262.0 on GPU 1 (NVIDIA H200); "
+        "GPU 1 (NVIDIA H200) is 49.3 % below the node median 517.0 TFLOP/s at 8192^3 bf16"
+    )
+    assert slow.expected == ">= 593 (60 % of the 989 peak); within 10 % of node median 517.0"
+    assert slow.threshold_source == (
+        "profile h200: benchmarks.matmul_peak_share_min.bf16; profile h200: benchmarks.matmul_node_deviation_pct"
+    )
+    assert slow.remediation and "other processes" in slow.remediation
+
+
+def test_a_lone_gpus_fixed_sizes_are_judged_by_the_peak_share_or_shown_as_info() -> None:
+    rank = matmul_rank(0, 795.0, 780.0)
+    rank["points"].append({**rank["points"][0], "m": 2048, "n": 2048, "k": 2048, "tflops": 400.0})
+    results = matmul.judge({"ranks": [rank]}, H200, MatmulBenchConfig())
+    big, small = by_name(results, "matmul.bf16.8192")[0], by_name(results, "matmul.bf16.2048")[0]
+    assert big.status is Status.PASS and big.expected == ">= 593 (60 % of the 989 peak)"
+    assert small.status is Status.INFO and small.message.endswith(
+        "not judged: 2048^3 is below 4096^3, too small to be held to a share of the peak; "
+        "no other GPU of this node to compare with"
+    )
+    # The max has its floor; a single GPU's own median is not listed as a rule it could not fail.
+    best = by_name(results, "matmul.bf16.max")[0]
+    assert best.status is Status.PASS and best.expected == ">= 700"
+    # A100: no share-of-peak floor, so one GPU's fixed sizes are shown, not judged.
+    (a100,) = [r for r in matmul.judge({"ranks": [rank]}, load_profile("a100-sxm"), None) if r.name.endswith("8192")]
+    assert a100.status is Status.INFO and "profile a100-sxm sets no matmul_peak_share_min for bf16" in a100.message
+
+
+def test_a_fixed_size_its_node_could_not_judge_is_still_held_to_the_other_nodes() -> None:
+    """One A100 per node: no share-of-peak floor, no peer on the node, so each 8192 point is INFO; the cluster
+    rule (report/cluster.py) still compares them across nodes and names the slow one."""
+    from gpucert.report.cluster import cross_node_outliers
+
+    a100 = load_profile("a100-sxm")
+    results = []
+    for node, tflops in (("node-a", 280.0), ("node-b", 281.0), ("node-c", 150.0)):
+        rank = {**matmul_rank(0, 290.0, tflops), "node": node, "gpu_index": 0, "subject": f"{node} GPU 0"}
+        results += [r for r in matmul.judge({"ranks": [rank]}, a100, None) if r.name == "matmul.bf16.8192"]
+    assert {r.status for r in results} == {Status.INFO}
+    failed = [r for r in cross_node_outliers(results, a100) if r.status is Status.FAIL]
+    assert failed and {r.node for r in failed} == {"node-c"}
+
+
+def test_fp32_is_true_fp32_and_tf32_is_tf32() -> None:
+    flag = torch.backends.cuda.matmul
+    before = flag.allow_tf32
+    with matmul.float32_math("tf32"):
+        assert flag.allow_tf32 is True
+        with matmul.float32_math("fp32"):
+            assert flag.allow_tf32 is False
+        assert flag.allow_tf32 is True
+    assert flag.allow_tf32 == before
 
 
 def test_matmul_above_floor_but_far_below_peers_fails() -> None:
@@ -127,9 +196,16 @@ def test_cpu_profile_does_not_hold_ranks_to_each_other() -> None:
         "rank": 0,
         "sweep": {**cpu_rank["sweep"], "best": {"m": 1, "n": 1, "k": 1, "tflops": 0.1}},
     }
-    results = by_name(matmul.judge({"ranks": [fast, cpu_rank]}, load_profile("cpu"), None), "matmul.fp32.max")
-    assert results[1].status is Status.PASS
-    assert results[1].subject == "rank 1 (cpu)"
+    results = matmul.judge({"ranks": [fast, cpu_rank]}, load_profile("cpu"), None)
+    best = by_name(results, "matmul.fp32.max")
+    # Nothing holds it (no floor, the node rule off): shown as INFO, never a PASS that could not have failed.
+    assert best[1].status is Status.INFO and best[1].subject == "rank 1 (cpu)"
+    assert "not judged: no floor for fp32 in profile cpu, which turns the node rule off" in best[1].message
+    point = by_name(results, "matmul.fp32.8192")[1]
+    assert point.status is Status.INFO and point.expected is None
+    assert "not judged: profile cpu sets no matmul_peak_share_min for fp32; profile cpu turns the node rule off" in (
+        point.message
+    )
 
 
 def test_benchmark_results_name_the_node_and_nvml_index_the_worker_reported() -> None:

@@ -8,11 +8,12 @@ cannot sustain (ml-engineering#59). TFLOP/s = 2*M*N*K / median time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -34,6 +35,8 @@ L2_FLUSH_BYTES = 192 << 20
 # (stas00/ml-engineering mamf-finder: best H100 shape 2048x2048x13312).
 SWEEP_DIMS = (1024, 2048, 3072, 4096, 6144, 8192, 12288, 13312, 16384)
 SWEEP_REPEATS = 10
+# Fixed sizes below this are too short to fill an H100 (launch and tail effects dominate): no share-of-peak floor.
+PEAK_SHARE_MIN_SIZE = 4096
 
 
 def _dtype_support(dtype: str, device: torch.device) -> str | None:
@@ -48,7 +51,14 @@ def _dtype_support(dtype: str, device: torch.device) -> str | None:
     return None
 
 
-def _operands(dtype: str, m: int, n: int, k: int, device: torch.device, count: int) -> list[tuple[Any, ...]]:
+def operand_count(dtype: str, m: int, n: int, k: int) -> int:
+    """How many operand pairs to rotate through so their working set is bigger than L2."""
+    element = 1 if dtype == "fp8" else 2 if dtype in ("bf16", "fp16") else 4
+    return max(2, min(8, -(-L2_FLUSH_BYTES // ((m * k + n * k) * element))))
+
+
+def make_operands(dtype: str, m: int, n: int, k: int, device: torch.device, count: int) -> list[tuple[Any, ...]]:
+    """count (A, B) pairs of N(0,1) numbers, the same on every GPU (one seed): identical inputs, identical bits."""
     gen = torch.Generator(device=device).manual_seed(1234)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     operands: list[tuple[Any, ...]] = []
@@ -64,27 +74,39 @@ def _operands(dtype: str, m: int, n: int, k: int, device: torch.device, count: i
     return operands
 
 
-def _matmul_fn(dtype: str, operands: list[tuple[Any, ...]]) -> Callable[[int], object]:
+def matmul_fn(dtype: str, operands: list[tuple[Any, ...]]) -> Callable[[int], Any]:
+    """fn(i) multiplies operand pair i (mod their count) and returns the product."""
     if dtype == "fp8":
 
-        def fp8(i: int) -> object:
+        def fp8(i: int) -> Any:
             a, b, sa, sb = operands[i % len(operands)]
             return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
         return fp8
 
-    def mm(i: int) -> object:
+    def mm(i: int) -> Any:
         a, b = operands[i % len(operands)]
         return a @ b
 
     return mm
 
 
+@contextlib.contextmanager
+def float32_math(dtype: str) -> Iterator[None]:
+    """fp32 matmuls run as TF32 only when "tf32" was asked for: an "fp32" row is true fp32 (before method 2 every
+    fp32 row ran as TF32). The flag is torch's global, so the previous setting comes back afterwards."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def time_matmul(dtype: str, m: int, n: int, k: int, device: torch.device, warmup: int, repeats: int) -> dict:
-    element = 1 if dtype == "fp8" else 2 if dtype in ("bf16", "fp16") else 4
-    count = max(2, min(8, -(-L2_FLUSH_BYTES // ((m * k + n * k) * element))))
-    operands = _operands(dtype, m, n, k, device, count)
-    timing = time_repeats(_matmul_fn(dtype, operands), device, warmup, repeats)
+    operands = make_operands(dtype, m, n, k, device, operand_count(dtype, m, n, k))
+    with float32_math(dtype):
+        timing = time_repeats(matmul_fn(dtype, operands), device, warmup, repeats)
     del operands
     return {
         "dtype": dtype,
@@ -133,8 +155,6 @@ def sweep_max(device: torch.device, budget_s: float, dtype: str) -> dict | None:
 def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     config = MatmulBenchConfig(**cfg)
     device = env.device
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # "tf32" rows only: other dtypes are unaffected
     _keep_busy(device, config.warmup_s)
     points, skipped = [], {}
     for dtype in config.dtypes:
@@ -179,32 +199,23 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
         if candidates:
             # Keyed by global rank: under srun every node has a local rank 0.
             best_by_rank[rank["rank"]] = max(candidates, key=lambda c: c["tflops"])
-    # The node median is per node: GPUs of another node are judged against the cluster in report/cluster.py.
+    # Node medians are per node: GPUs of another node are judged against the cluster in report/cluster.py. A
+    # median of one GPU is that GPU: it judges nothing, so it is left out.
     node_of = {rank["rank"]: row_identity(rank)[2] for rank in data["ranks"]}
-    medians = {
-        node: statistics.median(c["tflops"] for r, c in best_by_rank.items() if node_of[r] == node)
-        for node in {node_of[r] for r in best_by_rank}
-    }
+    best_by_node: dict[str | None, list[float]] = {}
+    for r, c in best_by_rank.items():
+        best_by_node.setdefault(node_of[r], []).append(c["tflops"])
+    medians = _medians_of_many(best_by_node)
+    by_point: dict[tuple[str | None, str, int], list[float]] = {}
+    for rank in data["ranks"]:
+        for p in rank["points"]:
+            by_point.setdefault((node_of[rank["rank"]], p["dtype"], p["m"]), []).append(p["tflops"])
+    point_medians = _medians_of_many(by_point)
     for rank in data["ranks"]:
         subject, gpu, node = row_identity(rank)
-        node_median = medians.get(node)
         for p in rank["points"]:
-            peak = _peak(profile, p["dtype"])
-            share = f", {100 * p['tflops'] / peak:.1f} % of the {peak:g} TFLOP/s peak" if peak else ""
-            results.append(
-                Result(
-                    name=f"matmul.{p['dtype']}.{p['m']}",
-                    subject=subject,
-                    status=Status.PASS,
-                    category="benchmark",
-                    value=round(p["tflops"], 2),
-                    unit="TFLOP/s",
-                    gpu_index=gpu,
-                    node=node,
-                    message=f"{p['m']}^3 {p['dtype']}: {p['tflops']:.1f} TFLOP/s{share} (cv {p['timing']['cv']:.3f})",
-                    details=p,
-                )
-            )
+            node_median = point_medians.get((node, p["dtype"], p["m"]))
+            results.append(_judge_point(p, subject, gpu, node, profile, node_median))
         for dtype, why in rank["skipped"].items():
             results.append(
                 Result(
@@ -219,7 +230,8 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
             )
         sweep = rank["sweep"]
         if sweep:
-            results.append(_judge_max(best_by_rank[rank["rank"]], sweep, subject, gpu, node, profile, node_median))
+            best = best_by_rank[rank["rank"]]
+            results.append(_judge_max(best, sweep, subject, gpu, node, profile, medians.get(node)))
         elif floors.matmul_bf16_tflops_min is not None:
             results.append(
                 Result(
@@ -234,6 +246,74 @@ def judge(data: dict[str, Any], profile: Profile, cfg: MatmulBenchConfig) -> lis
                 )
             )
     return results
+
+
+def _medians_of_many(values: dict[Any, list[float]]) -> dict[Any, float]:
+    """The median of each key's values where there are 2 or more (one GPU's median is itself: it judges nothing)."""
+    return {key: statistics.median(v) for key, v in values.items() if len(v) >= 2}
+
+
+def _judge_point(
+    p: dict[str, Any], subject: str, gpu: int | None, node: str | None, profile: Profile, node_median: float | None
+) -> Result:
+    """A fixed-size point against its node's median of the same dtype and size and, from 4096 up, a share of
+    the dtype's peak where the profile sets one; INFO, saying why, when neither applies."""
+    floors = profile.benchmarks
+    dtype, size, tflops = p["dtype"], p["m"], p["tflops"]
+    peak = _peak(profile, dtype)
+    share = f", {100 * tflops / peak:.1f} % of the {peak:g} TFLOP/s peak" if peak else ""
+    measured = f"{size}^3 {dtype}: {tflops:.1f} TFLOP/s{share} (cv {p['timing']['cv']:.3f})"
+    problems, expected, sources, unjudged = [], [], [], []
+    share_min = floors.matmul_peak_share_min.get(dtype)
+    if share_min is None or peak is None:
+        unjudged.append(f"profile {profile.name} sets no matmul_peak_share_min for {dtype}")
+    elif size < PEAK_SHARE_MIN_SIZE:
+        unjudged.append(f"{size}^3 is below {PEAK_SHARE_MIN_SIZE}^3, too small to be held to a share of the peak")
+    else:
+        floor = share_min * peak
+        expected.append(f">= {floor:.0f} ({100 * share_min:g} % of the {peak:g} peak)")
+        sources.append(f"profile {profile.name}: benchmarks.matmul_peak_share_min.{dtype}")
+        if tflops < floor:
+            problems.append(
+                f"expected >= {floor:.0f} TFLOP/s ({100 * share_min:g} % of the {peak:g} peak) at {size}^3 {dtype}, "
+                f"found {tflops:.1f} on {subject}"
+            )
+    pct = floors.matmul_node_deviation_pct
+    if pct is None:
+        unjudged.append(f"profile {profile.name} turns the node rule off (matmul_node_deviation_pct: null)")
+    elif node_median is None:
+        unjudged.append(f"no other GPU of {node or 'this node'} to compare with")
+    else:
+        expected.append(f"within {pct:g} % of node median {node_median:.1f}")
+        sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")
+        if tflops < node_median * (1 - pct / 100):
+            problems.append(
+                f"{subject} is {100 * (1 - tflops / node_median):.1f} % below the node median {node_median:.1f} "
+                f"TFLOP/s at {size}^3 {dtype}"
+            )
+    if problems:
+        status, message = Status.FAIL, "; ".join(problems)
+    elif expected:
+        status, message = Status.PASS, measured
+    else:
+        status, message = Status.INFO, f"{measured}; not judged: {'; '.join(unjudged)}"
+    return Result(
+        name=f"matmul.{dtype}.{size}",
+        subject=subject,
+        status=status,
+        category="benchmark",
+        value=round(tflops, 2),
+        unit="TFLOP/s",
+        gpu_index=gpu,
+        node=node,
+        expected="; ".join(expected) or None,
+        threshold_source="; ".join(sources) or None,
+        message=message,
+        remediation="check clocks, power and other processes on this GPU; reseat or RMA a GPU slower than its peers"
+        if problems
+        else None,
+        details=p,
+    )
 
 
 def _judge_max(
@@ -263,10 +343,30 @@ def _judge_max(
                 f"{subject} is {100 * (1 - best['tflops'] / node_median):.1f} % below the node median "
                 f"{node_median:.1f} TFLOP/s"
             )
+    measured = (
+        f"max achievable {best['tflops']:.1f} TFLOP/s at {shape} "
+        f"({sweep['shapes_tried']} of {sweep['of']} sweep shapes tried, seed sizes included)"
+    )
+    if problems:
+        status, message = Status.FAIL, "; ".join(problems)
+    elif expected:
+        status, message = Status.PASS, measured
+    else:
+        # No floor for this dtype and no peer on the node (or the rule off, as on CPU): shown, not judged here;
+        # report/cluster.py still holds it to the other nodes' GPUs.
+        status, message = (
+            Status.INFO,
+            f"{measured}; not judged: no floor for {sweep['dtype']} in profile "
+            + (
+                f"{profile.name} and no other GPU on {node or 'this node'} to compare with"
+                if floors.matmul_node_deviation_pct is not None
+                else f"{profile.name}, which turns the node rule off (matmul_node_deviation_pct: null)"
+            ),
+        )
     return Result(
         name=f"matmul.{sweep['dtype']}.max",
         subject=subject,
-        status=Status.FAIL if problems else Status.PASS,
+        status=status,
         category="benchmark",
         value=best["tflops"],
         unit="TFLOP/s",
@@ -274,10 +374,7 @@ def _judge_max(
         node=node,
         expected="; ".join(expected) or None,
         threshold_source="; ".join(sources) or None,
-        message="; ".join(problems)
-        if problems
-        else f"max achievable {best['tflops']:.1f} TFLOP/s at {shape} "
-        f"({sweep['shapes_tried']} of {sweep['of']} sweep shapes tried, seed sizes included)",
+        message=message,
         remediation="check clocks and power in the telemetry; reseat or RMA a GPU slower than its peers"
         if problems
         else None,

@@ -59,6 +59,12 @@ class BenchmarkExpectations:
     # A GPU this far below the node's median matmul is FAIL even above the floor (gpu-fryer's rule);
     # None turns the rule off (CPU ranks sharing cores differ by chance, not by fault).
     matmul_node_deviation_pct: float | None = 10.0
+    # Fixed-size matmuls of bench.matmul.sizes (4096 and up: smaller ones cannot fill the GPU) at least this
+    # share of their dtype's peak, per dtype ({bf16: 0.6}); a dtype without one is held to the node median only.
+    matmul_peak_share_min: dict[str, float] = field(default_factory=dict)
+    # The burn's sustained (median window) bf16 TFLOP/s per GPU; None: held to the node's best GPU only. A GPU
+    # more than matmul_node_deviation_pct below the node's best median FAILs too (gpu-fryer's rule).
+    burn_bf16_tflops_min: float | None = None
     hbm_copy_tbps_min: float | None = None
     pcie_h2d_gbps_min: float | None = None
     pcie_d2h_gbps_min: float | None = None
