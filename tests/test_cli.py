@@ -152,7 +152,8 @@ def test_bench_joins_an_outside_torchrun_and_rank_0_writes_the_report(tmp_path: 
     report = json.loads((tmp_path / "report.json").read_text())
     validate(report)
     (result,) = report["results"]
-    assert result["name"] == "collective.all_reduce" and result["status"] == "PASS"
+    # The cpu profile sets no busbw floor: shown, not judged (correctness is checked all the same).
+    assert result["name"] == "collective.all_reduce" and result["status"] == "INFO"
     assert result["subject"] == "2 ranks (gloo)"
     assert sum(result["details"]["wrong"]) == 0
     assert (tmp_path / "report.html").exists()

@@ -52,6 +52,12 @@ def test_healthy_matrix_passes_with_the_lowest_pair_as_value() -> None:
     assert r.details["size_bytes"] == 1 << 30
 
 
+def test_values_keep_full_precision() -> None:
+    [r] = p2p.judge(_data(p0_1=361.23456789), _profile(), CFG)
+    assert r.value == 361.23456789  # rendering rounds, the JSON does not
+    assert "lowest pair 361.2 GB/s" in r.message
+
+
 def test_a_weak_pair_fails_and_is_named() -> None:
     matrix, pair = p2p.judge(_data(p2_3=200.0), _profile(), CFG)
     assert matrix.status is Status.FAIL and matrix.value == 200.0 and "GPU 2 -> GPU 3" in matrix.message

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucert.config.floors import Floor, floor_for
 from gpucert.config.loader import ConfigError
 from gpucert.config.profiles import (
     GpuExpectations,
@@ -254,3 +255,71 @@ def test_an_empty_section_means_defaults(tmp_path: Path) -> None:
 
     path = write(tmp_path, "run.yaml", "health:\nprofile: h200\n")
     assert load_config(RunConfig, path).health == HealthConfig()
+
+
+# floors per GPU count
+
+
+def test_h200_busbw_floors_are_per_gpu_count() -> None:
+    floors = load_profile("h200").benchmarks.busbw_gbps_min
+    assert floors["all_gather"] == {"2": 260.0, "4": 305.0, "8": 305.0}
+    assert floor_for(floors["all_gather"], 2, 1) == Floor(260.0, "2")
+    assert floor_for(floors["all_gather"], 3, 1) is None  # no entry: shown, not judged
+    assert floor_for(floors["all_reduce"], 8, 2) is None  # the fabric's floor is a site's to set
+    assert "2" not in floors["all_to_all"]  # not measured on 2 GPUs yet
+
+
+def test_a_flat_floor_in_a_site_profile_still_reads_as_every_count(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "site.yaml", "extends: h200\nname: site\nbenchmarks:\n  busbw_gbps_min:\n    all_reduce: 350\n"
+    )
+    floors = load_profile(str(path)).benchmarks.busbw_gbps_min
+    assert floors["all_reduce"] == 350.0
+    for gpus, nodes in ((2, 1), (3, 1), (8, 1), (8, 4)):
+        assert floor_for(floors["all_reduce"], gpus, nodes) == Floor(350.0, None)
+    assert Floor(350.0).entry == "" and Floor(1.0, "2").entry == "[2 GPUs]" and Floor(1.0, "Nx8").entry == "[Nx8]"
+
+
+def test_a_site_profile_adds_a_fabric_floor_and_keeps_the_node_floors(tmp_path: Path) -> None:
+    text = "extends: h200\nname: site\nbenchmarks:\n  busbw_gbps_min:\n    all_reduce: {Nx8: 340, 2x8: 355}\n"
+    floors = load_profile(str(write(tmp_path, "site.yaml", text))).benchmarks.busbw_gbps_min["all_reduce"]
+    assert floors == {"2": 310.0, "4": 325.0, "8": 325.0, "Nx8": 340.0, "2x8": 355.0}
+    assert floor_for(floors, 8, 2) == Floor(355.0, "2x8")
+    assert floor_for(floors, 8, 16) == Floor(340.0, "Nx8")
+    assert floor_for(floors, 4, 2) is None
+
+
+@pytest.mark.parametrize(
+    ("benchmarks", "problem"),
+    [
+        (
+            "busbw_gbps_min: {all_reduce: {8GPU: 300}}",
+            "benchmarks.busbw_gbps_min.all_reduce: key '8GPU' is not a GPU count: expected 'G' (G GPUs in one "
+            "node, e.g. '8'), 'MxG' (M >= 2 nodes of G GPUs, e.g. '2x8') or 'NxG' (any nodes)",
+        ),
+        (
+            "busbw_gbps_min: {all_reduce: {1x8: 300}}",
+            "benchmarks.busbw_gbps_min.all_reduce: key '1x8' names one node: write '8' for 8 GPUs in one node",
+        ),
+        ("busbw_gbps_min: {all_reduce: {8: 0}}", "benchmarks.busbw_gbps_min.all_reduce.8 must be > 0, found 0"),
+        ("busbw_gbps_min: {all_reduce: -1}", "benchmarks.busbw_gbps_min.all_reduce must be > 0, found -1"),
+        (
+            "busbw_gbps_min: {allreduce: 300}",
+            "benchmarks.busbw_gbps_min: unknown collective 'allreduce'; expected any of all_reduce, all_gather, "
+            "reduce_scatter, all_to_all, broadcast, send_recv",
+        ),
+        (
+            "train_scaling_efficiency_min: {4: 85}",
+            "benchmarks.train_scaling_efficiency_min.4 must be in (0, 1], found 85",
+        ),
+        ("train_scaling_efficiency_min: 0", "benchmarks.train_scaling_efficiency_min must be in (0, 1], found 0"),
+    ],
+)
+def test_bad_count_floors_are_refused_at_load_naming_the_key(tmp_path: Path, benchmarks: str, problem: str) -> None:
+    path = write(tmp_path, "site.yaml", f"extends: h200\nname: site\nbenchmarks:\n  {benchmarks}\n")
+    assert config_error(str(path)) == f"{path}: {problem}"
+
+
+def test_the_cpu_profile_judges_no_bandwidth_or_scaling() -> None:
+    benchmarks = load_profile("cpu").benchmarks
+    assert benchmarks.busbw_gbps_min == {} and benchmarks.train_scaling_efficiency_min is None

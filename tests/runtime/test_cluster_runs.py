@@ -109,7 +109,7 @@ def test_two_agents_as_two_nodes_accept_into_one_cluster_report(tmp_path: Path) 
         assert all(r["subject"].startswith(r["node"]) for r in rows)
     [all_reduce] = [r for r in results if r["name"] == "collective.all_reduce"]
     assert all_reduce["subject"] == "2 nodes x 1 ranks (gloo)" and all_reduce["node"] is None
-    assert all_reduce["status"] == "PASS"
+    assert all_reduce["status"] == "INFO"  # the cpu profile sets no busbw floor
     golden = {r["name"]: r["status"] for r in results if r["name"].startswith("cluster.config.")}
     assert golden["cluster.config.kernel"] == golden["cluster.config.gpucert"] == "PASS"
     assert not [r for r in results if r["status"] in ("FAIL", "ERROR")]
@@ -280,9 +280,9 @@ def test_collectives_run_across_the_nodes_and_within_each(tmp_path: Path) -> Non
     results = load(out)["results"]
     found = {(r["name"], r["subject"], r["node"], r["status"]) for r in results if r["name"].startswith("collect")}
     assert found == {
-        ("collective.all_reduce", "2 nodes x 2 ranks (gloo)", None, "PASS"),
-        ("collective.intra_node.all_reduce", f"{host}[n0] 2 ranks (gloo)", f"{host}[n0]", "PASS"),
-        ("collective.intra_node.all_reduce", f"{host}[n1] 2 ranks (gloo)", f"{host}[n1]", "PASS"),
+        ("collective.all_reduce", "2 nodes x 2 ranks (gloo)", None, "INFO"),
+        ("collective.intra_node.all_reduce", f"{host}[n0] 2 ranks (gloo)", f"{host}[n0]", "INFO"),
+        ("collective.intra_node.all_reduce", f"{host}[n1] 2 ranks (gloo)", f"{host}[n1]", "INFO"),
     }
 
 

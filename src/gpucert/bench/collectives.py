@@ -1,15 +1,19 @@
-"""Collective bandwidth and correctness, the torch.distributed counterpart of nccl-tests.
+"""Collective bandwidth, latency and correctness, the torch.distributed counterpart of nccl-tests.
 
 Every rank runs `measure` (through `gpucert bench collectives`, or `launch_local`): per op and per message
-size S (a power of two from min_bytes to max_bytes, sized as nccl-tests sizes it) it times warmup + repeats
-calls with CUDA events (perf_counter on gloo), takes each rank's median and keeps the slowest rank's, since a
-collective is as slow as its slowest rank. Then it runs the op once more on freshly filled buffers and counts
-the output elements that differ from the exactly known answer (`wrong`, summed over ranks).
+size S (a power of two from min_bytes to max_bytes, sized as nccl-tests sizes it) it times batches of
+back-to-back calls between one pair of CUDA events, as nccl-tests does (time = elapsed / iters; perf_counter on
+gloo). A probe picks the calls per batch so a batch lasts about batch_ms (hundreds of calls for a 1 KiB message,
+one for 4 GiB), the same on every rank; with cuda_graph each batch is a captured CUDA graph (nccl-tests -G). Per
+size it keeps each rank's median batch and then the slowest rank's, since a collective is as slow as its slowest
+rank. Then it runs the op once more on freshly filled buffers and counts the output elements that differ from
+the exactly known answer (`wrong`, summed over ranks).
 
-Reading the output: `busbw_gbps` is comparable across ops and GPU counts (nccl-tests doc/PERFORMANCE.md); small
-sizes measure latency (`time_us`), the gate size measures bandwidth. Under NVLS, Tree or SHARP, busbw can
-exceed the wire rate; network gates therefore force Ring with `ring_env()`, which the launcher must set, since
-NCCL reads it when the process group is created.
+Reading the output: `time_us` is the time of one op (its latency at small sizes); `busbw_gbps` is comparable
+across ops and GPU counts (nccl-tests doc/PERFORMANCE.md) and is judged at the gate size against the
+profile's floor for this many GPUs and nodes. Under NVLS, Tree or SHARP, busbw can exceed the wire rate;
+network gates therefore force Ring with `ring_env()`, which the launcher must set, since NCCL reads it when the
+process group is created.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpucert.bench.timing import time_repeats
+from gpucert.bench.timing import iters_to_fill, time_batches
+from gpucert.config.floors import Floor, describe_count, floor_for
 from gpucert.config.profiles import Profile
 from gpucert.config.run import CollectivesBenchConfig
 from gpucert.report.schema import Result
@@ -72,6 +77,21 @@ def bus_bandwidth(op: str, size_bytes: int, seconds: float, n: int) -> tuple[flo
     """(algbw, busbw) in GB/s (1e9 B/s) of one op moving size_bytes (S as nccl-tests counts it) in seconds."""
     algbw = size_bytes / seconds / 1e9
     return algbw, algbw * busbw_factor(op, n)
+
+
+@dataclass(frozen=True)
+class Rates:
+    time_us: float  # one op, the latency at small sizes
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+def batch_rates(op: str, size_bytes: int, calls: int, seconds: float, n: int) -> Rates:
+    """What `calls` back-to-back ops of size_bytes on n ranks, taking `seconds` together, amount to (nccl-tests:
+    time = elapsed / iters, algbw = S / time, busbw = algbw * factor)."""
+    per_op = seconds / calls
+    algbw, busbw = bus_bandwidth(op, size_bytes, per_op, n)
+    return Rates(per_op * 1e6, algbw, busbw)
 
 
 def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -311,12 +331,16 @@ def check_once(op: str, size_bytes: int, dtype: str, env: Scope) -> int:
     return count_wrong(out, expected_segments(op, pattern, env.rank, env.world_size, count_in))
 
 
+# Back-to-back calls timed to size the batches, after the warm-up.
+PROBE_CALLS = 4
+
+
 def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env: Scope) -> dict[str, Any]:
-    """This rank's numbers for op: per size, S moved, median seconds, cv and wrong elements."""
+    """This rank's numbers for op: per size, S moved, calls per batch, median batch seconds, cv, wrong elements."""
     torch_dtype = DTYPES[dtype]
     pattern = choose_pattern(op, dtype, env.world_size) or choose_pattern(op, "fp32", env.world_size)
     assert pattern is not None
-    rows: dict[str, list[Any]] = {"sizes_bytes": [], "median_s": [], "cv": [], "wrong": []}
+    rows: dict[str, list[Any]] = {"sizes_bytes": [], "iters": [], "batch_s": [], "cv": [], "wrong": []}
     for size in sizes:
         count_in, count_out, moved = element_counts(op, size, env.world_size, torch_dtype.itemsize)
         if count_out == 0:
@@ -324,14 +348,43 @@ def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env:
         inp, out = _buffers(op, count_in, count_out, torch_dtype, env.device)
         _fill_inputs(op, inp, out, pattern, env)
         call = make_call(op, inp, out, env)
-        timing = time_repeats(call, env.device, cfg["warmup"], cfg["repeats"])
+        iters = _agreed_iters(call, cfg, env)
+        replay = _captured_batch(call, iters) if _use_graph(cfg, env) else None
+        timing = time_batches(call, env.device, warmup=0, iters=iters, repeats=cfg["repeats"], replay=replay)
         # Free the timed buffers before the check allocates its own (4 GiB messages on 80 GB GPUs).
-        del inp, out, call
+        del inp, out, call, replay
         rows["sizes_bytes"].append(moved)
-        rows["median_s"].append(timing.median_s)
+        rows["iters"].append(iters)
+        rows["batch_s"].append(timing.median_s)
         rows["cv"].append(timing.cv)
         rows["wrong"].append(check_once(op, size, dtype, env))
     return rows
+
+
+def _agreed_iters(call: Callable[[int], object], cfg: dict[str, Any], env: Scope) -> int:
+    """Warm up, probe one call's time, and size a batch to last batch_ms. Every rank must make the same number
+    of calls (a rank that stops early leaves the others waiting), so all take the slowest rank's probe."""
+    probe = time_batches(call, env.device, warmup=cfg["warmup"], iters=PROBE_CALLS, repeats=1)
+    slowest = torch.tensor([probe.median_s / PROBE_CALLS], dtype=torch.float64, device=env.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=env.group)
+    return iters_to_fill(float(slowest.item()), cfg["batch_ms"] / 1e3, cfg["max_iters"])
+
+
+def _use_graph(cfg: dict[str, Any], env: Scope) -> bool:
+    return bool(cfg.get("cuda_graph", False)) and env.device.type == "cuda"
+
+
+def _captured_batch(call: Callable[[int], object], iters: int) -> Callable[[], object]:
+    """iters calls captured as one CUDA graph (nccl-tests -G); its replay launches them all at once.
+
+    The probe ran the op eagerly first, so NCCL's communicator (and its p2p connections, for send/recv)
+    exist before the capture, as NCCL's CUDA-graph notes require; every rank captures the same calls.
+    """
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            call(i)
+    return graph.replay
 
 
 def _dtype_used(requested: str, backend: str) -> str:
@@ -363,6 +416,14 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     dtype = _dtype_used(cfg["dtype"], env.backend)
     nccl_env = nccl_environment()
     common: dict[str, Any] = {
+        "timing": {
+            "method": "batches of back-to-back calls between one pair of events, time = elapsed / calls "
+            "(nccl-tests); the slowest rank's median batch",
+            "batch_ms": cfg["batch_ms"],
+            "repeats": cfg["repeats"],
+            "warmup": cfg["warmup"],
+            "cuda_graph": cfg.get("cuda_graph", False) and env.device.type == "cuda",
+        },
         "world_size": env.world_size,
         "num_nodes": env.num_nodes,
         "backend": env.backend,
@@ -402,10 +463,11 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
 def _combine(
     op: str, dtype: str, backend: str, world_size: int, num_nodes: int, ranks: list[dict[str, Any]], common: dict
 ) -> dict:
-    """One op's curve from every rank's rows: the slowest rank's median, the widest cv, wrong summed."""
-    sizes = ranks[0]["sizes_bytes"]
-    seconds = [max(r["median_s"][k] for r in ranks) for k in range(len(sizes))]
-    bandwidths = [bus_bandwidth(op, s, t, world_size) for s, t in zip(sizes, seconds, strict=True)]
+    """One op's curve from every rank's rows: the slowest rank's median batch, the widest cv, wrong summed."""
+    sizes, iters = ranks[0]["sizes_bytes"], ranks[0]["iters"]
+    rates = [
+        batch_rates(op, size, iters[k], max(r["batch_s"][k] for r in ranks), world_size) for k, size in enumerate(sizes)
+    ]
     return {
         "op": op,
         "dtype": dtype,
@@ -413,11 +475,13 @@ def _combine(
         "num_nodes": num_nodes,
         "backend": backend,
         "sizes_bytes": sizes,
-        "time_us": [round(t * 1e6, 3) for t in seconds],
-        "algbw_gbps": [round(a, 4) for a, _ in bandwidths],
-        "busbw_gbps": [round(b, 4) for _, b in bandwidths],
-        "cv": [round(max(r["cv"][k] for r in ranks), 4) for k in range(len(sizes))],
+        "iters": iters,
+        "time_us": [r.time_us for r in rates],
+        "algbw_gbps": [r.algbw_gbps for r in rates],
+        "busbw_gbps": [r.busbw_gbps for r in rates],
+        "cv": [max(r["cv"][k] for r in ranks) for k in range(len(sizes))],
         "wrong": [sum(r["wrong"][k] for r in ranks) for k in range(len(sizes))],
+        "cuda_graph": common["timing"]["cuda_graph"],
         "nccl_version": common["nccl_version"],
         "nccl_env": common["nccl_env"],
     }
@@ -493,11 +557,31 @@ def judge(data: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -
     return results
 
 
+def curve_floor(curve: dict[str, Any], profile: Profile) -> tuple[Floor | None, str]:
+    """The profile's busbw floor for this curve's op, GPUs per node and nodes, and the count in words."""
+    n, nodes = curve.get("world_size", 1), curve.get("num_nodes") or 1
+    if n % nodes:
+        return None, f"{n} ranks spread unevenly over {nodes} nodes"
+    count = describe_count(n // nodes, nodes)
+    return floor_for(profile.benchmarks.busbw_gbps_min.get(curve["op"]), n // nodes, nodes), count
+
+
+# Sizes whose latency the message names: the smallest ones, where an op's time is its latency.
+LATENCY_SIZES_SHOWN = 2
+
+
+def latency_text(curve: dict[str, Any]) -> str:
+    """`latency 24.9 us at 1 KiB, 25.3 us at 2 KiB`: one op's time at the smallest sizes."""
+    shown = list(zip(curve["sizes_bytes"], curve["time_us"], strict=True))[:LATENCY_SIZES_SHOWN]
+    return "latency " + ", ".join(f"{t:.1f} us at {format_bytes(s)}" for s, t in shown)
+
+
 def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfig) -> Result:
+    """Wrong elements FAIL; busbw at the gate size against the floor for this many GPUs; INFO with no floor."""
     op = curve["op"]
     subject = job_subject(curve)
-    floor = profile.benchmarks.busbw_gbps_min.get(op)
-    source = f"profile {profile.name}: benchmarks.busbw_gbps_min.{op}"
+    floor, count = curve_floor(curve, profile)
+    field_name = f"benchmarks.busbw_gbps_min.{op}"
     base: dict[str, Any] = dict(
         name=f"collective.{op}", subject=subject, unit="GB/s", category="benchmark", details=curve
     )
@@ -514,11 +598,13 @@ def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfi
             remediation="set bench.collectives.gate_bytes within min_bytes..max_bytes",
         )
     busbw, cv, at = curve["busbw_gbps"][k], curve["cv"][k], format_bytes(sizes[k])
-    base.update(value=busbw, expected=f">= {floor:g} GB/s busbw at {at}" if floor is not None else None)
+    expected = f">= {floor.value:g} GB/s busbw at {at}" if floor is not None else None
+    base.update(value=busbw, expected=expected)
     where = f"{op} on {subject}, {curve['dtype']}"
+    latency = latency_text(curve)
     if bad:
         listed = ", ".join(f"{w} at {format_bytes(s)}" for s, w in bad)
-        base["expected"] = "0 wrong elements" if floor is None else f"{base['expected']}, 0 wrong elements"
+        base["expected"] = "0 wrong elements" if floor is None else f"{expected}, 0 wrong elements"
         return Result(
             **base,
             status=Status.FAIL,
@@ -530,16 +616,16 @@ def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfi
     if floor is None:
         return Result(
             **base,
-            status=Status.PASS,
-            message=f"{busbw:.1f} GB/s busbw at {at} ({where}); no floor set in profile {profile.name} "
-            f"(benchmarks.busbw_gbps_min.{op})",
+            status=Status.INFO,
+            message=f"shown, not judged: profile {profile.name} sets no {field_name} for {count}; "
+            f"{busbw:.1f} GB/s busbw at {at}, {latency} ({where}); 0 wrong elements at every size",
         )
-    base["threshold_source"] = source
-    if busbw < floor:
+    base["threshold_source"] = f"profile {profile.name}: {field_name}{floor.entry}"
+    if busbw < floor.value:
         return Result(
             **base,
             status=Status.FAIL,
-            message=f"expected busbw >= {floor:g} GB/s at {at}, found {busbw:.1f} GB/s, on {where}",
+            message=f"expected busbw >= {floor.value:g} GB/s at {at}, found {busbw:.1f} GB/s, on {where}",
             remediation="check NVLink state (nvidia-smi nvlink -s), GPU clocks and the NCCL_* settings in details; "
             "run p2p to find a weak GPU pair; on several nodes check IB port rates and run per-rail pairs",
         )
@@ -552,4 +638,8 @@ def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfi
             remediation="something else is using the GPUs or the network: rerun on an idle node, or raise "
             "bench.collectives.repeats",
         )
-    return Result(**base, status=Status.PASS, message=f"{busbw:.1f} GB/s busbw at {at} ({where}), floor {floor:g}")
+    return Result(
+        **base,
+        status=Status.PASS,
+        message=f"{busbw:.1f} GB/s busbw at {at}, floor {floor.value:g} for {count}; {latency} ({where})",
+    )

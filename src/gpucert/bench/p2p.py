@@ -72,8 +72,8 @@ def measure_matrix(size_bytes: int, warmup: int, repeats: int) -> dict[str, Any]
             with torch.cuda.device(devices[i]):
                 timing = time_repeats(copy, devices[i], warmup, repeats)
                 wrong[i][j] = _count_wrong_bytes(src, dst)
-            matrix[i][j] = round(size_bytes / timing.median_s / 1e9, 3)
-            cv[i][j] = round(timing.cv, 4)
+            matrix[i][j] = size_bytes / timing.median_s / 1e9
+            cv[i][j] = timing.cv
     return {
         "applicable": True,
         "gpus": n,

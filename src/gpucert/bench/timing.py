@@ -1,8 +1,11 @@
 """Timing device work honestly: warm-up, many repeats, device-side events, median and spread.
 
-On CUDA every repeat is bracketed by CUDA events and the host synchronises once at the end, so launch
-overhead and host jitter stay out of the numbers (nccl-tests, mamf-finder do the same). On CPU, perf_counter
-around each call is the best clock there is.
+Two ways. `time_repeats` brackets every call with its own pair of CUDA events (mamf-finder): right for work
+that keeps the GPU busy for a millisecond or more (a matmul, a 1 GiB copy, a training step). `time_batches`
+brackets a batch of back-to-back calls with ONE pair of events and divides by the count (nccl-tests: time =
+elapsed / iters): a call of a few microseconds on the GPU costs tens of microseconds of Python and launch, and
+only a queue of many calls lets the GPU run them back to back, as an application's would. Either way the host
+synchronises once at the end. On CPU, perf_counter around the same unit is the best clock there is.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class Timing:
             "min_s": self.min_s,
             "max_s": self.max_s,
             "mean_s": self.mean_s,
-            "cv": round(self.cv, 4),
+            "cv": self.cv,
             "repeats": len(self.samples_s),
         }
 
@@ -72,3 +75,58 @@ def time_repeats(fn: Callable[[int], object], device: torch.device, warmup: int,
         fn(warmup + i)
         samples.append(time.perf_counter() - t0)
     return Timing.of(samples)
+
+
+def time_batches(
+    fn: Callable[[int], object],
+    device: torch.device,
+    warmup: int,
+    iters: int,
+    repeats: int,
+    replay: Callable[[], object] | None = None,
+) -> Timing:
+    """Seconds per batch: warmup calls untimed, then `repeats` batches of `iters` back-to-back calls, each
+    batch timed as a whole (divide by iters for one call).
+
+    `replay`, when given, runs one whole batch at once (a CUDA graph of iters captured calls, nccl-tests -G)
+    in place of iters calls of fn.
+    """
+    if iters < 1 or repeats < 1:
+        raise ValueError(f"need iters >= 1 and repeats >= 1, found {iters} and {repeats}")
+    for i in range(warmup):
+        fn(i)
+    calls = warmup
+
+    def batch() -> None:
+        nonlocal calls
+        if replay is not None:
+            replay()
+            return
+        for _ in range(iters):
+            fn(calls)
+            calls += 1
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        for start, end in zip(starts, ends, strict=True):
+            start.record()
+            batch()
+            end.record()
+        torch.cuda.synchronize(device)
+        return Timing.of([s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)])
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        batch()
+        samples.append(time.perf_counter() - t0)
+    return Timing.of(samples)
+
+
+def iters_to_fill(call_s: float, batch_s: float, max_iters: int) -> int:
+    """Calls per timed batch so that a batch lasts about batch_s: many for a call of microseconds (whose
+    launch overhead would otherwise be timed), one for a call longer than the batch; at most max_iters."""
+    if call_s <= 0:
+        return max_iters
+    return max(1, min(max_iters, round(batch_s / call_s)))

@@ -13,7 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpucert.config.floors import CountFloors, floor_problems
 from gpucert.config.loader import ConfigError, build, load_yaml, merge_mappings
+from gpucert.config.run import COLLECTIVE_OPS
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,14 @@ class BenchmarkExpectations:
     p2p_gbps_min: float | None = None
     # A GPU pair this far below the median of all pairs names a weak link.
     p2p_pair_deviation_pct: float = 15.0
-    # Bus bandwidth floors per collective, judged at bench.collectives.gate_bytes.
-    busbw_gbps_min: dict[str, float] = field(default_factory=dict)
+    # Bus bandwidth floors per collective, judged at bench.collectives.gate_bytes: per GPU count ({2: 260,
+    # 4: 305}, nodes x GPUs as "2x8" or "Nx8"; config/floors.py) or one number for every count. An op or a
+    # count without a floor is shown, not judged (INFO).
+    busbw_gbps_min: dict[str, CountFloors] = field(default_factory=dict)
+    # MFU (0..1) of the training proxy at its largest world size; None: shown, not judged.
     train_mfu_min: float | None = None
-    train_scaling_efficiency_min: float = 0.9
+    # DDP tokens/s per GPU over one GPU's (0..1], per GPU count like busbw_gbps_min; None: shown, not judged.
+    train_scaling_efficiency_min: CountFloors | None = None
     # A GPU or node this far below the cluster median of a per-GPU figure FAILs (gpu-fryer's 10 % rule, taken
     # across the nodes of a run); None turns the rule off, as on CPU ranks sharing cores.
     cluster_deviation_pct: float | None = 10.0
@@ -157,7 +163,23 @@ def load_profile(name_or_path: str) -> Profile:
             re.compile(pattern)
         except re.error as exc:
             raise ConfigError(f"{path}: match: {pattern!r} is not a regular expression: {exc}") from exc
+    problems = count_floor_problems(profile.benchmarks)
+    if problems:
+        raise ConfigError(f"{path}: {'; '.join(problems)}")
     return Profile(**{**profile.__dict__, "source": str(path)})
+
+
+def count_floor_problems(benchmarks: BenchmarkExpectations) -> list[str]:
+    """Unknown collectives, malformed count keys and out-of-range values of the per-count floors."""
+    found = []
+    for op, floors in benchmarks.busbw_gbps_min.items():
+        if op not in COLLECTIVE_OPS:
+            found.append(
+                f"benchmarks.busbw_gbps_min: unknown collective {op!r}; expected any of {', '.join(COLLECTIVE_OPS)}"
+            )
+        found += floor_problems(f"benchmarks.busbw_gbps_min.{op}", floors, low=0)
+    scaling = benchmarks.train_scaling_efficiency_min
+    return found + floor_problems("benchmarks.train_scaling_efficiency_min", scaling, low=0, high=1)
 
 
 def select_profile(gpu_names: list[str]) -> Profile:

@@ -30,6 +30,8 @@ TRAIN_MIN_STEPS = 6
 # it a run cannot fit; under gloo the buffers are host memory, once per rank (a 1 TiB message ran 230 s into
 # the OOM killer).
 MAX_BUFFER_BYTES = 32 * GIB
+# The longest timed batch of collectives: 23 sizes x 6 ops x repeats batches of this already take minutes.
+MAX_BATCH_MS = 1000.0
 # The largest square matmul: its fp32 A, B and C (3 x 4 x N^2 bytes) are 48 GiB at 65536.
 MAX_MATMUL_SIZE = 65536
 
@@ -130,8 +132,18 @@ class CollectivesBenchConfig:
     max_bytes: int = 4 * GIB
     # Judged at this size (or the largest measured below it); gate on big messages only, never the sweep average.
     gate_bytes: int = 4 * GIB
+    # Untimed calls per size before anything is timed.
     warmup: int = 5
-    repeats: int = 20
+    # Timed batches per size: the median batch gives time, algbw and busbw; their spread gives cv.
+    repeats: int = 10
+    # A batch is back-to-back calls between one pair of CUDA events (nccl-tests), about this long: a probe
+    # sizes it, so a 1 KiB message runs hundreds of calls (its launch overhead hidden behind the queue, as in an
+    # application) and 4 GiB runs one.
+    batch_ms: float = 5.0
+    max_iters: int = 1000
+    # Capture each batch as a CUDA graph and time its replay (nccl-tests -G): no launch overhead at all, the
+    # pure NCCL latency. NCCL only (gloo ignores it); off until it has run on a GPU with torch's process groups.
+    cuda_graph: bool = False
     # NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0, for network gates comparable across sites.
     force_ring: bool = False
     # Also run within each node of a multi-node run (NVLink there, the network across): one curve per node.
@@ -144,7 +156,14 @@ class CollectivesBenchConfig:
             *_known(f"{key}.intra_node_ops", self.intra_node_ops, COLLECTIVE_OPS, empty_ok=True),
             *_at_least(f"{key}.warmup", self.warmup, 0),
             *_at_least(f"{key}.repeats", self.repeats, 1),
+            *_positive(f"{key}.batch_ms", self.batch_ms),
+            *_at_least(f"{key}.max_iters", self.max_iters, 1),
         ]
+        if self.batch_ms > MAX_BATCH_MS:
+            found.append(
+                f"{key}.batch_ms must be <= {MAX_BATCH_MS} (a batch per size and repeat: longer only slows the "
+                f"sweep), found {self.batch_ms}"
+            )
         if self.dtype not in COLLECTIVE_DTYPES:
             found.append(f"{key}.dtype must be one of {', '.join(COLLECTIVE_DTYPES)}, found {self.dtype!r}")
         if self.min_bytes < 1:
