@@ -11,13 +11,16 @@ from pathlib import Path
 import pytest
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig, ModelConfig
+from gpucert.finetune.formats import DataError
 from gpucert.finetune.glaive import parse_rows
 from gpucert.finetune.prepare import (
     COLUMNS,
+    DATA_METHOD_VERSION,
     READY,
     data_fingerprint,
     load_eval_conversations,
     prepare_dataset,
+    report_lines,
     split_conversations,
 )
 from gpucert.finetune.sample_data import generate_rows
@@ -85,6 +88,15 @@ def test_stats(tmp_path: Path, tokenizer) -> None:
     stats = prepare_dataset(config(tmp_path), tokenizer).stats
     assert (stats["rows"], stats["parsed"], stats["unparsable"]) == (120, 117, 3)
     assert len(stats["unparsable_examples"]) == 3
+    assert stats["data_method_version"] == DATA_METHOD_VERSION == "2"
+    # Each data-quality case of the parser, with examples naming the row and its line in the source file.
+    assert {case: t["count"] for case, t in stats["dropped"].items()} == {
+        "bad_arguments": 2,
+        "duplicate_assistant_turns": 1,
+    }
+    assert stats["dropped"]["bad_arguments"]["examples"][0]["at"].startswith("glaive_sample.jsonl:")
+    assert set(stats["repaired"]) == {"merged_assistant_turns", "python_literal_arguments"}
+    assert (stats["lines"], stats["bad_lines"], stats["bad_line_examples"]) == (120, 0, [])
     train, evals = stats["train"], stats["eval"]
     assert train["conversations"] + evals["conversations"] == 117
     assert evals["conversations"] == pytest.approx(0.1 * 117, abs=3)
@@ -197,3 +209,110 @@ def test_synthetic_rows_are_full_length_single_documents(tmp_path: Path, tokeniz
     ) == digest(prepared)
     other = prepare_dataset(config(tmp_path, source="synthetic", max_rows=40, max_length=64, seed=7), tokenizer)
     assert other.fingerprint != prepared.fingerprint and digest(other) != digest(prepared)
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def leftovers(cache: Path) -> list[str]:
+    """What a refused preparation left in the cache: no entry, no READY marker, no temporary directory."""
+    return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) if cache.exists() else []
+
+
+def refuse(cfg: FinetuneConfig, tokenizer) -> str:
+    """The refusal's message; a rerun (nothing cached) refuses the same way, never with an IndexError."""
+    with pytest.raises(DataError) as first:
+        prepare_dataset(cfg, tokenizer)
+    assert leftovers(Path(cfg.data.cache_dir)) == []
+    with pytest.raises(DataError) as again:
+        prepare_dataset(cfg, tokenizer)
+    assert str(again.value) == str(first.value)
+    return str(first.value)
+
+
+def test_an_empty_eval_split_is_refused_before_anything_is_cached(tmp_path: Path, tokenizer) -> None:
+    message = refuse(config(tmp_path / "cache", max_rows=1), tokenizer)
+    assert "eval split is empty" in message and "data.eval_fraction=0.1" in message
+    assert "1 usable conversation" in message and "raise data.eval_fraction or data.max_rows" in message
+
+
+def test_conversations_that_all_share_one_prompt_cannot_be_split(tmp_path: Path, tokenizer) -> None:
+    source = write_rows(tmp_path / "same.jsonl", [generate_rows(1, 3)[0]] * 5)
+    message = refuse(config(tmp_path / "cache", source=str(source), max_rows=None), tokenizer)
+    assert "eval split is empty" in message and "1 group" in message
+
+
+def test_every_row_unusable_is_refused_with_the_counts_per_reason(tmp_path: Path, tokenizer) -> None:
+    rows = [{"system": "SYSTEM: hi", "chat": "hello there"}] * 4 + [{"system": "SYSTEM: hi", "chat": "USER: x"}] * 2
+    source = write_rows(tmp_path / "bad.jsonl", rows)
+    message = refuse(config(tmp_path / "cache", source=str(source), max_rows=None), tokenizer)
+    assert "no usable conversation" in message and str(source) in message
+    assert "6 rows" in message and "no_leading_turn 4" in message and "no_assistant_turn 2" in message
+    assert "bad.jsonl:1" in message and "data.format" in message
+
+
+def test_every_conversation_over_max_length_is_refused_naming_the_split_and_the_length(
+    tmp_path: Path, tokenizer
+) -> None:
+    message = refuse(config(tmp_path / "cache", max_length=8), tokenizer)
+    assert "train split has no rows" in message and "data.max_length=8" in message
+    assert "nothing supervised in their first 8 tokens" in message and "raise data.max_length: at " in message
+
+
+def test_a_failed_build_leaves_no_temporary_directory(tmp_path: Path, tokenizer, monkeypatch) -> None:
+    from gpucert.finetune import prepare
+
+    def broken(*_args, **_kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(prepare, "pack", broken)
+    cache = tmp_path / "cache"
+    with pytest.raises(OSError, match="disk full"):
+        prepare_dataset(config(cache), tokenizer)
+    assert leftovers(cache) == []
+
+
+def test_bad_lines_are_skipped_counted_and_reported(tmp_path: Path, tokenizer) -> None:
+    lines = [json.dumps(r) for r in generate_rows(150, 2)]
+    lines[9] = lines[9][:50]  # a line cut short
+    source = tmp_path / "rows.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prepared = prepare_dataset(config(tmp_path / "cache", source=str(source), max_rows=None), tokenizer)
+    stats = prepared.stats
+    assert (stats["lines"], stats["bad_lines"], stats["rows"]) == (150, 1, 149)
+    assert stats["bad_line_examples"][0].startswith("rows.jsonl:10: ")
+    text = "\n".join(report_lines(stats))
+    assert "1 of 150 lines skipped" in text and "rows.jsonl:10" in text
+    for case in (*stats["dropped"], *stats["repaired"]):
+        assert case in text
+
+
+def test_report_lines_count_each_case_with_examples(tmp_path: Path, tokenizer) -> None:
+    quirks = Path(__file__).parents[1] / "fixtures" / "finetune" / "glaive_quirks.jsonl"
+    source = write_rows(tmp_path / "quirks.jsonl", [json.loads(line) for line in quirks.read_text().splitlines()] * 4)
+    stats = prepare_dataset(config(tmp_path / "cache", source=str(source), max_rows=None), tokenizer).stats
+    text = "\n".join(report_lines(stats))
+    for case in ("stray_role_marker", "undeclared_function", "non_finite_number", "conflicting_function"):
+        assert f"dropped {case}: {stats['dropped'][case]['count']}" in text
+    for case in ("arguments_key", "json_escape_in_literal", "duplicate_function", "truncated_final_turn"):
+        assert f"repaired {case}: {stats['repaired'][case]['count']}" in text
+    assert "quirks.jsonl:" in text
+
+
+def test_prepare_command_refuses_bad_data_with_exit_3_and_prints_the_report(tmp_path: Path, capsys) -> None:
+    from gpucert.cli import main
+
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"system": "SYSTEM: x", "chat": "USER: a"}\n{not json\n')
+    assert main(["finetune", "prepare", "--set", f"data.source={broken}", "--set", cache]) == 3
+    err = capsys.readouterr().err
+    assert f"{broken}: 1 of 2 lines (50.0%)" in err and "data.max_bad_row_share=0.01" in err
+    assert main(["finetune", "prepare", "--set", "data.max_rows=1", "--set", cache]) == 3
+    assert "eval split is empty" in capsys.readouterr().err
+    assert leftovers(tmp_path / "cache") == []
+    assert main(["finetune", "prepare", "--set", cache]) == 0
+    out = capsys.readouterr().out
+    assert "dropped bad_arguments: 5" in out and "glaive_sample.jsonl:40 (row 39)" in out

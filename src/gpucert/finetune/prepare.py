@@ -8,11 +8,18 @@ put data.cache_dir on the shared filesystem, or run the preparation once before 
 
 Cache directory:
     train/, eval/                 datasets.save_to_disk: input_ids, labels, position_ids, seq_lengths (int32 lists)
-    stats.json                    rows, parsed, unparsable (+ examples), and per split ("train", "eval"):
-                                  conversations, documents, rows, tokens, supervised_tokens, supervised_share,
-                                  truncated, dropped, no_assistant, render_failures, fill
+    stats.json                    rows, parsed, unparsable (+ examples); lines and bad_lines (+ file:line
+                                  examples) of a local file; dropped and repaired rows by data-quality case,
+                                  each {count, examples: [{row, at, excerpt}]} (docs/finetune-data.md); and per
+                                  split ("train", "eval"): conversations, documents, rows, tokens,
+                                  supervised_tokens, supervised_share, truncated, dropped, no_assistant,
+                                  render_failures, fill
     eval_conversations.jsonl      held-out conversations (messages + tools), for generation-based evaluation
     READY                         written last
+
+Data that cannot make both splits (no usable row, an empty split, every conversation too long) is refused with a
+DataError naming the split, the counts of what was dropped and why, and what to change; the temporary directory
+of a build that fails for any reason is removed, so nothing half-written is left and a rerun starts afresh.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +44,14 @@ from datasets.table import InMemoryTable
 from filelock import FileLock
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig
-from gpucert.finetune.formats import load_conversations, source_path
-from gpucert.finetune.glaive import Conversation
+from gpucert.finetune.formats import DataError, load_conversations, source_path
+from gpucert.finetune.glaive import Conversation, ParseReport
 from gpucert.finetune.packing import Document, PackStats, pack
 from gpucert.finetune.template import IGNORE_INDEX, TemplateError, render, template_hash
 
 # Bumped whenever parsing, rendering, masking, splitting or packing changes what a prepared dataset holds.
-DATA_METHOD_VERSION = "1"
+# 2: the Glaive data rules of docs/finetune-data.md (repairs and drops by case), local JSON read line by line.
+DATA_METHOD_VERSION = "2"
 READY = "READY"
 # data.source of the throughput benchmark: random tokens, one full-length document per row, every token labelled
 # (the unpadded mock data of published LoRA throughput figures, fine-tuning.md §3).
@@ -55,6 +63,8 @@ FEATURES = Features({name: List(Value("int32")) for name in COLUMNS})
 # means the template or the data is wrong, and preparation stops.
 MAX_RENDER_FAILURE_SHARE = 0.01
 MAX_EXAMPLES = 10
+# Examples named in a refusal.
+REFUSAL_EXAMPLES = 3
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +151,72 @@ def split_conversations(
     return train, evals
 
 
+def _cases_text(cases: Mapping[str, Mapping[str, Any]]) -> str:
+    """ "no_leading_turn 4, no_assistant_turn 2" from stats' dropped or repaired, most frequent first."""
+    ordered = sorted(cases.items(), key=lambda item: (-item[1]["count"], item[0]))
+    return ", ".join(f"{case} {tally['count']}" for case, tally in ordered)
+
+
+def _example_text(example: Mapping[str, Any]) -> str:
+    where = f"{example['at']} (row {example['row']})" if example.get("at") else f"row {example['row']}"
+    return f"{where}: {example['excerpt']}"
+
+
+def check_usable(data: DataConfig, report: ParseReport, conversations: Sequence[Conversation]) -> None:
+    """Refuse a source of which no row converted: the counts per reason say whether the format is wrong."""
+    if conversations:
+        return
+    summary = report.as_dict()
+    examples = [e for tally in summary["dropped"].values() for e in tally["examples"]][:REFUSAL_EXAMPLES]
+    raise DataError(
+        f"data.source {source_path(data) or data.source}: no usable conversation: {report.total} rows read, all "
+        f"dropped by the {data.format!r} parser ({_cases_text(summary['dropped'])}); first: "
+        f"{'; '.join(_example_text(e) for e in examples)}. Check that data.format ({data.format}) is the file's "
+        "format; docs/finetune-data.md says what each case means"
+    )
+
+
+def check_split(
+    name: str, conversations: Sequence[Conversation], everything: Sequence[Conversation], eval_fraction: float
+) -> None:
+    """Refuse an empty split: training evaluates on eval, and `gpucert evaluate` generates from it."""
+    if conversations:
+        return
+    groups = len({_split_key(c) for c in everything})
+    raise DataError(
+        f"{name} split is empty: {len(everything)} usable conversation(s) in {groups} group(s) (conversations "
+        f"that open with the same user prompt stay on one side of the split), and data.eval_fraction="
+        f"{eval_fraction} leaves {name} none of them; raise data.eval_fraction or data.max_rows, or add rows "
+        "with other prompts"
+    )
+
+
+def _first_supervised(doc: Document) -> int | None:
+    """Tokens a row needs to keep one supervised label of doc (its position 0 never is: the first-token rule)."""
+    return next((i + 1 for i, label in enumerate(doc[1]) if i > 0 and label != IGNORE_INDEX), None)
+
+
+def check_rows(
+    name: str, conversations: int, docs: Sequence[Document], counts: dict[str, Any], data: DataConfig
+) -> None:
+    """Refuse a split that packed no row, with what became of its conversations and the max_length it needs."""
+    lengths = [n for n in (_first_supervised(d) for d in docs) if n is not None]
+    reasons = [
+        f"{counts['no_assistant']} without an assistant turn",
+        f"{counts['render_failures']} failed rendering",
+        f"{len(docs)} longer than data.max_length={data.max_length} with nothing supervised in their first "
+        f"{data.max_length} tokens",
+    ]
+    if lengths:
+        advice = (
+            f"raise data.max_length: at {min(lengths)} tokens one conversation keeps a supervised token, at "
+            f"{min(len(d[0]) for d in docs)} the shortest fits whole"
+        )
+    else:
+        advice = "check data.template and the data: no conversation has an assistant turn to supervise"
+    raise DataError(f"{name} split has no rows: of {conversations} conversations, {', '.join(reasons)}; {advice}")
+
+
 def tokenize_conversations(tokenizer: Any, conversations: Sequence[Conversation]) -> tuple[list[Document], dict]:
     """Render every conversation with an assistant turn; the rest and render failures are counted."""
     docs: list[Document] = []
@@ -198,6 +274,7 @@ def _build_synthetic(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp:
     stats: dict[str, Any] = {"fingerprint": fingerprint, "data_method_version": DATA_METHOD_VERSION}
     stats.update({"source": SYNTHETIC, "max_length": data.max_length, "packing": False})
     stats.update({"rows": total, "parsed": total, "unparsable": 0, "unparsable_examples": []})
+    stats.update({"lines": total, "bad_lines": 0, "bad_line_examples": [], "dropped": {}, "repaired": {}})
     for name, split in (("train", rows[held:]), ("eval", rows[:held])):
         n = len(split)
         packed = PackStats(documents=n, rows=n, tokens=n * data.max_length, supervised_tokens=n * (data.max_length - 1))
@@ -209,14 +286,27 @@ def _build_synthetic(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp:
 
 
 def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) -> None:
-    data = cfg.data
     tmp = target.parent / f"{fingerprint}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
-    if data.source == SYNTHETIC:
-        _finish(tmp, target, fingerprint, _build_synthetic(cfg, tokenizer, fingerprint, tmp))
-        return
+    try:
+        if cfg.data.source == SYNTHETIC:
+            stats = _build_synthetic(cfg, tokenizer, fingerprint, tmp)
+        else:
+            stats = _build_conversations(cfg, tokenizer, fingerprint, tmp)
+        _finish(tmp, target, fingerprint, stats)
+    except BaseException:
+        # Refused data, a full disk, Ctrl-C: no half-written directory stays behind for the next run to trip on.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _build_conversations(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp: Path) -> dict[str, Any]:
+    data = cfg.data
     conversations, report = load_conversations(data)
+    check_usable(data, report, conversations)
     train_convs, eval_convs = split_conversations(conversations, data.eval_fraction, data.seed)
+    check_split("train", train_convs, conversations, data.eval_fraction)
+    check_split("eval", eval_convs, conversations, data.eval_fraction)
     stats: dict[str, Any] = {
         "fingerprint": fingerprint,
         "data_method_version": DATA_METHOD_VERSION,
@@ -226,20 +316,20 @@ def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) 
         "tokenizer": cfg.model.name,
         "max_length": data.max_length,
         "packing": data.packing,
-        "rows": report.total,
-        "parsed": report.parsed,
-        "unparsable": report.unparsable,
+        **report.as_dict(),
         "unparsable_examples": [list(e) for e in report.examples],
     }
     for name, convs in (("train", train_convs), ("eval", eval_convs)):
         docs, counts = tokenize_conversations(tokenizer, convs)
         rows, pack_stats = pack(docs, data.max_length, data.packing)
+        if not rows:
+            check_rows(name, len(convs), docs, counts, data)
         stats[name] = _split_stats(len(convs), counts, pack_stats, data.max_length)
         _dataset(rows, f"{fingerprint}-{name}").save_to_disk(str(tmp / name))
     with open(tmp / "eval_conversations.jsonl", "w", encoding="utf-8") as f:
         for conv in eval_convs:
             f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
-    _finish(tmp, target, fingerprint, stats)
+    return stats
 
 
 def _finish(tmp: Path, target: Path, fingerprint: str, stats: dict[str, Any]) -> None:
@@ -287,3 +377,23 @@ def load_eval_conversations(path: Path) -> list[Conversation]:
     """The held-out conversations of a prepared dataset (Prepared.path), for generation-based evaluation."""
     with open(Path(path) / "eval_conversations.jsonl", encoding="utf-8") as f:
         return [Conversation.from_json(json.loads(line)) for line in f if line.strip()]
+
+
+def report_lines(stats: Mapping[str, Any], examples: int = REFUSAL_EXAMPLES) -> list[str]:
+    """The preparation report as text (`gpucert finetune prepare`): rows read and parsed, lines skipped, each
+    dropped and repaired case with its count and first examples, then the splits."""
+    lines = [f"rows {stats['rows']}, parsed {stats['parsed']}, unparsable {stats['unparsable']}"]
+    if stats.get("bad_lines"):
+        lines.append(f"{stats['bad_lines']} of {stats['lines']} lines skipped (not JSON objects):")
+        lines += [f"  {example}" for example in stats["bad_line_examples"][:examples]]
+    for kind in ("dropped", "repaired"):
+        for case, tally in sorted(stats.get(kind, {}).items(), key=lambda item: (-item[1]["count"], item[0])):
+            lines.append(f"{kind} {case}: {tally['count']}")
+            lines += [f"  {_example_text(example)}" for example in tally["examples"][:examples]]
+    for split in ("train", "eval"):
+        s = stats[split]
+        lines.append(
+            f"{split}: {s['conversations']} conversations -> {s['rows']} packed rows, {s['tokens']} tokens, "
+            f"{s['supervised_share']:.1%} supervised, {s['truncated']} truncated, {s['dropped']} dropped"
+        )
+    return lines
