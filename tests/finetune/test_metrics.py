@@ -17,6 +17,7 @@ from gpucert.finetune.metrics import (
     tokens_per_s,
     utilisation,
 )
+from gpucert.status import Status
 
 # Qwen2-7B: d 3584, 28 layers, 28 heads x 128, 4 KV heads, FFN 18944, vocab 152064, untied lm_head.
 D, LAYERS, HEADS, HEAD_DIM, KV, FFN, VOCAB = 3584, 28, 28, 128, 4 * 128, 18944, 152064
@@ -102,13 +103,32 @@ def test_formula_prints_its_numbers() -> None:
 def test_judge_run() -> None:
     ckpt = Path("run/checkpoints/step-40")
     passed = judge_run(6.0, 5.5, 5, True, ckpt, None)
-    assert [(c["name"], c["status"]) for c in passed] == [
-        ("final_loss", "PASS"),
-        ("checkpoint_present", "PASS"),
-        ("no_oom", "PASS"),
+    assert [(c.name, c.status) for c in passed] == [
+        ("final_loss", Status.PASS),
+        ("checkpoint_present", Status.PASS),
+        ("no_oom", Status.PASS),
     ]
-    assert [c["status"] for c in judge_run(None, 9.0, 5, True, ckpt, None)] == ["SKIP", "PASS", "PASS"]
+    # Every PASS says what it was held to and where that came from.
+    assert (passed[0].expected, passed[0].threshold_source) == ("<= 6", "config train.final_loss_max")
+    assert all(c.expected and c.threshold_source and c.category == "training" for c in passed)
+    assert passed[1].value == "step-40"
+
     failed = judge_run(1.0, 1.2, 5, False, None, "CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert [c["status"] for c in failed] == ["FAIL", "FAIL", "FAIL"]
-    assert failed[0]["message"].startswith("expected a mean loss of the last 5 steps <= 1.0, found 1.2000")
-    assert "Tried to allocate" in failed[2]["message"]
+    assert [c.status for c in failed] == [Status.FAIL, Status.FAIL, Status.FAIL]
+    assert failed[0].message == "expected a mean loss of the last 5 steps <= 1, found 1.2000"
+    assert failed[0].remediation == "train longer, raise train.lr, or check the data"
+    assert failed[1].message == "expected the final adapter and a complete checkpoint, found no final adapter"
+    assert "Tried to allocate" in failed[2].message and failed[2].value == 1
+    assert "gradient_checkpointing" in (failed[2].remediation or "")
+    # The adapter saved but no complete checkpoint: named as such.
+    assert judge_run(1.0, 0.5, 5, True, None, None)[1].message.endswith("found no complete checkpoint")
+
+
+def test_a_final_loss_without_threshold_is_shown_not_passed() -> None:
+    loss = judge_run(None, 9.0, 5, True, Path("c/step-1"), None)[0]
+    assert loss.status is Status.INFO and loss.value == 9.0
+    assert loss.expected is None and "train.final_loss_max is not set" in loss.message
+    # No step completed (out of memory at the first) and nothing to judge it by: nothing measured either.
+    assert judge_run(None, None, 0, True, None, "oom")[0].status is Status.SKIP
+    # With a threshold, no measured loss is a FAIL, never a pass.
+    assert judge_run(6.0, None, 0, True, None, "oom")[0].status is Status.FAIL

@@ -1,5 +1,5 @@
 """The training loop on CPU: the data order and schedule as pure functions, then one tiny single-process run
-(falling loss, metrics.json, an adapter PEFT reloads with the trained outputs)."""
+(falling loss, metrics.json, report.json in the report schema, an adapter PEFT reloads with the trained outputs)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from jsonschema import Draft202012Validator
 from peft import PeftModel
 from safetensors.torch import load_file
 
+import gpucert.report
 from gpucert.finetune import train as train_module
 from gpucert.finetune.checkpoint import find_latest, save_adapter
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
@@ -23,6 +25,20 @@ from gpucert.finetune.packing import collate
 from gpucert.finetune.tokenizer import load_tokenizer
 from gpucert.finetune.train import epoch_order, lr_factor, main, plan_steps, rank_micro_batches, run_finetune
 from gpucert.runtime.group import start_runtime, stop_runtime
+
+SCHEMA = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json").read_text())
+REPORT_RESULTS = [
+    "final_loss",
+    "checkpoint_present",
+    "no_oom",
+    "steps",
+    "eval_loss",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_memory_gib",
+    "peak_rss_gib",
+    "data.preparation",
+]
 
 METRICS_KEYS = {
     "schema",
@@ -47,6 +63,7 @@ METRICS_KEYS = {
     "flops_per_token",
     "flops_formula",
     "peak_tflops",
+    "peak_source",
     "mfu",
     "hfu",
     "peak_memory_gib",
@@ -152,6 +169,31 @@ def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> No
     assert written["mfu"] is None and written["peak_tflops"] is None  # no peak on a CPU
     assert written["config"]["train"]["max_steps"] == 16
     assert (run / "config.yaml").is_file() and any((run / "tensorboard").iterdir())
+
+    # The same run in the report schema: the criteria judged, every other number INFO (SKIP where it cannot be
+    # measured: no MFU and no device memory on a CPU), the per-step curves in `steps`.
+    report = json.loads((run / "report.json").read_text())
+    validator = Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    assert [e.message for e in validator.iter_errors(report)] == []
+    results = {r["name"]: r for r in report["results"]}
+    assert list(results) == REPORT_RESULTS
+    assert report["status"] == written["status"] == "PASS"
+    assert [
+        r for r in report["results"] if r["status"] == "PASS" and not (r["expected"] and r["threshold_source"])
+    ] == []
+    assert [c["name"] for c in written["criteria"]] == [n for n, r in results.items() if r["status"] == "PASS"]
+    assert {results[n]["status"] for n in ("steps", "eval_loss", "tokens_per_s_per_gpu", "peak_rss_gib")} == {"INFO"}
+    assert results["mfu"]["status"] == results["peak_memory_gib"]["status"] == "SKIP"
+    assert results["final_loss"]["value"] == written["final_loss"]
+    assert results["tokens_per_s_per_gpu"]["value"] == written["tokens_per_s_per_gpu"]["effective"]
+    series = results["steps"]["details"]
+    assert series["step"] == list(range(1, 17)) and series["loss"] == losses
+    assert series["eval_step"] == [8, 16] and series["eval_loss"] == [e["loss"] for e in written["eval_losses"]]
+    assert series["warmup"] == [True, True] + [False] * 14
+    assert all(v > 0 for v in series["rss_gib"]) and set(series["memory_peak_gib"]) == {None}
+    assert results["data.preparation"]["details"]["train"]["rows"] == written["dataset"]["train_rows"]
+    assert report["meta"]["verb"] == "finetune" and report["meta"]["config"] == written["config"]
+    assert (run / "report.md").read_text().startswith("# gpucert finetune: PASS")
 
     # Retention kept both checkpoints (8, 16); the final adapter equals the last checkpoint's weights.
     assert find_latest(run) == run / "checkpoints" / "step-16"

@@ -10,7 +10,8 @@ Pure functions of counts and times (fine-tuning.md §8), so every number in metr
 - tokens/s three ways: padded (rows x row length: what the GPU processed), effective (non-pad tokens: what
   MFU uses), supervised (tokens with a label: what the loss learns from).
 
-`judge_run` turns a run's outcome into its success criteria, each with measured / expected / status / message.
+`judge_run` turns a run's outcome into its success criteria: report results (gpucert.report.schema.Result) with
+value / expected / threshold_source / status / message.
 """
 
 from __future__ import annotations
@@ -18,9 +19,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from gpucert.report.schema import Result
 from gpucert.status import Status
+
+# The report category of a training run's results, and the subject of those about the whole run.
+CATEGORY = "training"
+RUN_SUBJECT = "run"
+LOSS_UNIT = "nats/token"
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The peak dense BF16 FLOP/s that MFU divides by, and where the number came from."""
+
+    tflops: float
+    source: str  # "config train.peak_tflops" or "profile h100-sxm: bf16_peak_tflops"
+    profile: str | None = None  # the hardware profile this node matched, if any
 
 
 @dataclass(frozen=True)
@@ -98,49 +113,69 @@ def judge_run(
     adapter_saved: bool,
     latest_checkpoint: Path | None,
     oom: str | None,
-) -> list[dict[str, Any]]:
-    """The success criteria of a run: final loss (mean of the last `window` steps) <= final_loss_max, the final
-    adapter and a complete checkpoint on disk, no out-of-memory error."""
+    subject: str = RUN_SUBJECT,
+) -> list[Result]:
+    """The success criteria of a run, as report results: the final loss (mean of the last `window` steps)
+    <= train.final_loss_max, the final adapter and a complete checkpoint on disk, no out-of-memory error.
+
+    Without train.final_loss_max the final loss is INFO: measured and shown, never a PASS nothing could fail.
+    """
+    found = "none (no step completed)" if final_loss is None else f"{final_loss:.4f}"
     if final_loss_max is None:
-        loss_status, loss_msg = Status.SKIP, "train.final_loss_max not set: the final loss is not judged"
-    elif final_loss is not None and final_loss <= final_loss_max:
-        loss_status = Status.PASS
-        loss_msg = f"mean loss of the last {window} steps {final_loss:.4f} <= {final_loss_max}"
+        loss = Result(
+            name="final_loss",
+            status=Status.INFO if final_loss is not None else Status.SKIP,
+            message=f"mean loss of the last {window} steps {found}; train.final_loss_max is not set, "
+            "so it is shown, not judged",
+            value=final_loss,
+            unit=LOSS_UNIT,
+            subject=subject,
+            category=CATEGORY,
+        )
     else:
-        loss_status = Status.FAIL
-        found = "none" if final_loss is None else f"{final_loss:.4f}"
-        loss_msg = (
-            f"expected a mean loss of the last {window} steps <= {final_loss_max}, found {found}: "
-            "train longer, raise train.lr, or check the data"
+        ok = final_loss is not None and final_loss <= final_loss_max
+        loss = Result(
+            name="final_loss",
+            status=Status.PASS if ok else Status.FAIL,
+            message=f"mean loss of the last {window} steps {found} <= {final_loss_max:g}"
+            if ok
+            else f"expected a mean loss of the last {window} steps <= {final_loss_max:g}, found {found}",
+            value=final_loss,
+            unit=LOSS_UNIT,
+            expected=f"<= {final_loss_max:g}",
+            threshold_source="config train.final_loss_max",
+            remediation=None if ok else "train longer, raise train.lr, or check the data",
+            subject=subject,
+            category=CATEGORY,
         )
     saved = adapter_saved and latest_checkpoint is not None
-    return [
-        {
-            "name": "final_loss",
-            "measured": final_loss,
-            "expected": final_loss_max,
-            "unit": "nats/token",
-            "status": loss_status.value,
-            "message": loss_msg,
-        },
-        {
-            "name": "checkpoint_present",
-            "measured": saved,
-            "expected": True,
-            "unit": None,
-            "status": (Status.PASS if saved else Status.FAIL).value,
-            "message": f"final adapter and checkpoint {latest_checkpoint}"
-            if saved
-            else "expected a final adapter and a complete checkpoint, found none: see the run's log for the error",
-        },
-        {
-            "name": "no_oom",
-            "measured": oom is None,
-            "expected": True,
-            "unit": None,
-            "status": (Status.PASS if oom is None else Status.FAIL).value,
-            "message": "no out-of-memory error"
-            if oom is None
-            else f"out of memory: {oom}; lower train.micro_batch or turn on model.gradient_checkpointing",
-        },
-    ]
+    checkpoint = Result(
+        name="checkpoint_present",
+        status=Status.PASS if saved else Status.FAIL,
+        message=f"final adapter and checkpoint {latest_checkpoint}"
+        if saved
+        else "expected the final adapter and a complete checkpoint, found "
+        + ("no complete checkpoint" if adapter_saved else "no final adapter"),
+        value=latest_checkpoint.name if latest_checkpoint is not None else None,
+        expected="the final adapter and a complete checkpoint",
+        threshold_source="gpucert finetune: a finished run leaves both in its run directory",
+        remediation=None if saved else "see the run's log for the error that stopped it",
+        subject=subject,
+        category=CATEGORY,
+    )
+    no_oom = Result(
+        name="no_oom",
+        status=Status.PASS if oom is None else Status.FAIL,
+        message="no out-of-memory error" if oom is None else f"expected no out-of-memory error, found: {oom}",
+        value=0 if oom is None else 1,
+        unit="errors",
+        expected="0",
+        threshold_source="gpucert finetune: a run that ran out of memory did not finish",
+        remediation=None
+        if oom is None
+        else "lower train.micro_batch (raise train.grad_accum to keep the batch) or turn on "
+        "model.gradient_checkpointing",
+        subject=subject,
+        category=CATEGORY,
+    )
+    return [loss, checkpoint, no_oom]

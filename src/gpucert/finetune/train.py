@@ -39,6 +39,7 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,9 @@ from gpucert.finetune.model import (
 from gpucert.finetune.packing import collate
 from gpucert.finetune.parallel import gradient_sync, resolve_mode, wrap
 from gpucert.finetune.prepare import Prepared, prepare_dataset
+from gpucert.finetune.run_report import build_report, invocation, write_run_files
 from gpucert.finetune.tokenizer import load_tokenizer
+from gpucert.report.schema import Report
 from gpucert.runtime.group import (
     AbortRecord,
     RendezvousError,
@@ -86,7 +89,7 @@ from gpucert.runtime.group import (
     start_runtime,
     stop_runtime,
 )
-from gpucert.status import Status
+from gpucert.status import Status, worst
 
 SCHEMA = "gpucert.finetune.metrics/1"
 # Throughput leaves out the first steps of every process (allocator growth, kernel selection, lazy init).
@@ -257,7 +260,7 @@ class FinetuneFailed(RuntimeError):
         self.record = record
 
 
-def run_finetune(cfg: FinetuneConfig, profile_peak_tflops: float | None = None) -> dict[str, Any]:
+def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) -> dict[str, Any]:
     """Train as configured in this process (one rank of a torchrun/srun job, or alone); the metrics dict,
     also written to output_dir/metrics.json by rank 0.
 
@@ -282,7 +285,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak_tflops: float | None = None) 
         say("interrupted while joining the job")
         raise
     try:
-        result = train(cfg, rt, cfg.train.peak_tflops or profile_peak_tflops)
+        result = train(cfg, rt, resolve_peak(cfg, profile_peak))
     except (Exception, KeyboardInterrupt) as exc:
         record, code = report_failure(rt, exc)
         if rt.world_size > 1:
@@ -312,8 +315,9 @@ def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
     return record, Status.ERROR.exit_code
 
 
-def train(cfg: FinetuneConfig, rt: Runtime, peak_tflops: float | None) -> dict[str, Any]:
+def train(cfg: FinetuneConfig, rt: Runtime, peak: flops.Peak | None) -> dict[str, Any]:
     started = time.time()
+    peak_tflops = peak.tflops if peak else None
     tc = cfg.train
     rt.set_phase("setup")
     run_dir = resolve_run_dir(cfg, rt)
@@ -415,7 +419,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, peak_tflops: float | None) -> dict[s
         rt.set_phase("saving the adapter")
         save_adapter(model, tokenizer, adapter_dir, rt)
     rt.set_phase("summary")
-    result = summarise(cfg, rt, info, data, state, run_dir, started, peak_tflops, oom, resume_from)
+    result = summarise(cfg, rt, info, data, state, run_dir, started, peak, oom, resume_from)
     # After summarise's last collective: a 7B merge on slow storage must not hold the other ranks inside one.
     if oom is None and rt.is_main and tc.merge_adapter:
         rt.set_phase("merging the adapter")
@@ -424,8 +428,12 @@ def train(cfg: FinetuneConfig, rt: Runtime, peak_tflops: float | None) -> dict[s
         if merged_dir is None:
             log("not merging: a random_init base cannot be rebuilt to merge into")
     if rt.is_main:
-        (run_dir / "metrics.json").write_text(json.dumps(result, indent=1))
-        log(f"{result['status']}: metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}")
+        rt.set_phase("writing the report")
+        write_run_files(run_dir, result, run_report(result, rt, peak, started))
+        log(
+            f"{result['status']}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html draws it), "
+            f"metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}"
+        )
     log.close()
     return result
 
@@ -470,6 +478,20 @@ def step_record(
         "doc_sq": s.doc_sq,
         "mfu": flops.utilisation(per_token, rates["effective"] / rt.world_size, peak),
         "warmup": nth <= TIMING_WARMUP_STEPS,
+        "world_size": rt.world_size,
+        "memory_gib": step_memory(rt.device),
+    }
+
+
+def step_memory(device: torch.device) -> dict[str, float | None]:
+    """This rank's memory after a step, for the report's memory curve: device memory allocated now and its peak
+    so far, host peak RSS so far. Local, no collective: a per-step all-reduce would cost every step; the run's
+    summary takes the maximum over ranks once."""
+    cuda = device.type == "cuda"
+    return {
+        "allocated": torch.cuda.memory_allocated(device) / GIB if cuda else None,
+        "peak": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,  # ru_maxrss is KiB on Linux
     }
 
 
@@ -509,6 +531,23 @@ def versions(rt: Runtime) -> dict[str, str | None]:
     return found
 
 
+def run_report(metrics: dict[str, Any], rt: Runtime, peak: flops.Peak | None, started: float) -> Report:
+    """report.json of the run, on rank 0: its results with the inventory of rank 0's node (the node that writes;
+    a multi-node run's other nodes are in the world size and the subject of its throughput)."""
+    from gpucert.hardware.inventory import collect_inventory, live_sources
+
+    return build_report(
+        metrics,
+        command=invocation(sys.argv),
+        host=rt.me.host,
+        node=rt.me.node,
+        started_at=datetime.fromtimestamp(started, timezone.utc),
+        finished_at=datetime.now(timezone.utc),
+        inventory=collect_inventory(live_sources()).to_dict(),
+        profile=peak.profile if peak and peak.profile else "none",
+    )
+
+
 def summarise(
     cfg: FinetuneConfig,
     rt: Runtime,
@@ -517,11 +556,12 @@ def summarise(
     state: TrainerState,
     run_dir: Path,
     started: float,
-    peak: float | None,
+    peak: flops.Peak | None,
     oom: str | None,
     resume_from: Path | None,
 ) -> dict[str, Any]:
-    """metrics.json: the run's numbers and its verdict. Collective (peak memory is the max over ranks)."""
+    """metrics.json: the run's numbers and its verdict (the worst of its criteria, which report.json's results
+    carry too). Collective (peak memory is the max over ranks)."""
     memory = peak_memory(rt)
     counts = info.flop_counts()
     log_ = state.step_log
@@ -533,9 +573,11 @@ def summarise(
     t_eff = sum(r["doc_sq"] for r in timed) / max(timed_tokens["effective"], 1)
     per_token = flops.lora_flops_per_token(counts, t_eff)
     per_gpu = {k: v / rt.world_size for k, v in rates.items()}
+    peak_tflops = peak.tflops if peak else None
     hfu = None
     if cfg.model.gradient_checkpointing:
-        hfu = flops.utilisation(per_token + flops.recompute_flops_per_token(counts, t_eff), per_gpu["effective"], peak)
+        recompute = flops.recompute_flops_per_token(counts, t_eff)
+        hfu = flops.utilisation(per_token + recompute, per_gpu["effective"], peak_tflops)
 
     window = state.loss_history[-FINAL_LOSS_WINDOW:]
     final_loss = sum(window) / len(window) if window else None
@@ -547,8 +589,8 @@ def summarise(
     criteria = flops.judge_run(cfg.train.final_loss_max, final_loss, len(window), adapter_ok, latest, oom)
     return {
         "schema": SCHEMA,
-        "status": max((Status(c["status"]) for c in criteria), default=Status.PASS).value,
-        "criteria": criteria,
+        "status": worst(c.status for c in criteria).value,
+        "criteria": [c.to_dict() for c in criteria],
         "wall_time_s": time.time() - started,
         "train_time_s": sum(r["step_time_s"] for r in log_),
         "world_size": rt.world_size,
@@ -575,8 +617,9 @@ def summarise(
         "t_eff": t_eff,
         "flops_per_token": per_token,
         "flops_formula": flops.flops_formula(counts, t_eff),
-        "peak_tflops": peak,
-        "mfu": flops.utilisation(per_token, per_gpu["effective"], peak),
+        "peak_tflops": peak_tflops,
+        "peak_source": peak.source if peak else None,
+        "mfu": flops.utilisation(per_token, per_gpu["effective"], peak_tflops),
         "hfu": hfu,
         **memory,
         "final_loss": final_loss,
@@ -636,16 +679,27 @@ class RankZeroLog:
 # --- Command line -----------------------------------------------------------------------------------------
 
 
-def profile_peak() -> float | None:
+def profile_peak() -> flops.Peak | None:
     """The hardware profile's dense BF16 peak for this node's GPU; None on CPUs or an unknown GPU."""
     if not torch.cuda.is_available():
         return None
     from gpucert.config.profiles import select_profile
 
     try:
-        return select_profile([torch.cuda.get_device_name(0)]).bf16_peak_tflops
+        profile = select_profile([torch.cuda.get_device_name(0)])
     except (ConfigError, ImportError):  # an unknown GPU; a checkout run without installing has no gpucert.configs
         return None
+    if not profile.bf16_peak_tflops:
+        return None
+    return flops.Peak(profile.bf16_peak_tflops, f"profile {profile.name}: bf16_peak_tflops", profile.name)
+
+
+def resolve_peak(cfg: FinetuneConfig, from_profile: flops.Peak | None) -> flops.Peak | None:
+    """train.peak_tflops when the config sets it, else the hardware profile's."""
+    if cfg.train.peak_tflops:
+        profile = from_profile.profile if from_profile else None
+        return flops.Peak(cfg.train.peak_tflops, "config train.peak_tflops", profile)
+    return from_profile
 
 
 def main(argv: list[str] | None = None) -> int:
