@@ -204,52 +204,73 @@ def _bad_json(exc: json.JSONDecodeError, line: str) -> str:
     return f"{exc.msg} at column {exc.colno}: {line[:60]!r}"
 
 
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> DataError:
+    # The decoder's offset is within the chunk it read: find the first bad byte of the whole file instead.
+    data = path.read_bytes()
+    start = 0
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as whole:
+        start = whole.start
+    line = data[:start].count(b"\n") + 1
+    return DataError(
+        f"data.source: {path} is not UTF-8 text (byte {start}, line {line}: {exc.reason}); save it as UTF-8 JSON Lines"
+    )
+
+
 def read_json_rows(path: Path, max_rows: int | None = None) -> SourceRows:
     """JSON Lines (one object per line), or for a .json file a JSON array of objects. A line (an array item)
     that is not a JSON object is counted as bad and skipped; blank lines are ignored."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        number = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise DataError(
-            f"data.source: {path} is not UTF-8 text (byte {exc.start}, line {number}: {exc.reason}); "
-            "save it as UTF-8 JSON Lines"
-        ) from None
     source = SourceRows(rows=[], locations=[])
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"data.source: {path} starts a JSON array but is not valid JSON (line {exc.lineno}, column "
-                f"{exc.colno}: {exc.msg}); a .json source is a JSON array of objects or JSON Lines"
-            ) from None
-        for index, item in enumerate(items):
-            if max_rows is not None and len(source.rows) >= max_rows:
-                break
-            where = f"{path.name}[{index}]"
-            if isinstance(item, dict):
-                source.add_row(item, where)
-            else:
-                source.add_bad(where, f"a {type(item).__name__}, not a JSON object")
-        return source
-    # Split on "\n" only: str.splitlines would also split at U+2028 and the like inside a JSON string.
-    for number, line in enumerate(text.split("\n"), 1):
+    with open(path, "rb") as f:
+        array = path.suffix.lower() == ".json" and f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
+    try:
+        if array:
+            _read_array(path, source, max_rows)
+        else:
+            _read_lines(path, source, max_rows)
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc) from None
+    return source
+
+
+def _read_array(path: Path, source: SourceRows, max_rows: int | None) -> None:
+    try:
+        items = json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"data.source: {path} starts a JSON array but is not valid JSON (line {exc.lineno}, column "
+            f"{exc.colno}: {exc.msg}); a .json source is a JSON array of objects or JSON Lines"
+        ) from None
+    for index, item in enumerate(items):
         if max_rows is not None and len(source.rows) >= max_rows:
             break
-        if not line.strip():
-            continue
-        where = f"{path.name}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            source.add_bad(where, _bad_json(exc, line))
-            continue
-        if isinstance(obj, dict):
-            source.add_row(obj, where)
+        where = f"{path.name}[{index}]"
+        if isinstance(item, dict):
+            source.add_row(item, where)
         else:
-            source.add_bad(where, f"a {type(obj).__name__}, not a JSON object: {line[:60]!r}")
-    return source
+            source.add_bad(where, f"a {type(item).__name__}, not a JSON object")
+
+
+def _read_lines(path: Path, source: SourceRows, max_rows: int | None) -> None:
+    # newline="\n": a line ends at "\n" only, never at a U+2028 or a lone "\r" (invalid inside JSON strings
+    # anyway); utf-8-sig drops a byte-order mark that would make the first line unreadable.
+    with open(path, encoding="utf-8-sig", newline="\n") as f:
+        for number, line in enumerate(f, 1):
+            if max_rows is not None and len(source.rows) >= max_rows:
+                break
+            if not line.strip():
+                continue
+            where = f"{path.name}:{number}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                source.add_bad(where, _bad_json(exc, line))
+                continue
+            if isinstance(obj, dict):
+                source.add_row(obj, where)
+            else:
+                source.add_bad(where, f"a {type(obj).__name__}, not a JSON object: {line[:60]!r}")
 
 
 def source_path(data_cfg: DataConfig) -> Path | None:
