@@ -7,4 +7,5 @@ __version__ = "0.1.0"
 # 2: an "fp32" matmul is true fp32 (it ran as TF32 before); fixed-size matmuls are judged against the node median
 # and a share of the peak (INFO where nothing can judge them); the burn phase (sustained per-GPU load, judged by
 # its median window) joins accept.
+# Also in 2: collectives time batches of back-to-back calls between one pair of events (nccl-tests), not each call.
 METHOD_VERSION = "2"
