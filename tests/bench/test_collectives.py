@@ -226,7 +226,10 @@ def test_judge_passes_above_the_floor_at_the_gate_size() -> None:
 def test_judge_fails_below_the_floor_and_uses_the_largest_size_under_the_gate() -> None:
     [r] = coll.judge(_data(_curve()), _profile(all_reduce=340), CollectivesBenchConfig(gate_bytes=3 * GIB))
     assert r.status is Status.FAIL and r.value == 300.0
-    assert r.message == "expected busbw >= 340 GB/s at 2 GiB, found 300.0 GB/s, on all_reduce on 4 ranks (nccl), bf16"
+    assert r.message == (
+        "expected busbw >= 340 GB/s at 2 GiB, found 300.0 GB/s, on all_reduce on 4 ranks (nccl), bf16; "
+        "latency 1.0 us at 1 GiB, 1.0 us at 2 GiB"
+    )
     assert r.remediation
 
 

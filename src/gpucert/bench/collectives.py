@@ -625,7 +625,7 @@ def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfi
         return Result(
             **base,
             status=Status.FAIL,
-            message=f"expected busbw >= {floor.value:g} GB/s at {at}, found {busbw:.1f} GB/s, on {where}",
+            message=f"expected busbw >= {floor.value:g} GB/s at {at}, found {busbw:.1f} GB/s, on {where}; {latency}",
             remediation="check NVLink state (nvidia-smi nvlink -s), GPU clocks and the NCCL_* settings in details; "
             "run p2p to find a weak GPU pair; on several nodes check IB port rates and run per-rail pairs",
         )
@@ -634,7 +634,7 @@ def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfi
             **base,
             status=Status.WARN,
             message=f"expected repeat spread (cv) <= {CV_WARN:g} at {at}, found {cv:.3f} "
-            f"({busbw:.1f} GB/s busbw), on {where}",
+            f"({busbw:.1f} GB/s busbw), on {where}; {latency}",
             remediation="something else is using the GPUs or the network: rerun on an idle node, or raise "
             "bench.collectives.repeats",
         )
