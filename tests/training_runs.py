@@ -173,8 +173,9 @@ def training_report(metrics: dict[str, Any] | None = None, host: str = "vm") -> 
 
 
 def evaluation_report(call_accuracy: float = 91.0, threshold: float | None = 90.0) -> Report:
-    """An evaluation: scores in % (judged where the recipe sets a threshold, INFO where not), a per-tool
-    breakdown and example failures in the details."""
+    """An evaluation as `gpucert evaluate` writes it (finetune/eval_report.py): eval.* scores in % (judged where
+    the recipe sets a threshold, INFO where not) with example failures, eval.overall's per-tool tally and
+    failures in full, eval.loss, and one eval.tool row per tool."""
 
     def score(name: str, value: float, floor: float | None, details: dict[str, Any]) -> Result:
         judged = floor is not None
@@ -186,45 +187,67 @@ def evaluation_report(call_accuracy: float = 91.0, threshold: float | None = 90.
             message=f"{name} {value:.1f} %" + (f" (threshold >= {floor:g})" if judged else ", no threshold"),
             value=value,
             unit="%",
-            expected=f">= {floor:g}" if judged else None,
-            threshold_source="config eval.thresholds" if judged else None,
+            expected=f">= {floor:g} %" if judged else None,
+            threshold_source="eval.thresholds.call_accuracy_min_pct in qwen2-7b-glaive.yaml" if judged else None,
             category="evaluation",
             details=details,
         )
 
+    tools = {
+        "get_weather": {"turns": 42, "called": 41, "names_ok": 40, "args_match": 35, "correct": 34},
+        "convert_currency": {"turns": 35, "called": 33, "names_ok": 33, "args_match": 25, "correct": 25},
+        "<b>book</b>": {"turns": 3, "called": 1, "names_ok": 1, "args_match": 0, "correct": 0},
+    }
+    examples = [{"turn": "row 17 turn 2", "reasons": ["expected a call to get_weather, found no call"]}]
     results = [
-        score(
-            "eval.call_accuracy",
-            call_accuracy,
-            threshold,
-            {
-                "correct": 91,
-                "total": 100,
-                "per_tool": {
-                    "get_weather": {"correct": 40, "total": 42},
-                    "convert_currency": {"correct": 30, "total": 35},
-                    "<b>no call</b>": {"correct": 21, "total": 23},
-                },
-            },
-        ),
-        score("eval.args_match", 72.5, None, {"correct": 29, "total": 40}),
+        score("eval.call_accuracy", call_accuracy, threshold, {"correct": 91, "total": 100, "examples": examples}),
+        score("eval.args_match", 72.5, None, {"correct": 58, "total": 80, "examples": []}),
         score(
             "eval.overall",
             70.0,
             None,
-            {"failures": [{"turn": 3, "expected": "get_weather(city='Paris')", "got": "no call"}]},
+            {
+                "correct": 70,
+                "total": 100,
+                "examples": examples,
+                "counts": {"turns": 100, "expected_call": 80},
+                "failures": [{"turn": "row 17 turn 2", "expected": "get_weather(city='Paris')", "got": "no call"}],
+                "per_tool": tools,
+            },
+        ),
+        Result(
+            name="eval.loss",
+            subject="held-out turns",
+            status=Status.INFO,
+            message="mean cross-entropy per supervised held-out token: 0.4100 nats/token",
+            value=0.41,
+            unit="nats/token",
+            category="evaluation",
+        ),
+        *(
+            Result(
+                name="eval.tool",
+                subject=f"tool {name}",
+                status=Status.INFO,
+                message=f"{t['correct']} of {t['turns']} turns that expect {name} fully right",
+                value=round(100 * t["correct"] / t["turns"], 2),
+                unit="%",
+                category="evaluation",
+                details=t,
+            )
+            for name, t in tools.items()
         ),
     ]
     meta = RunMeta(
         tool_version="0.1.0",
-        method_version="1",
+        method_version="2, scoring 2",
         verb="evaluate",
         command=["gpucert", "evaluate", "--adapter", "runs/qwen/adapter"],
         host="vm",
         started_at=STARTED.isoformat(),
         finished_at=(STARTED + timedelta(seconds=60)).isoformat(),
         duration_s=60.0,
-        profile="h100-sxm",
+        profile="none",
         config={},
         software={},
         nodes=["vm"],

@@ -3,7 +3,7 @@
     gpucert discover            what is in this node (--json for the machine-readable form)
     gpucert health              is every GPU healthy? exit code 0 PASS, 1 WARN, 2 FAIL, 3 ERROR
     gpucert accept              discover + health + every benchmark, one report, one verdict
-    gpucert bench NAME          one benchmark: matmul, memory, p2p, collectives, train
+    gpucert bench NAME          one benchmark: matmul, burn, memory, p2p, collectives, train
     gpucert report RUN [RUN2]   re-render a run (--html), or compare a run with a baseline
     gpucert capture -o DIR      save the node's raw hardware answers (a bundle --replay can re-read)
     gpucert profiles            list the built-in hardware profiles
@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = verbs.add_parser("bench", parents=[common, cluster], help="run one benchmark and judge it")
     bench.add_argument("benchmark", choices=BENCHMARKS)
     bench.add_argument("--nproc", type=int, help="processes per node (default: one per GPU; 2 gloo ranks on CPU)")
+    bench.add_argument("--duration", help="burn only: how long every GPU stays under load, e.g. 90s, 10m, 1h")
     report = verbs.add_parser("report", help="render a run's report, or compare two runs")
     report.add_argument(
         "runs",
@@ -194,6 +195,20 @@ def _benchmarks_of(args: argparse.Namespace) -> list[str]:
     return []
 
 
+def _duration_override(args: argparse.Namespace) -> list[str]:
+    """`bench burn --duration 10m` as its config key; a bad duration or one given to another benchmark exits 3."""
+    from gpucert.config.run import parse_duration_s
+
+    if getattr(args, "duration", None) is None:
+        return []
+    if args.benchmark != "burn":
+        raise ConfigError(f"--duration sets how long `gpucert bench burn` runs; `bench {args.benchmark}` has none")
+    try:
+        return [f"bench.burn.duration_s={parse_duration_s(args.duration)}"]
+    except ValueError as exc:
+        raise ConfigError(f"--duration: {exc}") from None
+
+
 def run_suite(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_with_agents
     from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
@@ -205,6 +220,7 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(f"--nproc must be >= 1, found {nproc}")
         overrides.append(f"bench.nproc={nproc}")
     benchmarks = _benchmarks_of(args)
+    overrides += _duration_override(args)
     if getattr(args, "drain", False) and (args.replay or getattr(args, "nnodes", None) not in (None, 1)):
         raise ConfigError("--drain acts on this live node: not with --replay or --nnodes (run it on every node)")
     if benchmarks and args.replay:
@@ -275,7 +291,7 @@ def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> in
 
 def run_report(args: argparse.Namespace, console: Console) -> int:
     from gpucert.report.markdown import render_markdown
-    from gpucert.report.store import load_report, write_html
+    from gpucert.report.store import write_html
     from gpucert.report.terminal import print_report
 
     if args.runs[0] == "merge":
@@ -283,7 +299,7 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     args.runs = [Path(run) for run in args.runs]
     if len(args.runs) > 2:
         raise ConfigError("report takes one run (render) or two runs (baseline, candidate)")
-    reports = [load_report(path) for path in args.runs]
+    reports = [_load_run(path) for path in args.runs]
     if len(reports) == 2:
         from gpucert.report.compare import (
             compare_reports,
@@ -309,6 +325,21 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     else:
         print_report(report, console, show_inventory=True, report_path=None)
     return report.status.exit_code
+
+
+def _load_run(path: Path) -> Report:
+    """The report of a run directory or file; a fine-tuning or evaluation directory from before they wrote one is
+    named as such rather than as a missing file."""
+    from gpucert.report.store import load_report
+
+    if path.is_dir() and not (path / "report.json").exists():
+        older = next((name for name in ("metrics.json", "evaluation.json") if (path / name).exists()), None)
+        if older:
+            raise ConfigError(
+                f"{path}: no report.json, only {older}, written by a gpucert from before fine-tuning and evaluation "
+                "wrote reports: run it again to get one that gpucert report renders"
+            )
+    return load_report(path)
 
 
 def run_cluster(args: argparse.Namespace, console: Console) -> int:

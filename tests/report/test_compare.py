@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 from tests.conftest import FIXTURES
+from tests.training_runs import evaluation_report, synthetic_metrics, training_report
 
 from gpucert.report.compare import (
     HIGHER,
@@ -325,3 +326,63 @@ def test_health_readings_compare_by_status_not_by_value() -> None:
     comparisons = compare_reports(base, report(warmer, idler))
     assert not any(c.regressed for c in comparisons)
     assert comparison_status(comparisons) is Status.PASS
+
+
+# --- Fine-tuning runs and evaluations ------------------------------------------------------------------------
+
+
+def by_name(comparisons: list[Comparison]) -> dict[str, Comparison]:
+    return {c.name: c for c in comparisons}
+
+
+def test_training_runs_compare_each_number_the_right_way() -> None:
+    baseline = training_report()
+    slower = training_report(synthetic_metrics(tokens_per_s=4800.0, mfu=0.166, peak_gib=36.0, loss_scale=1.1))
+    comparisons = by_name(compare_reports(baseline, slower))
+    directions = {name: c.direction for name, c in comparisons.items()}
+    # checkpoint_present is left out: the same text on both sides says nothing about the change.
+    assert directions == {
+        "final_loss": LOWER,
+        "no_oom": LOWER,
+        "steps": None,
+        "eval_loss": LOWER,
+        "tokens_per_s_per_gpu": HIGHER,
+        "mfu": HIGHER,
+        "hfu": HIGHER,
+        "peak_memory_gib": LOWER,
+        "peak_rss_gib": LOWER,
+        "data.preparation": None,
+    }
+    regressed = [name for name, c in comparisons.items() if c.regressed]
+    assert regressed == ["final_loss", "eval_loss", "tokens_per_s_per_gpu", "mfu", "hfu", "peak_memory_gib"]
+    assert comparisons["tokens_per_s_per_gpu"].change_pct == pytest.approx(100 * (4800 / 5397 - 1))
+    assert comparison_status(list(comparisons.values())) is Status.FAIL
+    # The other way round every one of them improved, and nothing regressed.
+    back = compare_reports(slower, baseline)
+    assert [c.name for c in back if c.improved] == regressed
+    assert comparison_status(back) is Status.PASS
+
+
+def test_a_training_run_against_itself_changes_nothing() -> None:
+    comparisons = compare_reports(training_report(), training_report(host="other-node"))
+    assert not any(c.changed for c in comparisons)
+    assert {c.subject for c in comparisons} == {"run", "prepared data"}
+
+
+def test_a_failed_final_loss_is_newly_failing() -> None:
+    failed = training_report(synthetic_metrics(final_loss_max=0.5))
+    final = by_name(compare_reports(training_report(), failed))["final_loss"]
+    assert final.newly_failing and final.baseline_status is Status.PASS and final.candidate_status is Status.FAIL
+
+
+def test_evaluations_compare_scores_higher_and_loss_lower() -> None:
+    comparisons = compare_reports(evaluation_report(call_accuracy=91.0), evaluation_report(call_accuracy=80.0))
+    call = by_name(comparisons)["eval.call_accuracy"]
+    assert call.direction == HIGHER and call.regressed and call.newly_failing
+    assert by_name(comparisons)["eval.loss"].direction == LOWER
+    # One row per tool: eval.tool pairs by its subject.
+    assert sorted(c.subject for c in comparisons if c.name == "eval.tool") == [
+        "tool <b>book</b>",
+        "tool convert_currency",
+        "tool get_weather",
+    ]

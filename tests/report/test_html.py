@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 from tests.conftest import FIXTURES
+from tests.training_runs import evaluation_report, synthetic_metrics, training_report
 
 import gpucert.report
 from gpucert.report import plots
@@ -34,6 +35,7 @@ SCHEMA = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json"
 CHROMIUM = Path("/usr/bin/chromium")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
+TRAINING_PLOTS = ["finetune.loss", "finetune.throughput", "finetune.memory"]
 SYNTHETIC_PLOTS = ["collectives", "matmul", "memory", "p2p", "training", "telemetry.matmul", "telemetry.train"]
 # Which results each plot reads: dropping them must drop that plot and only that plot.
 PLOT_INPUTS = {
@@ -372,3 +374,83 @@ def test_the_page_renders_in_a_real_browser(tmp_path: Path) -> None:
     assert f"gpucert {report.meta.verb} on {report.meta.host}" in dom.stdout
     assert '<span class="badge s-FAIL big">FAIL</span>' in dom.stdout
     assert len(re.findall(r"<img data-plot=", dom.stdout)) == len(SYNTHETIC_PLOTS)
+
+
+# --- Fine-tuning runs and evaluations ------------------------------------------------------------------------
+
+
+def section(html: str, name: str) -> str:
+    start = html.index(f'<section id="{name}">')
+    return html[start : html.index("</section>", start)]
+
+
+def test_a_training_run_gets_its_curves_and_its_data_report() -> None:
+    report = training_report()
+    html = render_html(report)
+    assert plot_keys(html) == TRAINING_PLOTS
+    training = section(html, "training")
+    assert plot_keys(training) == TRAINING_PLOTS
+    for r in report.results:
+        assert f">{r.name}<" in html, r.name
+    # The data-preparation report: the source, a column per split (nested counts flattened), the examples.
+    assert "<h3>Data preparation</h3>" in training
+    assert "<tr><th>unparsable</th><td>70</td></tr>" in training
+    assert "<tr><th>source</th><td>glaiveai/glaive-function-calling-v2</td></tr>" in training
+    assert '<td class="check">repairs.arguments_key</td><td class="num">41</td><td class="num">2</td>' in training
+    assert '<td class="check">supervised_share</td><td class="num">31.0%</td><td class="num">30.0%</td>' in training
+    assert "unparsable examples (2)" in training and "<code>17: arguments are not JSON</code>" in training
+    assert 'id="plots"' not in html and 'id="evaluation"' not in html
+
+
+def test_a_training_plot_is_drawn_only_from_a_usable_series() -> None:
+    def keys(metrics: dict) -> list[str]:
+        return [p.key for p in plots.training_plots(training_report(metrics))]
+
+    # A CPU run: no MFU panel, no device memory, host RSS still drawn.
+    assert keys(synthetic_metrics(mfu=None, peak_gib=None)) == TRAINING_PLOTS
+    legacy = synthetic_metrics()
+    for record in legacy["step_log"]:
+        del record["memory_gib"]  # steps logged by a gpucert that did not record memory
+    assert keys(legacy) == ["finetune.loss", "finetune.throughput"]
+    report = training_report()
+    steps = next(r for r in report.results if r.name == "steps")
+    short = {**steps.details, "loss": steps.details["loss"][:-1]}  # one step short: not aligned with `step`
+    assert [p.key for p in plots.training_plots(replace_result(report, "steps", details=short))] == [
+        "finetune.throughput",
+        "finetune.memory",
+    ]
+    without = with_results(report, [r for r in report.results if r.name != "steps"])
+    assert plots.training_plots(without) == []
+    # The data report alone still gets its section.
+    assert "<h3>Data preparation</h3>" in section(render_html(without), "training")
+    # Results of another category with the same names are not a training run.
+    other = with_results(report, [dataclasses.replace(r, category="benchmark") for r in report.results])
+    assert plots.training_plots(other) == [] and 'id="training"' not in render_html(other)
+
+
+def test_an_evaluation_gets_its_scores_per_tool_and_failures() -> None:
+    report = evaluation_report(call_accuracy=85.0)
+    html = render_html(report)
+    assert report.status is Status.FAIL
+    evaluation = section(html, "evaluation")
+    # The metrics in one chart, the per-tool rows (one name, many subjects) in another.
+    assert plot_keys(evaluation) == ["evaluation.scores", "evaluation.eval.tool"]
+    assert '<td class="check">get_weather</td><td class="num">42</td><td class="num">41</td>' in evaluation
+    assert "eval.overall: per tool" in evaluation
+    assert "failures (1)" in evaluation and "get_weather(city=&#x27;Paris&#x27;)" in evaluation
+    assert "expected a call to get_weather, found no call" in evaluation
+    # Tool names come from data: escaped like every other text.
+    assert "&lt;b&gt;book&lt;/b&gt;" in html and "<b>book</b>" not in html
+    problems = section(html, "problems")
+    assert "eval.call_accuracy" in problems and "expected &gt;= 90 %" in problems
+    assert 'id="training"' not in html and 'id="plots"' not in html
+
+
+def test_evaluation_plots_need_scores_in_percent() -> None:
+    report = evaluation_report()
+    assert [p.key for p in plots.evaluation_plots(report)] == ["evaluation.scores", "evaluation.eval.tool"]
+    loss_only = with_results(report, [r for r in report.results if r.unit != "%"])
+    assert plots.evaluation_plots(loss_only) == []
+    png = plots.plot_evaluation([(report.results[0], 91.0)], "scores")
+    assert png is not None and png.startswith(PNG_MAGIC)
+    assert plots.plot_evaluation([], "scores") is None

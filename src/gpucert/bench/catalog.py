@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BENCHMARKS = ("matmul", "memory", "p2p", "collectives", "train")
+BENCHMARKS = ("matmul", "burn", "memory", "p2p", "collectives", "train")
 
 _MODULES = {
     "matmul": "gpucert.bench.matmul",
+    "burn": "gpucert.bench.burn",
     "memory": "gpucert.bench.memory",
     "p2p": "gpucert.bench.p2p",
     "collectives": "gpucert.bench.collectives",

@@ -84,7 +84,9 @@ def run_step(
     argv = [sys.executable, "-m", "gpucert.bench.worker", str(spec_path), str(out_path)]
     sampler = sampler_for(nvml, has_gpus)
     try:
-        step = agent.run_step(name, argv, config.bench.timeout_s, env)
+        # The burn runs for its duration by design: the timeout counts beyond it.
+        timeout_s = config.bench.timeout_s + (config.bench.burn.duration_s if name == "burn" else 0)
+        step = agent.run_step(name, argv, timeout_s, env)
     finally:
         telemetry = telemetry_results(name, sampler, agent.label)
     if not agent.is_head:

@@ -196,7 +196,7 @@ def pair_args(
     """`gpucert accept` of a pair job, without its node placement (flags or srun's environment give that)."""
     loc = config.localize
     size = loc.size_mib * 1024 * 1024
-    args = ["accept", "--skip", "memory,p2p,train", "--output", str(directory), "--profile", profile]
+    args = ["accept", "--skip", "burn,memory,p2p,train", "--output", str(directory), "--profile", profile]
     if config_path is not None:
         args += ["--config", str(config_path.absolute())]
     for item in overrides:

@@ -6,6 +6,7 @@ health.expected_gpus=8` overrides one key; the resolved tree is saved in every r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gpucert.runtime.config import RuntimeConfig
@@ -103,6 +104,61 @@ class MatmulBenchConfig:
             *_at_least("bench.matmul.warmup_s", self.warmup_s, 0),
             *_at_least("bench.matmul.repeats", self.repeats, 1),
         ]
+
+
+# What the burn benchmark's load can be made of (fp8 needs scales and is left to the matmul benchmark).
+BURN_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+# Fewer windows than this have no median worth judging.
+BURN_MIN_WINDOWS = 3
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration_s(text: str) -> float:
+    """'90s', '10m', '1h', '1.5h' or plain seconds ('45') as seconds; ValueError says what is accepted."""
+    value = text.strip().lower()
+    scale = _DURATION_UNITS.get(value[-1:])
+    try:
+        seconds = float(value[:-1] if scale else value) * (scale or 1.0)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"expected a duration such as 90s, 10m or 1h (a positive number; unit s, m or h), found {text!r}"
+        )
+    return seconds
+
+
+@dataclass(frozen=True)
+class BurnBenchConfig:
+    # Seconds every GPU stays under matmul load, all at once: 30 s in accept; `gpucert bench burn --duration 10m`
+    # for a burn-in. A GPU is judged by its median window, so one slow most of the time cannot hide behind a peak.
+    duration_s: float = 30.0
+    # Throughput is recorded per window of about this length (TFLOP/s over time; the median is judged).
+    window_s: float = 1.0
+    # The square matmul (M = N = K) repeated as load: 8192^3 bf16 is gpu-fryer's load (~1.4 ms on an H100).
+    size: int = 8192
+    # bf16 on GPUs (the profile's burn floor is for bf16); CPU ranks run fp32 (the cpu profile sets it).
+    dtype: str = "bf16"
+    # Every GPU also multiplies identical seeded inputs before and after the load and compares result checksums
+    # with itself and the other GPUs: a GPU whose bits differ from the majority computes wrong.
+    sdc_check: bool = True
+
+    def problems(self) -> list[str]:
+        key = "bench.burn"
+        found = [
+            *_positive(f"{key}.duration_s", self.duration_s),
+            *_positive(f"{key}.window_s", self.window_s),
+        ]
+        if self.duration_s > 0 and self.window_s > 0 and self.duration_s < BURN_MIN_WINDOWS * self.window_s:
+            found.append(
+                f"{key}.duration_s must be >= {BURN_MIN_WINDOWS} x {key}.window_s ({self.window_s} s) so a median "
+                f"window can be judged, found {self.duration_s}"
+            )
+        if not 1 <= self.size <= MAX_MATMUL_SIZE:
+            found.append(f"{key}.size must be in 1..{MAX_MATMUL_SIZE}, found {self.size}")
+        if self.dtype not in BURN_DTYPES:
+            found.append(f"{key}.dtype must be one of {', '.join(BURN_DTYPES)}, found {self.dtype!r}")
+        return found
 
 
 @dataclass(frozen=True)
@@ -233,9 +289,11 @@ class TrainBenchConfig:
 class BenchConfig:
     # Processes per node; None: one per visible GPU (two gloo processes on a CPU machine).
     nproc: int | None = None
-    # A benchmark that gives no answer within this is ERROR (a hung collective must not hang the suite).
+    # A benchmark that gives no answer within this is ERROR (a hung collective must not hang the suite); the
+    # burn gets its bench.burn.duration_s on top, so a long burn-in needs no second setting.
     timeout_s: float = 900.0
     matmul: MatmulBenchConfig = field(default_factory=MatmulBenchConfig)
+    burn: BurnBenchConfig = field(default_factory=BurnBenchConfig)
     memory: MemoryBenchConfig = field(default_factory=MemoryBenchConfig)
     collectives: CollectivesBenchConfig = field(default_factory=CollectivesBenchConfig)
     p2p: P2pBenchConfig = field(default_factory=P2pBenchConfig)
@@ -247,6 +305,7 @@ class BenchConfig:
             *found,
             *_positive("bench.timeout_s", self.timeout_s),
             *self.matmul.problems(),
+            *self.burn.problems(),
             *self.memory.problems(),
             *self.collectives.problems(),
             *self.p2p.problems(),

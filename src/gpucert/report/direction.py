@@ -13,7 +13,12 @@ LOWER = "lower is better"
 
 # Units whose direction is plain; a unit not listed here (GiB, links, ports) is compared but never judged.
 HIGHER_IS_BETTER_UNITS = frozenset({"GB/s", "TB/s", "Gb/s", "MB/s", "TFLOP/s", "tokens/s", "samples/s", "%"})
-LOWER_IS_BETTER_UNITS = frozenset({"C", "W", "errors", "events", "rows", "s", "ms", "us", "relative error"})
+LOWER_IS_BETTER_UNITS = frozenset(
+    {"C", "W", "errors", "events", "rows", "s", "ms", "us", "relative error", "nats/token"}
+)
+# A fine-tuning run ("training" results): less memory needed is better. GiB has no direction elsewhere: a
+# node's installed memory is a size, not a performance number.
+TRAINING_LOWER_IS_BETTER_UNITS = frozenset({"GiB"})
 
 
 def direction_of(result: Result) -> str | None:
@@ -22,7 +27,7 @@ def direction_of(result: Result) -> str | None:
     Only measured performance has a direction. Health readings (an idle GPU's temperature or utilisation,
     the liveness error) and telemetry move with the room and the moment: they are compared by status only.
     """
-    if result.category not in ("benchmark", "evaluation"):
+    if result.category not in ("benchmark", "evaluation", "training"):
         return None
     expected = (result.expected or "").lstrip()
     if expected.startswith(">"):
@@ -31,6 +36,8 @@ def direction_of(result: Result) -> str | None:
         return LOWER
     if result.unit in HIGHER_IS_BETTER_UNITS:
         return HIGHER
-    if result.unit in LOWER_IS_BETTER_UNITS:
+    if result.unit in LOWER_IS_BETTER_UNITS or (
+        result.category == "training" and result.unit in TRAINING_LOWER_IS_BETTER_UNITS
+    ):
         return LOWER
     return None

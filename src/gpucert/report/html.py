@@ -16,7 +16,7 @@ from html import escape
 from typing import Any
 
 from gpucert.report.cluster import cluster_summary, is_cluster, split_by_node
-from gpucert.report.plots import report_plots
+from gpucert.report.plots import Plot, evaluation_plots, report_plots, training_plots
 from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import format_value
 from gpucert.status import Status
@@ -267,12 +267,16 @@ def _png_size(png: bytes) -> str:
     return f'width="{width}" height="{height}"'
 
 
-def _figures(report: Report, key_prefix: str = "") -> str:
+def _images(plots: list[Plot], key_prefix: str = "") -> str:
     return "".join(
         f'<figure><img data-plot="{_e(key_prefix + p.key)}" alt="{_e(p.title)}" {_png_size(p.png)} '
         f'src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}"></figure>'
-        for p in report_plots(report)
+        for p in plots
     )
+
+
+def _figures(report: Report, key_prefix: str = "") -> str:
+    return _images(report_plots(report), key_prefix)
 
 
 def _plots(report: Report) -> str:
@@ -280,6 +284,155 @@ def _plots(report: Report) -> str:
     if not figures:
         return ""
     return f'<section id="plots"><h2>Benchmarks</h2>{figures}</section>'
+
+
+# --- Fine-tuning runs and evaluations ------------------------------------------------------------------------
+
+# Keys of the data-preparation report read as shares (0..1), shown in %.
+_SHARE_KEYS = ("share", "fill", "fraction")
+
+
+def _scalar_text(key: str, value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return _yes_no(value) if isinstance(value, bool) else "-"
+    if isinstance(value, float) and any(word in key for word in _SHARE_KEYS):
+        return f"{value:.1%}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    return str(value)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalars of a nested dict, keyed "a.b" (count dicts the data report may add, e.g. repairs by kind)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        elif not isinstance(value, list):
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _example_text(example: Any) -> str:
+    if isinstance(example, list | tuple):
+        return ": ".join(str(part) for part in example)
+    if isinstance(example, dict):
+        return ", ".join(f"{k}: {v}" for k, v in example.items())
+    return str(example)
+
+
+def _examples(name: str, examples: list[Any], limit: int = 20) -> str:
+    """A collapsed list of examples (row and reason, a failing turn), the first `limit` of them."""
+    if not examples:
+        return ""
+    items = "".join(f"<li><code>{_e(_example_text(x))}</code></li>" for x in examples[:limit])
+    more = f'<li class="none">and {len(examples) - limit} more</li>' if len(examples) > limit else ""
+    return f"<details><summary>{_e(name)} ({len(examples)})</summary><ul>{items}{more}</ul></details>"
+
+
+def _lists(data: dict[str, Any], prefix: str = "") -> list[tuple[str, list[Any]]]:
+    found = []
+    for key, value in data.items():
+        if isinstance(value, list):
+            found.append((f"{prefix}{key}".replace("_", " "), value))
+        elif isinstance(value, dict):
+            found += _lists(value, f"{prefix}{key} ")
+    return found
+
+
+def _data_preparation(result: Result) -> str:
+    """prepare.py's stats as tables: the source, then one column per split, then the examples it kept."""
+    stats = result.details
+    splits = [name for name in ("train", "eval") if isinstance(stats.get(name), dict)]
+    source = {k: v for k, v in _flatten({k: v for k, v in stats.items() if k not in splits}).items()}
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(_scalar_text(k, v))}</td></tr>" for k, v in source.items())
+    html = f'<h3>Data preparation</h3><div class="summary">{_e(result.message)}</div>'
+    html += f'<table class="meta data-source"><tbody>{rows}</tbody></table>'
+    if splits:
+        per_split = {name: _flatten(stats[name]) for name in splits}
+        keys = list(dict.fromkeys(k for flat in per_split.values() for k in flat))
+        table_rows = [
+            [_td(key, "check"), *(_td(_scalar_text(key, per_split[name].get(key)), "num") for name in splits)]
+            for key in keys
+        ]
+        html += "<h3>Per split</h3>" + _table(["", *splits], table_rows, "data-splits")
+    examples = [_examples(name, values) for name, values in _lists(stats)]
+    return html + "".join(examples)
+
+
+def _training(report: Report) -> str:
+    """A fine-tuning run's curves and its data-preparation report; "" for any other report."""
+    plots = training_plots(report)
+    data = next((r for r in report.results if r.name == "data.preparation" and r.category == "data"), None)
+    if not plots and data is None:
+        return ""
+    return (
+        '<section id="training"><h2>Training</h2>'
+        + _images(plots)
+        + (_data_preparation(data) if data is not None else "")
+        + "</section>"
+    )
+
+
+def _breakdown(name: str, table: dict[str, Any]) -> str:
+    """A dict of dicts (per tool, per category) as a table: a row per key, a column per inner key."""
+    columns = list(dict.fromkeys(k for row in table.values() for k in _flatten(row)))
+    rows = [
+        [_td(key, "check"), *(_td(_scalar_text(c, _flatten(row).get(c)), "num") for c in columns)]
+        for key, row in table.items()
+    ]
+    return f"<h3>{_e(name)}</h3>" + _table(["", *columns], rows, "breakdown")
+
+
+def _records(name: str, records: list[Any], limit: int = 20) -> str:
+    """A collapsed table of records (failing turns with their reasons), the first `limit` of them."""
+    if not records:
+        return ""
+    if not all(isinstance(x, dict) for x in records):
+        return _examples(name, records, limit)
+    columns = list(dict.fromkeys(k for record in records for k in record))
+    rows = [
+        [_td(_example_text(record.get(c)) if record.get(c) is not None else "") for c in columns]
+        for record in records[:limit]
+    ]
+    more = f'<p class="none">and {len(records) - limit} more</p>' if len(records) > limit else ""
+    return f"<details><summary>{_e(name)} ({len(records)})</summary>{_table(columns, rows, 'records')}{more}</details>"
+
+
+def _evaluation_details(result: Result) -> str:
+    """What an evaluation result carries beyond its score and message: breakdown tables (per tool), counts,
+    example failures. "" for a result with nothing but counts (a per-tool row: its message says them)."""
+    details = result.details
+    tables = {
+        k: v for k, v in details.items() if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values())
+    }
+    lists = {k: v for k, v in details.items() if isinstance(v, list) and v}
+    if not (tables or lists):
+        return ""
+    scalars = _flatten({k: v for k, v in details.items() if k not in tables and not isinstance(v, list)})
+    counts = ", ".join(f"{k} {_scalar_text(k, v)}" for k, v in scalars.items())
+    return (
+        f'<div class="eval-result"><h3>{_e(result.name)} {_badge(result.status)}</h3>'
+        + (f'<div class="summary">{_e(counts)}</div>' if counts else "")
+        + "".join(_breakdown(f"{result.name}: {k.replace('_', ' ')}", v) for k, v in tables.items())
+        + "".join(_records(k.replace("_", " "), v) for k, v in lists.items())
+        + "</div>"
+    )
+
+
+def _evaluation(report: Report) -> str:
+    """An evaluation's scores against the recipe's thresholds and each metric's breakdown; "" otherwise."""
+    results = [r for r in report.results if r.category == "evaluation"]
+    if not results:
+        return ""
+    return (
+        '<section id="evaluation"><h2>Evaluation</h2>'
+        + _images(evaluation_plots(report))
+        + "".join(_evaluation_details(r) for r in results)
+        + "</section>"
+    )
 
 
 def _yes_no(value: Any) -> str:
@@ -469,7 +622,8 @@ def _cluster_body(report: Report) -> str:
 
 
 def render_html(report: Report) -> str:
-    """The whole report as one HTML page: verdict, problems, results, benchmark plots, inventory, run."""
+    """The whole report as one HTML page: verdict, problems, results, a fine-tuning run's curves and data report,
+    an evaluation's scores and breakdowns, benchmark plots, inventory, run."""
     meta = report.meta
     where = f"{len(split_by_node(report)[1])} nodes" if is_cluster(report) else meta.host
     title = f"gpucert {meta.verb}: {report.status.value} on {where}"
@@ -485,6 +639,8 @@ def render_html(report: Report) -> str:
                 _header(report),
                 _problems(report.results) if report.results else "",
                 _results(report.results),
+                _training(report),
+                _evaluation(report),
                 _plots(report),
                 _inventory(report.inventory),
                 _run_meta(report),

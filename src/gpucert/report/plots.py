@@ -14,6 +14,16 @@ and returns None when the report lacks them, so a health-only report has no plot
 
 A null inside a loss curve or a telemetry series is a missed sample and leaves a gap in its line.
 
+A fine-tuning run (`gpucert finetune`, category "training"; src/gpucert/finetune/run_report.py) and an
+evaluation (`gpucert evaluate`, category "evaluation") have plots of their own (`training_plots`,
+`evaluation_plots`), drawn in their own sections of the HTML report:
+- `steps`: details `step` and, aligned with it, `loss`, `tokens_per_s_per_gpu`,
+  `supervised_tokens_per_s_per_gpu`, `mfu_pct`, `memory_peak_gib`, `memory_allocated_gib`, `rss_gib`,
+  `warmup`; `eval_step` and `eval_loss` for the held-out loss. `final_loss`'s `expected` ("<= X") is drawn as
+  the loss threshold; `tokens_per_s_per_gpu` and `mfu` values (the run's timed mean) as dotted lines.
+- evaluation results in % (`value`, `expected` ">= X" as the threshold), one bar each; a name that repeats
+  over subjects (eval.tool, one per tool) gets a chart of its own, a bar per subject.
+
 Figures are drawn on their own Agg canvas, never through pyplot, so nothing global changes (no backend
 switch, no pyplot figure list, no rcParams): rendering a report is safe in any process.
 """
@@ -418,8 +428,228 @@ def plot_telemetry(results: Sequence[Result], benchmark: str) -> bytes | None:
     return _png(fig)
 
 
+# --- Fine-tuning runs and evaluations ------------------------------------------------------------------------
+
+_TRAINING = "training"
+_EVALUATION = "evaluation"
+_WARMUP_COLOUR = "#9a9a9a"
+
+
+def _training_result(results: Sequence[Result], name: str) -> Result | None:
+    return next((r for r in results if r.category == _TRAINING and r.name == name), None)
+
+
+def _aligned(details: dict[str, Any], key: str, length: int) -> list[float] | None:
+    """A per-step series as long as `step`, nulls as gaps; None when absent, misshapen or all null."""
+    values = _series(details.get(key))
+    return values if values is not None and len(values) == length else None
+
+
+def _steps(results: Sequence[Result]) -> tuple[dict[str, Any], list[float]] | None:
+    """The details of the run's `steps` result and its step numbers; None without a usable series."""
+    result = _training_result(results, "steps")
+    steps = _numbers(result.details.get("step")) if result else None
+    return (result.details, steps) if result and steps else None
+
+
+def _run_line(ax: Any, result: Result | None, label: str, fmt: str) -> None:
+    """The run's figure (a timed mean, not a step) as a dotted line across the panel."""
+    value = _number(result.value) if result else None
+    if value is not None:
+        ax.axhline(value, color=_FLOOR_COLOUR, linestyle=":", linewidth=1.2, label=f"{label} {value:{fmt}}")
+
+
+def _points(ax: Any, x: list[float], y: list[float], warmup: list[bool], colour: str, label: str) -> None:
+    """A per-step line; the warm-up steps (left out of the run's figures) as grey points."""
+    ax.plot(x, y, linewidth=1.5, color=colour, marker="o" if len(x) <= 60 else None, markersize=3, label=label)
+    warm = [(a, b) for a, b, w in zip(x, y, warmup, strict=True) if w and not math.isnan(b)]
+    if warm:
+        ax.plot(
+            *zip(*warm, strict=True),
+            linestyle="none",
+            marker="o",
+            markersize=5,
+            color=_WARMUP_COLOUR,
+            label="warm-up step (not in the run's figure)",
+        )
+
+
+def plot_finetune_loss(results: Sequence[Result]) -> bytes | None:
+    """Training loss per step and the held-out loss at each evaluation; train.final_loss_max dashed."""
+    found = _steps(results)
+    if found is None:
+        return None
+    details, steps = found
+    loss = _aligned(details, "loss", len(steps))
+    if loss is None:
+        return None
+    fig = _new_figure(10, 4.2)
+    ax = fig.add_subplot()
+    ax.plot(steps, loss, linewidth=1.5, color=_TAB10[0], label="train loss (per step)")
+    eval_steps, eval_loss = _numbers(details.get("eval_step")), _numbers(details.get("eval_loss"))
+    if eval_steps and eval_loss and len(eval_steps) == len(eval_loss):
+        ax.plot(eval_steps, eval_loss, linewidth=1.5, marker="o", markersize=5, color=_TAB10[1], label="eval loss")
+    final = _training_result(results, "final_loss")
+    limit = parse_limit(final.expected) if final else None
+    if final is not None and limit is not None and limit[0] in ("<", "<="):
+        bad = final.status >= Status.WARN
+        ax.axhline(
+            limit[1],
+            color=_BAD_COLOUR if bad else _FLOOR_COLOUR,
+            linestyle="--",
+            linewidth=1.2,
+            label=f"final loss limit {limit[1]:g} ({final.threshold_source or 'threshold'})",
+        )
+    ax.set_xlabel("optimizer step")
+    _style(ax, "Training and eval loss", "loss (nats/token)")
+    ax.legend(loc="best", fontsize=9, frameon=False)
+    return _png(fig)
+
+
+def plot_finetune_throughput(results: Sequence[Result]) -> bytes | None:
+    """Effective (and supervised) tokens/s per GPU per step, and MFU per step where a peak was known."""
+    found = _steps(results)
+    if found is None:
+        return None
+    details, steps = found
+    effective = _aligned(details, "tokens_per_s_per_gpu", len(steps))
+    if effective is None:
+        return None
+    supervised = _aligned(details, "supervised_tokens_per_s_per_gpu", len(steps))
+    mfu = _aligned(details, "mfu_pct", len(steps))
+    raw_warmup = details.get("warmup")
+    warmup = [bool(w) for w in raw_warmup] if isinstance(raw_warmup, list) else []
+    warmup = warmup if len(warmup) == len(steps) else [False] * len(steps)
+    fig = _new_figure(10, 4.0 if mfu is None else 6.2)
+    axes = fig.subplots(1 if mfu is None else 2, 1, sharex=True, squeeze=False)[:, 0]
+    ax = axes[0]
+    _points(ax, steps, effective, warmup, _TAB10[0], "effective tokens/s per GPU")
+    if supervised is not None:
+        ax.plot(steps, supervised, linewidth=1.0, linestyle="--", color=_TAB10[2], label="supervised tokens/s per GPU")
+    _run_line(ax, _training_result(results, "tokens_per_s_per_gpu"), "run (timed steps):", ",.0f")
+    ax.set_ylim(bottom=0)
+    _style(ax, "Throughput per step", "tokens/s per GPU")
+    ax.legend(loc="best", fontsize=9, frameon=False)
+    if mfu is not None:
+        ax = axes[1]
+        _points(ax, steps, mfu, warmup, _TAB10[4], "LoRA-aware MFU")
+        _run_line(ax, _training_result(results, "mfu"), "run (timed steps):", ".1f")
+        ax.set_ylim(bottom=0)
+        _style(ax, "", "MFU (%)")
+        ax.legend(loc="best", fontsize=9, frameon=False)
+    axes[-1].set_xlabel("optimizer step")
+    return _png(fig)
+
+
+def plot_finetune_memory(results: Sequence[Result]) -> bytes | None:
+    """Device memory (allocated after each step, peak so far) and host peak RSS, rank 0's, per step."""
+    found = _steps(results)
+    if found is None:
+        return None
+    details, steps = found
+    device = [
+        (label, values, colour, style)
+        for key, label, colour, style in (
+            ("memory_peak_gib", "device peak so far", _TAB10[3], "-"),
+            ("memory_allocated_gib", "device allocated after the step", _TAB10[0], "--"),
+        )
+        if (values := _aligned(details, key, len(steps))) is not None
+    ]
+    rss = _aligned(details, "rss_gib", len(steps))
+    panels = int(bool(device)) + int(rss is not None)
+    if not panels:
+        return None
+    fig = _new_figure(10, 1.2 + 2.4 * panels)
+    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
+    if device:
+        ax = axes[0]
+        for label, values, colour, style in device:
+            ax.plot(steps, values, linewidth=1.5, linestyle=style, color=colour, label=label)
+        _run_line(ax, _training_result(results, "peak_memory_gib"), "run peak over ranks:", ".1f")
+        ax.set_ylim(bottom=0)
+        _style(ax, "Memory per step (rank 0)", "GPU memory (GiB)")
+        ax.legend(loc="best", fontsize=9, frameon=False)
+    if rss is not None:
+        ax = axes[-1]
+        ax.plot(steps, rss, linewidth=1.5, color=_TAB10[2], label="host peak RSS so far")
+        ax.set_ylim(bottom=0)
+        _style(ax, "" if device else "Memory per step (rank 0)", "host memory (GiB)")
+        ax.legend(loc="best", fontsize=9, frameon=False)
+    axes[-1].set_xlabel("optimizer step")
+    return _png(fig)
+
+
+def _scores(results: Sequence[Result]) -> list[tuple[Result, float]]:
+    return [
+        (r, value)
+        for r in results
+        if r.category == _EVALUATION and r.unit == "%" and (value := _number(r.value)) is not None
+    ]
+
+
+def plot_evaluation(scores: Sequence[tuple[Result, float]], title: str, label_by_subject: bool = False) -> bytes | None:
+    """Scores in %, a bar each, red where judged bad; a recipe threshold (">= X") as a dashed tick on its bar."""
+    if not scores:
+        return None
+    fig = _new_figure(10, 1.3 + 0.42 * len(scores))
+    ax = fig.add_subplot()
+    for y, (r, value) in enumerate(scores):
+        bad = r.status >= Status.WARN
+        floor = _floor(r)
+        ax.barh(y, value, height=0.6, color=_BAD_COLOUR if bad else _TAB10[0], alpha=0.9 if bad else 0.8)
+        if floor is not None:
+            ax.vlines(floor, y - 0.4, y + 0.4, colors="black", linestyles="--", linewidth=1.4, zorder=3)
+        ax.annotate(
+            f"{value:.1f} % {r.status.value}",
+            # Right of the threshold tick too, which would cross the text.
+            (max(value, floor or 0.0), y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+            color=_BAD_COLOUR if bad else "#111111",
+        )
+    ax.set_yticks(range(len(scores)), [r.subject if label_by_subject else r.name for r, _ in scores])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("score (%); - - the recipe's threshold")
+    ax.grid(True, axis="x", color="#dddddd", linewidth=0.8)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title, loc="left", fontsize=11, fontweight="bold")
+    return _png(fig)
+
+
+def training_plots(report: Report) -> list[Plot]:
+    """A fine-tuning run's curves, in the order the HTML report shows them; [] for any other report."""
+    drawn = [
+        ("finetune.loss", "Training and eval loss", plot_finetune_loss(report.results)),
+        ("finetune.throughput", "Throughput and MFU per step", plot_finetune_throughput(report.results)),
+        ("finetune.memory", "Memory per step", plot_finetune_memory(report.results)),
+    ]
+    return [Plot(key, title, png) for key, title, png in drawn if png is not None]
+
+
+def evaluation_plots(report: Report) -> list[Plot]:
+    """An evaluation's scores: one chart of the metrics (a result each), then one per name that repeats over
+    subjects (eval.tool: one bar per tool)."""
+    scores = _scores(report.results)
+    names = [r.name for r, _ in scores]
+    repeated = list(dict.fromkeys(n for n in names if names.count(n) > 1))
+    plots = []
+    png = plot_evaluation([(r, v) for r, v in scores if r.name not in repeated], "Evaluation scores")
+    if png is not None:
+        plots.append(Plot("evaluation.scores", "Evaluation scores", png))
+    for name in repeated:
+        png = plot_evaluation([(r, v) for r, v in scores if r.name == name], f"{name} per subject", True)
+        if png is not None:
+            plots.append(Plot(f"evaluation.{name}", f"{name} per subject", png))
+    return plots
+
+
 def report_plots(report: Report) -> list[Plot]:
-    """Every plot the report has data for, in the order the HTML report shows them."""
+    """Every benchmark plot the report has data for, in the order the HTML report shows them."""
     results = report.results
     fixed: list[tuple[str, str, Callable[[Sequence[Result]], bytes | None]]] = [
         ("collectives", "Collective bus bandwidth", plot_collectives),
