@@ -31,7 +31,7 @@ from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
-from gpucert.report.store import default_run_dir, write_report
+from gpucert.report.store import RunDir, claim_run_dir, default_run_dir, write_report
 from gpucert.runtime.errors import RendezvousError
 from gpucert.status import Status
 
@@ -197,7 +197,33 @@ def build_report(
 
 
 def output_dir(request: RunRequest, head: NodeWork, started: datetime) -> Path:
+    """Where a node that does not write the report puts its workers' logs (node 0 claims its directory)."""
     return request.output or default_run_dir(Path(head.config.runs_dir), head.inventory.hostname, started)
+
+
+def claim_output(request: RunRequest, head: NodeWork, started: datetime) -> RunDir:
+    """The run directory of the node that writes the report: --output or a new one under runs_dir, locked
+    until released (a second run pointed at it is refused, exit 3, naming the run that holds it)."""
+    return claim_run_dir(request.output, Path(head.config.runs_dir), head.inventory.hostname, started)
+
+
+def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
+    """Refuse benchmark sizes this node's memory cannot hold, before any worker allocates: host memory
+    (MemAvailable) for every rank's host buffers, each GPU's free memory for its rank's device buffers."""
+    from gpucert.bench.footprint import GIB, fit_problems, footprints
+
+    inventory = work.inventory
+    on_gpu = bool(inventory.gpu.gpus)
+    needs = [need for name in benchmarks for need in footprints(name, work.config.bench, on_gpu)]
+    available = inventory.memory.available_gib if inventory.memory else None
+    gpu_free = {
+        g.index: int((g.memory_total_gib - g.memory_used_gib) * GIB)
+        for g in inventory.gpu.gpus
+        if g.memory_total_gib is not None and g.memory_used_gib is not None
+    }
+    problems = fit_problems(needs, nproc, int(available * GIB) if available is not None else None, gpu_free)
+    if problems:
+        raise ConfigError(f"{work.label}: " + "; ".join(problems))
 
 
 def check_output_writable(request: RunRequest, config: RunConfig) -> None:
@@ -231,29 +257,51 @@ def run_local(request: RunRequest, job_results: Callable[[], list[Result]] | Non
     """discover/health of this node, or checks of what surrounds it (job_results: `cluster slurm`): nothing to
     meet, no process group."""
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    check_output_writable(request, load_run_config(request))  # before the inventory, which takes seconds
     work = collect_node(request)
-    check_output_writable(request, work.config)
-    work.results = check_health(work, request, started)
-    report = build_report(request, started, t0, work, [work.part()], job_results() if job_results else [])
-    path = write_report(report, output_dir(request, work, started))
+    with claim_output(request, work, started) as run_dir:
+        work.results = check_health(work, request, started)
+        report = build_report(request, started, t0, work, [work.part()], job_results() if job_results else [])
+        path = write_report(report, run_dir.path)
     return RunOutcome(report, path, report.status.exit_code)
 
 
 def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Callable[[str], None]) -> RunOutcome:
     """This node's agent: meet the other nodes, check this node, run every benchmark as a step across nodes."""
-    from gpucert.bench.suite import run_step
-    from gpucert.runtime.agent import NodeAgent
     from gpucert.runtime.device import default_nproc
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    check_output_writable(request, load_run_config(request))  # before the inventory, which takes seconds
     work = collect_node(request)
-    check_output_writable(request, work.config)
     nproc = nproc or work.config.bench.nproc or default_nproc()
     if nproc < 1:
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
+    check_fits(work, request.benchmarks, nproc)
+    # Node 0 writes the report; the other nodes only put their workers' logs under the same --output.
+    run_dir = claim_output(request, work, started) if plan.node_rank == 0 else None
+    try:
+        return _run_steps(request, plan, nproc, say, work, started, t0, run_dir)
+    finally:
+        if run_dir is not None:
+            run_dir.release()
+
+
+def _run_steps(
+    request: RunRequest,
+    plan: Any,
+    nproc: int,
+    say: Callable[[str], None],
+    work: NodeWork,
+    started: datetime,
+    t0: float,
+    run_dir: RunDir | None,
+) -> RunOutcome:
+    from gpucert.bench.suite import run_step
+    from gpucert.runtime.agent import NodeAgent
+
     with tempfile.TemporaryDirectory(prefix="gpucert-run-") as tmp:
         agent = NodeAgent.start(plan, nproc, work.config.runtime, Path(tmp), work.inventory.hostname)
-        agent.log_dir = output_dir(request, work, started) / "logs"
+        agent.log_dir = (run_dir.path if run_dir else output_dir(request, work, started)) / "logs"
         work.label = agent.label
         work.results = check_health(work, request, started)
         agent.put(f"part/{agent.node_rank}", work.part())
@@ -290,7 +338,8 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
             wait = runtime.heartbeat_timeout_s if lost else runtime.collective_timeout_s
             parts = read_parts(agent.store, agent.num_nodes, ran, wait, skip_missing=lost, prefix="data/")
             report = build_report(request, started, t0, work, parts, job_results)
-            path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
+            assert run_dir is not None  # node 0 claimed it
+            path = write_report(report, run_dir.path, html=bool(request.benchmarks))
         except BaseException:
             agent.finish(Status.ERROR.exit_code, lost)  # the other nodes must not wait for a verdict never sent
             raise
@@ -326,6 +375,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         """Rank 0, when another rank failed: the report still says what ran, and who failed."""
         work = holder.get("work")
         if work is None or not holder.get("main"):
+            if holder.get("run_dir") is not None:
+                holder["run_dir"].release()  # claimed, nothing written yet: no empty directory left
             return
         failed = Result(
             name="run.aborted",
@@ -339,13 +390,20 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         store = rt.watchdog.store if rt.watchdog is not None and rt.watchdog.store is not None else rt.store
         parts = read_parts(store, rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
         report = build_report(request, started, t0, work, parts, [*done, failed])
-        path = write_report(report, output_dir(request, work, started))
+        run_dir = holder["run_dir"]
+        path = write_report(report, run_dir.path)
+        run_dir.release()
         say(f"partial report written to {path}")
 
     rt = start_runtime(pre.runtime, on_abort=write_partial)
     try:
         rt.set_phase("node checks")
         work = collect_node(request, rt.me.node)
+        # Refused here, every rank stops (exit 3) and no report is written: nothing was run or judged.
+        check_fits(work, request.benchmarks, rt.local_world_size)
+        if rt.is_main:
+            check_output_writable(request, work.config)
+            holder["run_dir"] = claim_output(request, work, started)
         holder.update(work=work, main=rt.is_main)
         if rt.local_rank == 0:
             # This job's ranks on this host already hold their GPUs: not someone else's work. By host, not node
@@ -369,7 +427,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             wait = rt.config.collective_timeout_s
             parts = read_parts(rt.store, rt.num_nodes, request.benchmarks, wait, skip_missing=False)
             report = build_report(request, started, t0, work, parts, done)
-            path = write_report(report, output_dir(request, work, started), html=bool(request.benchmarks))
+            path = write_report(report, holder["run_dir"].path, html=bool(request.benchmarks))
+            holder["run_dir"].release()
             rt.store.set("verdict", str(report.status.exit_code))
             outcome = RunOutcome(report, path, report.status.exit_code)
         else:
@@ -384,6 +443,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         if rt.is_main and record.rank == rt.rank:
             write_partial(record)
         say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
+        if holder.get("run_dir") is not None:
+            holder["run_dir"].release()
         leave_failed(rt, Status.ERROR.exit_code)
     stop_runtime(rt)
     return outcome

@@ -444,16 +444,39 @@ def judge_all(path: str, found: dict[str, dict[str, Any]], profile: Any) -> list
 
 def run_job(request: Any, plan: Any, options: FsOptions, say: Callable[[str], None]) -> Any:
     """This node's agent: meet the others (no GPU workers), run the checks, node 0 writes the one report."""
-    from gpucert.acceptance import RunOutcome, build_report, collect_node, output_dir
-    from gpucert.report.store import write_report
-    from gpucert.runtime.agent import NodeAgent
+    from gpucert.acceptance import check_output_writable, claim_output, collect_node, load_run_config
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     if not options.path.is_dir():
         from gpucert.config.loader import ConfigError
 
         raise ConfigError(f"{options.path} is not a directory (gpucert cluster fs PATH checks a directory)")
+    # Node 0 writes the report: its --output is checked first and claimed before any node is met.
+    if plan.node_rank == 0:
+        check_output_writable(request, load_run_config(request))
     work = collect_node(request)
+    run_dir = claim_output(request, work, started) if plan.node_rank == 0 else None
+    try:
+        return _run_checks(request, plan, options, say, work, started, t0, run_dir)
+    finally:
+        if run_dir is not None:
+            run_dir.release()
+
+
+def _run_checks(
+    request: Any,
+    plan: Any,
+    options: FsOptions,
+    say: Callable[[str], None],
+    work: Any,
+    started: datetime,
+    t0: float,
+    run_dir: Any,
+) -> Any:
+    from gpucert.acceptance import RunOutcome, build_report
+    from gpucert.report.store import write_report
+    from gpucert.runtime.agent import NodeAgent
+
     with tempfile.TemporaryDirectory(prefix="gpucert-run-") as tmp:
         agent = NodeAgent.start(plan, 0, work.config.runtime, Path(tmp), work.inventory.hostname)
         work.label = agent.label
@@ -475,7 +498,7 @@ def run_job(request: Any, plan: Any, options: FsOptions, say: Callable[[str], No
             parts = [agent.get(f"part/{r}", wait, f"node rank {r}'s inventory") for r in range(agent.num_nodes)]
             results = judge_all(str(options.path), found, work.profile)
             report = build_report(request, started, t0, work, parts, results)
-            path = write_report(report, output_dir(request, work, started))
+            path = write_report(report, run_dir.path)
         except BaseException:
             agent.finish(Status.ERROR.exit_code)
             raise

@@ -749,13 +749,11 @@ def search(
 
 def run_localize(request: Any, hosts: Sequence[str] | None, say: Callable[[str], None], env: Mapping[str, str]) -> Any:
     """The whole search from this host (a login node, or the batch host of a Slurm allocation): one report."""
-    import dataclasses
-
-    from gpucert.acceptance import RunOutcome, build_report, collect_node, output_dir
+    from gpucert.acceptance import check_output_writable, claim_output, collect_node, load_run_config
     from gpucert.launch.slurm import SlurmError, _run
-    from gpucert.report.store import write_report
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    check_output_writable(request, load_run_config(request))
     work = collect_node(request)
     if work.config.profile == "auto" and not work.inventory.gpu.gpus:
         raise ConfigError(
@@ -769,13 +767,34 @@ def run_localize(request: Any, hosts: Sequence[str] | None, say: Callable[[str],
             nodes, slurm = slurm_nodes(env, lambda argv: _run(argv)), True
         except SlurmError as exc:
             raise ConfigError(str(exc)) from exc
-    run_dir = output_dir(request, work, started).absolute()
-    if (run_dir / "pairs").exists():
-        raise ConfigError(f"{run_dir} holds an earlier localize run (pairs/): choose another --output")
-    try:
-        (run_dir / "pairs").mkdir(parents=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the run directory {run_dir}: {exc.strerror or exc}") from exc
+    # Locked for the whole search: a second localize pointed at the same --output is refused (exit 3).
+    with claim_output(request, work, started) as claimed:
+        run_dir = claimed.path.absolute()
+        if (run_dir / "pairs").exists():
+            raise ConfigError(f"{run_dir} holds an earlier localize run (pairs/): choose another --output")
+        try:
+            (run_dir / "pairs").mkdir()
+        except OSError as exc:
+            raise ConfigError(f"cannot create the run directory {run_dir}: {exc.strerror or exc}") from exc
+        return _search_and_report(request, nodes, slurm, work, run_dir, started, t0, say, env)
+
+
+def _search_and_report(
+    request: Any,
+    nodes: list[NodeSpec],
+    slurm: bool,
+    work: Any,
+    run_dir: Path,
+    started: datetime,
+    t0: float,
+    say: Callable[[str], None],
+    env: Mapping[str, str],
+) -> Any:
+    import dataclasses
+
+    from gpucert.acceptance import RunOutcome, build_report
+    from gpucert.report.store import write_report
+
     seed = choose_seed(work.config)
     # The seed actually used is in the report's config: `--set localize.seed=N` reruns the same pairs.
     work.config = dataclasses.replace(work.config, localize=dataclasses.replace(work.config.localize, seed=seed))

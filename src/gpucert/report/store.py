@@ -1,20 +1,149 @@
-"""Where reports live: one directory per run, `runs/<UTC timestamp>-<host>/report.json` (+ report.md)."""
+"""Where reports live: one directory per run, `runs/<UTC timestamp>-<host>/report.json` (+ report.md).
+
+A run claims its directory before it starts (`claim_run_dir`): a new default directory is created with
+mkdir's exclusive create, so two runs started in the same second get `...-<host>` and `...-<host>-2`; and the
+directory is locked (flock on `.gpucert-run.lock`) while the run writes into it, so a second run pointed at the
+same `--output` is refused and told who holds it. The kernel drops a flock when its process dies, so a lock
+file left by a killed run blocks nobody.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import importlib.util
+import itertools
 import json
 import os
+import socket
 import tempfile
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from types import TracebackType
 
+from gpucert.config.loader import ConfigError
 from gpucert.report.markdown import render_markdown
 from gpucert.report.schema import Report
+
+LOCK_NAME = ".gpucert-run.lock"
 
 
 def default_run_dir(runs_dir: Path, host: str, started: datetime) -> Path:
     return runs_dir / f"{started.strftime('%Y%m%dT%H%M%SZ')}-{host}"
+
+
+@dataclass
+class RunDir:
+    """A run directory this process holds: locked until release(), and then removed, with any parents this run
+    created, where nothing was written into it (a run refused or failed before writing leaves no empty
+    directories behind)."""
+
+    path: Path
+    created: list[Path]  # the directories this run made, the run directory first
+    fd: int | None  # the open, flocked lock file; None where the filesystem has no locks
+
+    def release(self) -> None:
+        """Idempotent: the run's end and an abort handler may both call it."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            # Unlinked while still locked: a run that opened the old file finds another inode and starts over.
+            with contextlib.suppress(OSError):
+                (self.path / LOCK_NAME).unlink()
+            os.close(fd)
+        for directory in self.created:
+            try:
+                directory.rmdir()  # only when empty
+            except OSError:
+                break
+        self.created = []
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+
+def claim_run_dir(output: Path | None, runs_dir: Path, host: str, started: datetime) -> RunDir:
+    """The run's directory, created if need be and locked: `output` as named, or a new one under runs_dir.
+
+    A ConfigError (exit 3) names the directory and the run holding it when another run has it locked."""
+    if output is not None:
+        missing = _missing_dirs(output)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--output {output}: cannot create it: {exc.strerror or exc}") from None
+        try:
+            return _locked(output, missing, "--output")
+        except ConfigError:
+            RunDir(output, missing, None).release()  # refused: leave no directory made for it
+            raise
+    base = default_run_dir(runs_dir, host, started)
+    for n in itertools.count(1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        missing = _missing_dirs(path)
+        try:
+            path.mkdir(parents=True)  # exclusive: of two runs started in the same second, one gets -2
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"runs_dir {runs_dir}: cannot create {path}: {exc.strerror or exc}") from None
+        return _locked(path, missing, "runs_dir")
+    raise AssertionError("unreachable")
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """path and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for directory in (path, *path.parents):
+        if directory.exists():
+            break
+        missing.append(directory)
+    return missing
+
+
+def _locked(path: Path, created: list[Path], what: str) -> RunDir:
+    lock = path / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"{what} {path}: cannot create the lock file {lock}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(
+                    f"{what} {path} is in use by another gpucert run ({holder}): wait for it to finish, or choose "
+                    f"another {what}"
+                ) from None
+            # A filesystem without locks (some NFS mounts without lockd): the directory is still this run's
+            # when it created it; an --output shared with a concurrent run is then not caught.
+            return RunDir(path, created, None)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)  # the holder released (and unlinked) it between our open and our lock: again
+            continue
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}, since {stamp}\n".encode())
+        return RunDir(path, created, fd)
+
+
+def _read_holder(fd: int) -> str:
+    with contextlib.suppress(OSError):
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if text:
+            return text
+    return "holder unknown"
 
 
 def _write_atomic(path: Path, text: str) -> None:
