@@ -1,8 +1,9 @@
 """Run benchmarks by name and judge them: as a step of gpucert's node agents (one set of workers per
 benchmark on every node) or inside an outside launcher's ranks (torchrun, srun), sampling telemetry meanwhile.
 
-A benchmark that crashes or hangs becomes an ERROR result naming the rank, its node and the cause; under the
-agents it never stops the suite and never passes.
+A benchmark that crashes or hangs becomes an ERROR result naming the rank, its node and the cause (a worker's
+own exception: its type, message and where it was raised); under the agents it never stops the suite and
+never passes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpucert.config.profiles import Profile
 from gpucert.config.run import RunConfig
 from gpucert.report.schema import Result
 from gpucert.runtime.agent import NodeAgent
-from gpucert.runtime.group import Runtime
+from gpucert.runtime.group import AbortRecord, Runtime
 from gpucert.status import Status
 
 
@@ -41,18 +42,50 @@ def judge(name: str, data: dict[str, Any], config: RunConfig, profile: Profile) 
     return catalog.load(name).judge(data, profile, getattr(config.bench, name))
 
 
-def error_result(name: str, subject: str, message: str, node: str | None = None, logs: Path | None = None) -> Result:
+def error_result(
+    name: str,
+    subject: str,
+    message: str,
+    node: str | None = None,
+    logs: Path | None = None,
+    details: dict[str, Any] | None = None,
+) -> Result:
     return Result(
         name=f"bench.{name}",
         subject=subject,
         status=Status.ERROR,
         category="benchmark",
         node=node,
-        message=f"the {name} benchmark did not finish: {message}",
+        message=f"the {name} benchmark failed: {message}",
         remediation=f"each rank's log is in {logs} (on its node)"
         if logs
         else f"re-run `gpucert bench {name}` alone to see the workers' output",
+        details=details or {},
     )
+
+
+def worker_failure(step_dir: Path, failure: AbortRecord) -> tuple[str, dict[str, Any]]:
+    """What failed, in one line, and the failing rank's own account where it left one on this node
+    (worker.write_failure): its exception, where it was raised and the traceback's last lines. The agent's
+    record alone can only say how the process ended (a lone rank has no store to record its cause in)."""
+    if failure.rank is None:
+        return failure.message(), {}
+    path = worker.failure_path(step_dir / "result.json", failure.rank)
+    try:
+        own = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return failure.message(), {}
+    record = AbortRecord(**{k: own[k] for k in ("who", "cause", "phase", "rank", "node")})
+    where = f" (raised at {own['where']})" if own.get("where") else ""
+    return record.message() + where, {"traceback": own.get("traceback", [])}
+
+
+def clear_step(step_dir: Path) -> tuple[Path, Path]:
+    """The step's spec and result paths, with no result or failure left from an earlier step."""
+    step_dir.mkdir(parents=True, exist_ok=True)
+    for old in (step_dir / "result.json", *step_dir.glob("failure-rank*.json")):
+        old.unlink(missing_ok=True)
+    return step_dir / "spec.json", step_dir / "result.json"
 
 
 def sampler_for(nvml: Any | None, has_gpus: bool) -> TelemetrySampler | None:
@@ -77,10 +110,8 @@ def run_step(
     why a node was lost during it, if one was)."""
     spec, env = bench_spec(name, config, profile, has_gpus)
     step_dir = workdir / name
-    step_dir.mkdir(parents=True, exist_ok=True)
-    spec_path, out_path = step_dir / "spec.json", step_dir / "result.json"
+    spec_path, out_path = clear_step(step_dir)
     spec_path.write_text(json.dumps(spec))
-    out_path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "gpucert.bench.worker", str(spec_path), str(out_path)]
     sampler = sampler_for(nvml, has_gpus)
     try:
@@ -93,7 +124,8 @@ def run_step(
         return [], telemetry, step.lost
     if step.failure is not None:
         failure = step.failure
-        judged = [error_result(name, failure.node or agent.label, failure.message(), failure.node, step.logs)]
+        message, details = worker_failure(step_dir, failure)
+        judged = [error_result(name, failure.node or agent.label, message, failure.node, step.logs, details)]
     elif not out_path.exists():
         judged = [error_result(name, agent.label, "rank 0 wrote no result", agent.label)]
     else:
@@ -133,14 +165,12 @@ def launch_local(
 
     spec = {"runtime": {}, **spec}
     agent = NodeAgent.start(NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, RuntimeConfig(**spec["runtime"]), workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec_path, out_path = workdir / "spec.json", workdir / "result.json"
+    spec_path, out_path = clear_step(workdir)
     spec_path.write_text(json.dumps(spec))
-    out_path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "gpucert.bench.worker", str(spec_path), str(out_path)]
     step = agent.run_step(spec["benchmark"], argv, timeout_s, env_overrides)
     if step.failure is not None:
-        raise LaunchError(f"{spec['benchmark']}: {step.failure.message()}")
+        raise LaunchError(f"{spec['benchmark']}: {worker_failure(workdir, step.failure)[0]}")
     if not out_path.exists():
         raise LaunchError(f"{spec['benchmark']}: rank 0 wrote no result")
     return json.loads(out_path.read_text())

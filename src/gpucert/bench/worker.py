@@ -3,15 +3,19 @@ one per GPU on every node; together they are one job).
 
 SPEC names the benchmark (see catalog.py), its config and the runtime's timeouts; every rank measures, rank 0
 writes OUT.json. A rank that fails records why in the job's store, so every other rank of every node stops
-within a heartbeat and the agent can name it.
+within a heartbeat and the agent can name it, and writes its own exception (type, message, where it was
+raised, the traceback's last lines) to failure-rank<R>.json beside OUT.json: that is what the ERROR result
+shows, also for a lone rank, which has no shared store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,7 @@ from gpucert.config.loader import ConfigError
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.group import (
     ABORTED_EXIT,
+    AbortRecord,
     RendezvousError,
     Runtime,
     fail,
@@ -29,6 +34,36 @@ from gpucert.runtime.group import (
     stop_runtime,
 )
 from gpucert.runtime.spawn import die_with_parent
+
+# Traceback lines kept in the failure file: the raising frame and its caller, and the exception line(s).
+TRACEBACK_LINES = 8
+
+
+def failure_path(out: Path, rank: int) -> Path:
+    return out.with_name(f"failure-rank{rank}.json")
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """Where exc was raised: `file:line in function` of the innermost frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    last = frames[-1]
+    path = last.filename
+    for root in ("/site-packages/", "/src/"):  # the package path, not where it is installed
+        if root in path:
+            path = path.split(root, 1)[1]
+            break
+    return f"{path}:{last.lineno} in {last.name}"
+
+
+def write_failure(out: Path, rank: int, record: AbortRecord, exc: BaseException) -> None:
+    """This rank's own failure, for the agent on this node (best effort: the rank is on its way out)."""
+    text = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    lines = [line for line in text if line.strip(" ^~")]  # not the column markers under the code
+    payload = {**asdict(record), "where": raised_at(exc), "traceback": lines[-TRACEBACK_LINES:]}
+    with contextlib.suppress(OSError):
+        failure_path(out, rank).write_text(json.dumps(payload))
 
 
 def run(rt: Runtime, spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -58,6 +93,8 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:
         traceback.print_exc()
         record = fail(rt, exc)
+        if record.rank == rt.rank:
+            write_failure(Path(argv[1]), rt.rank, record, exc)
         say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
         leave_failed(rt, ABORTED_EXIT)
     stop_runtime(rt)

@@ -31,6 +31,9 @@ class WorkerExit:
 
     @property
     def cause(self) -> str:
+        if self.returncode == -signal.SIGKILL:
+            # A worker fails before gpucert stops anyone: the SIGKILL came from elsewhere, usually the kernel.
+            return f"{exit_cause(self.returncode)} (out of memory? the kernel's OOM killer sends it; dmesg says)"
         return exit_cause(self.returncode)
 
     def last_error(self) -> str | None:
