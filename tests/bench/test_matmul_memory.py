@@ -162,9 +162,39 @@ def test_memory_floors() -> None:
     )
     assert h2d[1].status is Status.FAIL and "NUMA" in h2d[1].remediation
     assert h2d[0].threshold_source == "profile h200: benchmarks.pcie_h2d_gbps_min"
-    # read/write/triad have no floor: reported, not judged against an invented number.
-    assert by_name(results, "memory.triad")[1].status is Status.PASS
-    assert by_name(results, "memory.triad")[1].expected is None
+    triad = by_name(results, "memory.triad")
+    assert (triad[0].status, triad[1].status) == (Status.PASS, Status.FAIL)
+    assert (
+        triad[0].expected == ">= 3.8 TB/s"
+        and triad[0].threshold_source == "profile h200: benchmarks.hbm_triad_tbps_min"
+    )
+    # read and write have no reference figure: shown, not judged against an invented number.
+    for kernel in ("read", "write"):
+        row = by_name(results, f"memory.{kernel}")[0]
+        assert row.status is Status.INFO and row.expected is None and row.threshold_source is None
+        assert row.message == f"{kernel}: 4.2 TB/s (cv 0.010); shown, not judged: no reference figure for HBM {kernel}"
+    # Every PASS says what it was held to and where that comes from; the JSON keeps full precision.
+    assert all(r.expected and r.threshold_source for r in results if r.status is Status.PASS)
+    precise = memory.judge({"ranks": [memory_rank(0, 4.123456789, 53.0)]}, H200, None)
+    assert by_name(precise, "memory.copy")[0].value == 4.123456789
+
+
+def test_memory_without_floors_is_info_naming_the_profile() -> None:
+    """The cpu profile sets no HBM or PCIe floor: every row is shown, none PASSes."""
+    results = memory.judge({"ranks": [memory_rank(0, 0.01, 5.0)]}, load_profile("cpu"), None)
+    assert {r.status for r in results} == {Status.INFO}
+    copy = by_name(results, "memory.copy")[0]
+    assert copy.message.endswith("shown, not judged: profile cpu sets no benchmarks.hbm_copy_tbps_min")
+
+
+def test_a_zero_size_memory_buffer_is_refused_before_it_can_pass(tmp_path: Path, capsys) -> None:
+    """bench.memory.size_mib=0 once PASSed with 0 TB/s; now the config is refused (exit 3), nothing run."""
+    from gpucert.cli import main
+
+    code = main(["bench", "memory", "--profile", "cpu", "--set", "bench.memory.size_mib=0", "-o", str(tmp_path / "r")])
+    assert code == 3
+    assert "bench.memory.size_mib must be in 1..32768" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 def test_real_run_on_this_cpu_with_two_ranks(tmp_path: Path) -> None:

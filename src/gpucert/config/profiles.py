@@ -67,7 +67,10 @@ class BenchmarkExpectations:
     # The burn's sustained (median window) bf16 TFLOP/s per GPU; None: held to the node's best GPU only. A GPU
     # more than matmul_node_deviation_pct below the node's best median FAILs too (gpu-fryer's rule).
     burn_bf16_tflops_min: float | None = None
+    # HBM bandwidth per GPU, BabelStream's counting (copy: read + write; triad: 2 reads + 1 write). Read and
+    # write have no public reference figure, so no floor: shown, not judged.
     hbm_copy_tbps_min: float | None = None
+    hbm_triad_tbps_min: float | None = None
     pcie_h2d_gbps_min: float | None = None
     pcie_d2h_gbps_min: float | None = None
     p2p_gbps_min: float | None = None
