@@ -338,3 +338,17 @@ def test_markdown_lists_gpus_when_the_inventory_has_them() -> None:
     lines = render_markdown(report).splitlines()
     assert "| 0 | NVIDIA H100 80GB HBM3 | 00000000:19:00.0 | 79.6 GiB | Gen5 x16 | 17 | 96.00.74.00.01 |" in lines
     assert "Topology: 1 GPU" in lines
+
+
+# terminal
+
+
+@pytest.mark.parametrize("results", [None, []], ids=["judged", "discover"])
+def test_terminal_header_names_tool_method_and_schema_versions(results: list[Result] | None) -> None:
+    from rich.console import Console
+
+    from gpucert.report.terminal import print_report
+
+    console = Console(record=True, width=160)
+    print_report(make_report(results), console, show_inventory=False, report_path=None)
+    assert "gpucert health, profile h100-sxm  (gpucert 0.1.0, method 1, schema 2.1)" in console.export_text()

@@ -183,6 +183,16 @@ def _host_table(inv: dict[str, Any]) -> Table:
     return host
 
 
+def header_line(report: Report) -> Text:
+    """What ran, judged by which profile, and with which tool, method and schema: numbers of another method
+    version are not comparable (the Markdown and HTML views say the same)."""
+    meta = report.meta
+    return Text.assemble(
+        (f"gpucert {meta.verb}, profile {meta.profile}", "bold"),
+        (f"  (gpucert {meta.tool_version}, method {meta.method_version}, schema {report.schema_version})", "dim"),
+    )
+
+
 def _print_cluster(report: Report, console: Console, show_inventory: bool) -> None:
     """The cluster's line and judgements first, then each node as a one-node report shows it."""
     cluster, sections = split_by_node(report)
@@ -194,9 +204,9 @@ def _print_cluster(report: Report, console: Console, show_inventory: bool) -> No
                 console.rule(f"node {section.label}: {section.inventory.get('summary', '')}")
                 for table in inventory_tables(section.inventory):
                     console.print(table)
+    console.print(header_line(report))
     if not report.results:
         return
-    console.print(Text(f"gpucert {report.meta.verb}, profile {report.meta.profile}", style="bold"))
     # Every cluster result sits in one table, per-GPU outliers included (they name their node and GPU).
     cluster_table = node_table([dataclasses.replace(r, gpu_index=None) for r in cluster], "cluster checks", 36)
     if cluster_table is not None:
@@ -241,8 +251,8 @@ def print_report(report: Report, console: Console, show_inventory: bool, report_
     if show_inventory:
         for table in inventory_tables(inv):
             console.print(table)
+    console.print(header_line(report))
     if report.results:
-        console.print(Text(f"gpucert {report.meta.verb}, profile {report.meta.profile}", style="bold"))
         for section in (gpu_matrix(report.results), node_table(report.results)):
             if section is not None:
                 console.print(section)
