@@ -1,6 +1,7 @@
 """Config ranges and names are refused at load, before any worker starts or any run directory is made.
 
 Each bad `--set` goes through the CLI on the cpu profile: exit 3, the key named on stderr, nothing written.
+Bad flags, paths and files of every verb are in tests/test_bad_input.py.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def refuse(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err
     assert code == 3, err
     assert err.startswith("gpucert: error: "), err
+    assert "Traceback" not in err
     assert elapsed < 2, f"refused after {elapsed:.1f} s: something ran first"
     assert not out.exists()
     return err
