@@ -612,7 +612,8 @@ def plot_evaluation(scores: Sequence[tuple[Result, float]], title: str, label_by
     ax.set_yticks(range(len(scores)), [r.subject if label_by_subject else r.name for r, _ in scores])
     ax.invert_yaxis()
     ax.set_xlim(0, 115)
-    ax.set_xlabel("score (%); - - the recipe's threshold")
+    judged = any(_floor(r) is not None for r, _ in scores)
+    ax.set_xlabel("score (%)" + ("; - - the recipe's threshold" if judged else ", no threshold in the recipe"))
     ax.grid(True, axis="x", color="#dddddd", linewidth=0.8)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
