@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_arguments(evaluate)
     evaluate.add_argument("--adapter", type=Path, required=True, help="adapter directory (PEFT format)")
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
-    evaluate.add_argument("--output", "-o", help="where evaluation.json goes (default: next to the adapter)")
+    evaluate.add_argument("--output", "-o", help="report directory (default: evaluation/ beside the adapter)")
     return parser
 
 

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from gpucert.cli import main
+from gpucert.report.store import load_report
+from gpucert.status import Status
 
 
 def test_offline_default_trains_saves_and_evaluates(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -24,17 +26,25 @@ def test_offline_default_trains_saves_and_evaluates(tmp_path: Path, monkeypatch,
     }
     assert (run / "adapter/adapter_config.json").exists()
 
-    assert main(["evaluate", "--adapter", str(run / "adapter"), "--set", "eval.max_examples=8"]) in (0, 3)
-    evaluation = json.loads((run / "evaluation.json").read_text())
-    names = [r["name"] for r in evaluation["results"]]
-    assert names == [
+    # tiny.yaml sets no eval.thresholds: every metric is shown (INFO) or does not apply (SKIP), exit 0.
+    assert main(["evaluate", "--adapter", str(run / "adapter"), "--set", "eval.max_examples=8"]) == 0
+    report = load_report(run / "evaluation")
+    assert report.meta.verb == "evaluate"
+    assert [r.name for r in report.results][:8] == [
         "eval.call_accuracy",
+        "eval.relevance",
+        "eval.irrelevance",
         "eval.name_accuracy",
         "eval.args_valid_json",
         "eval.args_match",
         "eval.overall",
+        "eval.loss",
     ]
-    assert evaluation["eval_loss"] > 0
+    assert {r.status for r in report.results} <= {Status.INFO, Status.SKIP}
+    assert report.results[7].value > 0
+    assert main(["report", str(run / "evaluation")]) == 0
+    # The training run's own report is not replaced.
+    assert json.loads((run / "report.json").read_text())["meta"]["verb"] == "finetune"
 
 
 def test_prepare_alone_then_reuse(tmp_path: Path, monkeypatch, capsys) -> None:

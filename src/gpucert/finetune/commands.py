@@ -4,18 +4,22 @@ gpucert finetune                                   offline default: configs/fine
 gpucert finetune --config configs/finetune/qwen2-7b-glaive.yaml
 torchrun --nproc_per_node=8 -m gpucert finetune --config ...       DDP or FSDP2 from train.parallel
 gpucert finetune prepare --config ...              data preparation alone (once per cluster)
-gpucert evaluate --adapter runs/<id>/adapter [--config ...]       function-calling accuracy
+gpucert evaluate --adapter runs/<id>/adapter [--config ...]       function-calling accuracy, report in
+                                                   runs/<id>/evaluation/ (gpucert report renders it)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import tempfile
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
+from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
 
 
@@ -64,24 +68,35 @@ def prepare(cfg: FinetuneConfig) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    """Generate on the held-out split with the adapter and score the function calls."""
+    """Generate on the held-out split with the adapter, score the function calls, and write the report
+    (report.json, report.md) to --output, by default evaluation/ beside the adapter: `gpucert report DIR`
+    renders it. The exit code is the report's verdict; a bad adapter or output directory exits 3 before any
+    model is loaded."""
+    cfg = load(args, [f"data.source={json.dumps(args.data)}"] if args.data else [])
+    adapter = Path(args.adapter)
+    out = Path(args.output) if args.output else adapter.parent / "evaluation"
+    check_evaluation_output(out)
+    started = datetime.now(timezone.utc)
+
     import torch
     from peft import PeftModel
+    from rich.console import Console
 
+    from gpucert.finetune.eval_report import evaluation_report, evaluation_results
     from gpucert.finetune.evaluate import evaluate as run_eval
-    from gpucert.finetune.evaluate import scores_to_results
     from gpucert.finetune.model import load_base_model
     from gpucert.finetune.packing import collate
     from gpucert.finetune.prepare import load_eval_conversations, prepare_dataset
     from gpucert.finetune.tokenizer import load_tokenizer
-    from gpucert.status import worst
+    from gpucert.hardware.inventory import collect_inventory, live_sources
+    from gpucert.report.store import write_report
+    from gpucert.report.terminal import print_report
 
-    cfg = load(args, [f"data.source={json.dumps(args.data)}"] if args.data else [])
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = load_base_model(cfg.model, len(tokenizer), device)
-    model = PeftModel.from_pretrained(base, str(args.adapter)).eval()
+    model = PeftModel.from_pretrained(base, str(adapter)).eval()
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]
     pad = tokenizer.pad_token_id
     rows = list(prepared.eval)
@@ -93,20 +108,51 @@ def evaluate(args: argparse.Namespace) -> int:
         scores, loss = run_eval(
             model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=cfg.model.attn_implementation
         )
-    results = scores_to_results(scores)
-    for r in results:
-        print(
-            f"{r.status.value:5} {r.name:20} {r.value if r.value is not None else '-':>8} {r.unit or ''}  {r.message}"
-        )
-    print(f"eval loss {loss:.4f}" if loss is not None else "eval loss: no supervised tokens")
-    summary: dict[str, Any] = {
-        "adapter": str(args.adapter),
-        "eval_loss": loss,
-        "results": [r.to_dict() for r in results],
-        "counts": scores.counts,
-    }
-    out = Path(args.output) if args.output else Path(args.adapter).parent
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "evaluation.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    print(f"written: {out / 'evaluation.json'}", file=sys.stderr)
-    return worst(r.status for r in results).exit_code
+    results = evaluation_results(scores, loss, cfg.eval.thresholds, threshold_source(args))
+    report = evaluation_report(
+        results,
+        command=["gpucert", *sys.argv[1:]],
+        config={
+            **dataclasses.asdict(cfg),
+            "evaluate": {"adapter": str(adapter), "prepared_data": str(prepared.path), "output": str(out)},
+        },
+        started_at=started,
+        finished_at=datetime.now(timezone.utc),
+        inventory=collect_inventory(live_sources()).to_dict(),
+    )
+    path = write_report(report, out)
+    print_report(report, Console(highlight=False, markup=False), show_inventory=False, report_path=str(path))
+    return report.status.exit_code
+
+
+def check_evaluation_output(out: Path) -> None:
+    """Refuse, before any model is loaded, an output directory that holds another verb's report (a training
+    run's report.json would be overwritten) or cannot be written."""
+    existing = out / "report.json"
+    if existing.exists():
+        try:
+            verb = json.loads(existing.read_text())["meta"]["verb"]
+        except (OSError, ValueError, KeyError, TypeError):
+            verb = None
+        if verb != "evaluate":
+            what = f"a gpucert {verb} report" if verb else "a report.json that is no gpucert evaluation"
+            raise ConfigError(
+                f"--output {out}: holds {what}, which the evaluation report would replace; choose another "
+                "--output (the default is evaluation/ beside the adapter)"
+            )
+    target = out.absolute()
+    nearest = next(p for p in (target, *target.parents) if p.exists() or p == p.parent)
+    if not nearest.is_dir():
+        raise ConfigError(f"--output {out}: {nearest} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--output {out}: cannot write in {nearest}: {exc.strerror or exc}") from None
+
+
+def threshold_source(args: argparse.Namespace) -> str:
+    """Where eval.thresholds came from, for each judged result's threshold_source."""
+    source = str(args.config or default_config_path())
+    overridden = [o for o in args.overrides if o.split("=", 1)[0].strip().startswith("eval.thresholds.")]
+    return f"{source} and {', '.join(f'--set {o}' for o in overridden)}" if overridden else source

@@ -10,6 +10,7 @@ value came from, e.g. `--set train.micro_batch=0: train.micro_batch must be >= 1
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -221,13 +222,42 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class EvalThresholds:
+    """What `gpucert evaluate` holds its results to: a floor in % of the turns each metric counts (see
+    gpucert.finetune.eval_report), and a ceiling on the held-out loss. null: the metric is shown as INFO, not
+    judged. A recipe that sets one says where the number comes from."""
+
+    call_accuracy_min_pct: float | None = None
+    relevance_min_pct: float | None = None
+    irrelevance_min_pct: float | None = None
+    name_accuracy_min_pct: float | None = None
+    args_valid_json_min_pct: float | None = None
+    args_match_min_pct: float | None = None
+    overall_min_pct: float | None = None
+    # Mean cross-entropy per supervised held-out token, nats.
+    loss_max: float | None = None
+
+    def problems(self) -> list[str]:
+        found = []
+        for name in (f.name for f in dataclasses.fields(self) if f.name.endswith("_min_pct")):
+            value = getattr(self, name)
+            if value is not None:
+                found += _rule(0 <= value <= 100, f"eval.thresholds.{name}", "null or in [0, 100]", value)
+        return found + (_positive("eval.thresholds.loss_max", self.loss_max) if self.loss_max is not None else [])
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     max_examples: int = 200
     batch_size: int = 8
     max_new_tokens: int = 256
+    thresholds: EvalThresholds = field(default_factory=EvalThresholds)
 
     def problems(self) -> list[str]:
-        return _at_least_1("eval", self, ("max_examples", "batch_size", "max_new_tokens"))
+        return [
+            *_at_least_1("eval", self, ("max_examples", "batch_size", "max_new_tokens")),
+            *self.thresholds.problems(),
+        ]
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,25 @@
 """In-domain function-calling evaluation: generate on held-out turns, parse the Hermes `<tool_call>` blocks, score.
 
-`gpucert evaluate` (and `gpucert finetune` at its end) runs `evaluate`: every assistant turn of the held-out
-conversations becomes a prompt (the messages before it, and the tools), the model answers greedily through the
-same chat template it was trained with, and `score` compares each answer with the reference turn. The split is
-collect (`generate`), parse (`parse_output`) and judge (`score`, `compare_call`): the last two are pure and are
-tested on hand-written outputs in tests/fixtures/finetune_eval/cases.jsonl.
+`gpucert evaluate` runs `evaluate`: every assistant turn of the held-out conversations becomes a prompt (the
+messages before it, and the tools), the model answers greedily through the same chat template it was trained
+with, and `score` compares each answer with the reference turn. The split is collect (`generate`), parse
+(`parse_output`) and judge (`score`, `compare_call`): the last two are pure and are tested on hand-written
+outputs in tests/fixtures/finetune_eval/cases.jsonl and on BFCL's own entries in bfcl_cases.jsonl beside it.
+gpucert.finetune.eval_report turns the scores into a report judged against the recipe's eval.thresholds.
 
-Reading the five results (values in %, denominators in each message):
-- eval.call_accuracy: the call / no-call decision is right, over all turns; details split it into relevance
-  (a call expected and made) and irrelevance (no call expected, none made);
-- eval.name_accuracy: the called functions are the expected ones, over turns that expected a call and got one;
-- eval.args_valid_json: every `<tool_call>` block decodes and its arguments are a JSON object, over turns that
+The rates (EvalScores; each None-flagged turn is left out of that rate's denominator):
+- call_accuracy: the call / no-call decision is right, over all turns; relevance (a call expected and made)
+  and irrelevance (no call expected, none made) split it;
+- name_accuracy: the called functions are the expected ones, over turns that expected a call and got one;
+- args_valid_json: every `<tool_call>` block decodes and its arguments are a JSON object, over turns that
   emitted at least one block;
-- eval.args_match: the calls match the reference, names and arguments, over turns that expected a call and got
-  one (so it is at most name_accuracy);
-- eval.overall: the turn is fully right: the decision, and where a call was expected, names and arguments.
+- args_match: the calls match the reference, names and arguments, over turns that expected a call and got one
+  (so it is at most name_accuracy);
+- overall: the turn is fully right: the decision, and where a call was expected, names and arguments.
 
 Scoring rules (after BFCL's AST checker, ShishirPatil/gorilla `bfcl_eval/eval_checker/ast_eval/ast_checker.py`;
-where we differ, it says so):
+docs/evaluation.md lists where we differ on purpose and why, and tests/fixtures/finetune_eval/bfcl_cases.jsonl
+holds BFCL entries with BFCL's own verdicts, which tests/finetune/test_evaluate.py checks we reproduce):
 - Parsing. Blocks are `<tool_call>\\s*(.*?)\\s*</tool_call>`, each `json.loads`-ed into {"name", "arguments"};
   `arguments` may be an object or a JSON string holding one. A block that does not decode, or has no string
   "name", is recorded as malformed, never dropped (BFCL's Qwen handler drops it and reads "no call"), and so is
@@ -25,27 +27,29 @@ where we differ, it says so):
   `<|im_end|>` / `<|endoftext|>`: a server stops there, and what follows is padding.
 - Decision. A turn "made a call" when it emitted any `<tool_call>` block, parsed or malformed: a malformed block
   is a formatting error (eval.args_valid_json), not a wrong decision.
+- References. A reference call (a held-out `tool_calls` entry) accepts the values it gives. A turn may instead
+  carry BFCL's possible answer (`possible_answer` on the assistant message): each parameter lists the values it
+  accepts, "" meaning it may be left out; an object parameter's keys list theirs the same way.
 - Types are JSON Schema's, taken from the tool's schema where it gives one: an integer is accepted for a number
   (5 == 5.0), and 5.0 for an integer (JSON Schema counts a number with no fraction as an integer; BFCL's
-  Python-typed check does not); a bool is never a number; a number given as a string ("42") fails an integer or
-  number parameter and passes a string one. Where the schema gives no type, the reference value's JSON type
-  decides, with the same number rule. The reference is taken as written.
+  Python-typed check does not), at every depth; a bool is never a number; a number given as a string ("42")
+  fails an integer or number parameter and passes a string one. Where the schema gives no type, the reference
+  value's JSON type decides, with the same number rule.
 - Strings match after lower-casing and removing spaces and `,./-_*^` (BFCL's `standardize_string`, which also
   reads ' as ").
-- Objects are compared by key, recursively, under the same rules as the arguments themselves.
 - Lists are compared in order, as BFCL does: ["a", "b"] does not match ["b", "a"] even where the order carries no
-  meaning (a set of ingredients); read eval.args_match with that in mind.
-- Parameters: every required one must be present; one outside the schema fails; an optional one the reference
-  gives and the model omits passes; an optional one the model adds and the reference lacks fails unless it
-  equals the schema's `default` (BFCL accepts an optional parameter only with a listed value). Without a schema
-  for an object, the reference's keys are required and no others are allowed.
-- Parallel calls are matched order-free and the counts must be equal.
+  meaning (a set of ingredients), unless a possible answer lists both orders.
+- Parameters, and the keys of objects at every depth: every required one must be present; one outside the schema
+  fails; one the reference gives must be given, unless it is optional and the reference's value is the schema's
+  `default` (a possible answer: unless its list holds ""); one the reference lacks fails, unless (a reference
+  call only) it is optional and equals the schema's `default`. Without a schema for an object, the reference's
+  keys are required and no others are allowed.
+- Parallel calls are paired by maximum matching, order-free, and the counts must be equal.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import re
 from collections import Counter
@@ -54,15 +58,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucert.finetune.config import EvalConfig
-from gpucert.report.schema import Result
-from gpucert.status import Status
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>")
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 OPEN_TAG = "<tool_call>"
+# In a possible answer's list of accepted values, BFCL's mark for "may be left out".
+OMITTED = ""
 # BFCL's standardize_string: these characters and spaces are removed before strings are compared.
 _STRING_NOISE_RE = re.compile(r"[ ,./\-_*^]")
 MAX_FAILURES = 20
+# Changes whenever a verdict of the scorer changes, so scores from different rules are not compared as equal
+# (2: BFCL possible answers; an omitted optional passes only for the schema default, at every depth).
+SCORING_VERSION = "2"
 # JSON Schema type names, and the Python-flavoured aliases seen in tool schemas (BFCL writes "float", "dict").
 _TYPE_ALIASES = {
     "string": "string",
@@ -87,11 +94,16 @@ _TYPE_ALIASES = {
 @dataclass(frozen=True)
 class Call:
     """One function call. `arguments` is None when they did not decode to a JSON object; `raw_arguments` then
-    keeps what was given, for the failure message."""
+    keeps what was given, for the failure message.
+
+    A reference call may instead list what it accepts (`possible_answer`): `arguments` then holds BFCL's
+    possible-answer form, each parameter mapped to its accepted values, "" meaning "may be left out"
+    (`possible_answer_calls` reads and checks it)."""
 
     name: str
     arguments: dict[str, Any] | None
     raw_arguments: str | None = None
+    possible_answer: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,8 @@ class TurnScore:
     args_match: bool | None
     correct: bool
     reasons: list[str]
+    # The functions the reference calls (none for a no-call turn), for the per-tool breakdown.
+    functions: tuple[str, ...] = ()
 
     @property
     def decision_ok(self) -> bool:
@@ -252,6 +266,10 @@ def _make_call(name: str, arguments: Any, present: bool = True) -> Call:
 def expected_turns(conversation: Mapping[str, Any], index: int = 0) -> list[Turn]:
     """One Turn per assistant message of an OpenAI-style conversation ({"messages", "tools"}).
 
+    An assistant message may carry `possible_answer`, BFCL's ground truth for that turn (a list of
+    {function: {parameter: [accepted values]}}, [] for "no call"): it is then the reference instead of
+    `tool_calls`, which stay what later prompts show.
+
     Tool-call arguments stored as JSON strings (Arrow keeps them so) are decoded to objects in the prompt too:
     the chat template applies `tojson`, and a string would be rendered double-encoded.
     """
@@ -263,10 +281,14 @@ def expected_turns(conversation: Mapping[str, Any], index: int = 0) -> list[Turn
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        expected = [
-            _make_call(tc["function"]["name"], tc["function"].get("arguments"))
-            for tc in message.get("tool_calls") or []
-        ]
+        if "possible_answer" in message:
+            where = f"conversation {index}, message {i}"
+            expected = possible_answer_calls(message["possible_answer"], where)
+        else:
+            expected = [
+                _make_call(tc["function"]["name"], tc["function"].get("arguments"))
+                for tc in message.get("tool_calls") or []
+            ]
         turns.append(Turn(messages=messages[:i], tools=tools or None, expected=expected, conversation=index, message=i))
     return turns
 
@@ -297,6 +319,44 @@ def tool_schemas(tools: Iterable[Mapping[str, Any]] | None) -> dict[str, dict[st
     return schemas
 
 
+def possible_answer_calls(ground_truth: Any, where: str = "possible answer") -> list[Call]:
+    """Reference calls from BFCL's possible-answer form: a list of one-key objects {function: {parameter:
+    [accepted values]}}. An object value's keys list their accepted values the same way (BFCL's dict_checker),
+    and so do the objects inside a list value (list_dict_checker); deeper objects are plain values. A shape
+    that cannot be read is a ValueError naming `where` and the parameter."""
+    if not isinstance(ground_truth, list):
+        raise ValueError(
+            f"{where}: expected a list of {{function: {{parameter: [values]}}}}, found {_show(ground_truth)}"
+        )
+    calls = []
+    for n, item in enumerate(ground_truth):
+        if not (isinstance(item, Mapping) and len(item) == 1):
+            raise ValueError(
+                f"{where}, call {n}: expected one {{function: {{parameter: [values]}}}}, found {_show(item)}"
+            )
+        ((name, params),) = item.items()
+        problems = _answer_shape_problems(params, name)
+        if problems:
+            raise ValueError(f"{where}, call {n}: " + "; ".join(problems))
+        calls.append(Call(str(name), dict(params), possible_answer=True))
+    return calls
+
+
+def _answer_shape_problems(params: Any, path: str, nested: bool = False) -> list[str]:
+    if not isinstance(params, Mapping):
+        return [f"{path}: expected an object of parameter: [accepted values], found {_show(params)}"]
+    problems = []
+    for key, values in params.items():
+        at = f"{path}.{key}" if nested else f"{path}({key})"
+        if not isinstance(values, list):
+            problems.append(f"{at}: expected a list of accepted values, found {_show(values)}")
+        elif not nested:
+            for value in values:
+                items = value if isinstance(value, list) else [value]
+                problems += [p for v in items if isinstance(v, Mapping) for p in _answer_shape_problems(v, at, True)]
+    return problems
+
+
 # ---------------------------------------------------------------------------------------------------- judge
 
 
@@ -316,13 +376,124 @@ def compare_call(expected: Call, predicted: Call, schema: Mapping[str, Any] | No
         reasons.append(f"{expected.name}: the reference arguments are not a JSON object: {expected.raw_arguments}")
         args_match = False
     else:
-        problems = _compare_object(expected.arguments, predicted.arguments, schema, path="")
+        accepted = (
+            _answer_keys(expected.arguments, schema)
+            if expected.possible_answer
+            else _reference_value(expected.arguments, schema)
+        )
+        problems = _compare_keys(accepted, predicted.arguments, schema, path="")
         reasons += [f"{expected.name}({where}): {what}" for where, what in problems]
         args_match = not problems
     return CallMatch(name_ok=name_ok, args_valid_json=valid, args_match=args_match, reasons=reasons)
 
 
 Problem = tuple[str, str]  # (where, what)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What a reference accepts for one parameter, or one key of an object: any of `values` (as `_compare_value`
+    reads them: objects as Keys), or nothing at all where `omissible`."""
+
+    values: tuple[Any, ...]
+    omissible: bool = False
+
+
+@dataclass(frozen=True)
+class Keys:
+    """An object of a reference, key by key. `complete`: the keys are every one accepted (a possible answer
+    lists them all); otherwise (a reference call, one example of a right answer) a key it lacks may still be
+    given its schema default."""
+
+    accepted: Mapping[str, Accepted]
+    complete: bool
+
+
+def _reference_value(value: Any, schema: Mapping[str, Any] | None) -> Any:
+    """A reference call's value as `_compare_value` reads it: each object key accepts the one value given, and
+    may be left out only where that value is the schema's default for an optional key (BFCL's possible answers
+    list "" there and nowhere else)."""
+    if isinstance(value, dict):
+        props, required = _properties(schema), _required(schema)
+        accepted = {}
+        for key, item in value.items():
+            sub = props.get(key) if props else None
+            omissible = key not in required and _is_schema_default(item, sub)
+            accepted[key] = Accepted((_reference_value(item, sub),), omissible)
+        return Keys(accepted, complete=False)
+    if isinstance(value, list):
+        items = _items(schema)
+        return [_reference_value(item, items) for item in value]
+    return value
+
+
+def _answer_keys(params: Mapping[str, Any], schema: Mapping[str, Any] | None) -> Keys:
+    """A possible answer's parameters: each lists its accepted values; objects among them list theirs the same
+    way, one level deep, and so do the objects inside a list (BFCL's dict_checker and list_dict_checker)."""
+    props = _properties(schema)
+
+    def alternative(value: Any, sub: Mapping[str, Any] | None) -> Any:
+        if isinstance(value, dict):
+            keys_props = _properties(sub)
+            return Keys(
+                {
+                    key: _accepted(values, keys_props.get(key) if keys_props else None, _reference_value)
+                    for key, values in value.items()
+                },
+                complete=True,
+            )
+        if isinstance(value, list):
+            items = _items(sub)
+            return [alternative(v, items) if isinstance(v, dict) else _reference_value(v, items) for v in value]
+        return value
+
+    return Keys(
+        {key: _accepted(values, props.get(key) if props else None, alternative) for key, values in params.items()},
+        complete=True,
+    )
+
+
+def _accepted(values: list[Any], schema: Mapping[str, Any] | None, read: Any) -> Accepted:
+    # "" stays among the values as well: BFCL's string check accepts a model's "" where "" is listed.
+    return Accepted(tuple(read(v, schema) for v in values), omissible=OMITTED in values)
+
+
+def _is_schema_default(value: Any, schema: Mapping[str, Any] | None) -> bool:
+    if not (isinstance(schema, Mapping) and "default" in schema):
+        return False
+    return not _compare_value(_reference_value(schema["default"], schema), value, schema, "")
+
+
+def _properties(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    props = schema.get("properties") if schema else None
+    return props if isinstance(props, Mapping) else None
+
+
+def _required(schema: Mapping[str, Any] | None) -> list[str]:
+    required = schema.get("required") if schema else None
+    return [k for k in required if isinstance(k, str)] if isinstance(required, list) else []
+
+
+def _items(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    items = schema.get("items") if schema else None
+    return items if isinstance(items, Mapping) else None
+
+
+def _match_accepted(accepted: Accepted, predicted: Any, schema: Mapping[str, Any] | None, path: str) -> list[Problem]:
+    """[] when `predicted` matches one of the accepted values; otherwise that value's problems, or with several
+    values, one line listing them."""
+    first: list[Problem] | None = None
+    for value in accepted.values:
+        problems = _compare_value(value, predicted, schema, path)
+        if not problems:
+            return []
+        first = first if first is not None else problems
+    shown = [_show(v) for v in accepted.values if v != OMITTED]
+    if first is not None and len(accepted.values) == 1:
+        return first
+    if not shown:
+        return [(path, f"given {_show(predicted)}, where the reference accepts only leaving it out")]
+    return [(path, f"expected one of {', '.join(shown)}, found {_show(predicted)}")]
 
 
 def _compare_value(expected: Any, predicted: Any, schema: Mapping[str, Any] | None, path: str) -> list[Problem]:
@@ -337,18 +508,17 @@ def _compare_value(expected: Any, predicted: Any, schema: Mapping[str, Any] | No
                 f"expected {_json_type(expected)} {_show(expected)}, found {_json_type(predicted)} {_show(predicted)}",
             )
         ]
-    if isinstance(expected, dict) and isinstance(predicted, dict):
-        return _compare_object(expected, predicted, schema, path)
+    if isinstance(expected, Keys) and isinstance(predicted, dict):
+        return _compare_keys(expected, predicted, schema, path)
     if isinstance(expected, list) and isinstance(predicted, list):
         if len(expected) != len(predicted):
             return [
                 (path, f"expected {len(expected)} items {_show(expected)}, found {len(predicted)} {_show(predicted)}")
             ]
-        items = schema.get("items") if schema else None
-        item_schema = items if isinstance(items, Mapping) else None
+        items = _items(schema)
         problems: list[Problem] = []
         for i, (e, p) in enumerate(zip(expected, predicted, strict=True)):
-            problems += _compare_value(e, p, item_schema, f"{path}[{i}]")
+            problems += _compare_value(e, p, items, f"{path}[{i}]")
         return problems
     if _is_number(expected) and _is_number(predicted):
         equal = expected == predicted
@@ -359,38 +529,35 @@ def _compare_value(expected: Any, predicted: Any, schema: Mapping[str, Any] | No
     return [] if equal else [(path, f"expected {_show(expected)}, found {_show(predicted)}")]
 
 
-def _compare_object(
-    expected: Mapping[str, Any], predicted: Mapping[str, Any], schema: Mapping[str, Any] | None, path: str
+def _compare_keys(
+    expected: Keys, predicted: Mapping[str, Any], schema: Mapping[str, Any] | None, path: str
 ) -> list[Problem]:
+    """Every required key present; every key of the reference present unless it may be left out; no key
+    outside the schema; no key outside the reference, except (for a reference call) one given its schema
+    default; then each shared key's value against what the reference accepts for it."""
+
     def at(key: str) -> str:
         return f"{path}.{key}" if path else key
 
-    props = schema.get("properties") if schema else None
-    problems: list[Problem] = []
-    compared = [k for k in expected if k in predicted]
-    if not isinstance(props, Mapping):
-        props = None
-        problems += [(at(k), "missing") for k in expected if k not in predicted]
-        problems += [(at(k), "not in the reference call") for k in predicted if k not in expected]
-    else:
-        required = [k for k in (schema or {}).get("required") or [] if isinstance(k, str)]
-        problems += [(at(k), "required, missing") for k in required if k not in predicted]
-        for key in predicted:
-            if key not in props:
-                problems.append((at(key), "not a parameter in the schema"))
-            elif key not in expected and key not in required:
-                sub = props[key]
-                is_default = (
-                    isinstance(sub, Mapping)
-                    and "default" in sub
-                    and not _compare_value(sub["default"], predicted[key], sub, at(key))
-                )
-                if not is_default:
-                    problems.append((at(key), f"given {_show(predicted[key])}, not in the reference call"))
-        compared = [k for k in compared if k in props]
-    for key in compared:
-        sub = props.get(key) if props is not None else None
-        problems += _compare_value(expected[key], predicted[key], sub if isinstance(sub, Mapping) else None, at(key))
+    props, required = _properties(schema), _required(schema)
+    accepted = expected.accepted
+    problems: list[Problem] = [(at(k), "required, missing") for k in required if k not in predicted]
+    for key, acc in accepted.items():
+        if key not in predicted and key not in required and not acc.omissible:
+            shown = [_show(v) for v in acc.values if v != OMITTED]
+            problems.append((at(key), f"missing, expected {' or '.join(shown)}"))
+    for key, value in predicted.items():
+        if props is not None and key not in props:
+            problems.append((at(key), "not a parameter in the schema"))
+        elif key not in accepted:
+            if props is None:
+                problems.append((at(key), "not in the reference call"))
+            elif expected.complete or key in required or not _is_schema_default(value, props[key]):
+                problems.append((at(key), f"given {_show(value)}, not in the reference call"))
+    for key, acc in accepted.items():
+        if key in predicted and (props is None or key in props):
+            sub = props.get(key) if props is not None else None
+            problems += _match_accepted(acc, predicted[key], sub if isinstance(sub, Mapping) else None, at(key))
     return problems
 
 
@@ -425,7 +592,7 @@ def _kind(value: Any) -> str:
         return "string"
     if isinstance(value, list):
         return "array"
-    if isinstance(value, dict):
+    if isinstance(value, dict | Keys):
         return "object"
     return "null" if value is None else type(value).__name__
 
@@ -435,7 +602,20 @@ def _json_type(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(_as_json(value), ensure_ascii=False)
+
+
+def _as_json(value: Any) -> Any:
+    """A reference value as JSON, for messages: a key accepting several values shows them as a list."""
+    if isinstance(value, Keys):
+        shown = {}
+        for key, acc in value.accepted.items():
+            values = [_as_json(v) for v in acc.values if v != OMITTED]
+            shown[key] = values[0] if len(values) == 1 else values
+        return shown
+    if isinstance(value, list):
+        return [_as_json(v) for v in value]
+    return value
 
 
 def _standardize(text: str) -> str:
@@ -445,6 +625,7 @@ def _standardize(text: str) -> str:
 def score_turn(turn: Turn, prediction: Prediction) -> TurnScore:
     """The verdict on one turn; rates and their denominators are defined in the module docstring."""
     expected_call = bool(turn.expected)
+    functions = tuple(c.name for c in turn.expected)
     made_call = prediction.made_call
     reasons = [f"malformed <tool_call> block: {block[:120]}" for block in prediction.malformed]
     valid = None
@@ -453,12 +634,15 @@ def score_turn(turn: Turn, prediction: Prediction) -> TurnScore:
 
     if not expected_call:
         if made_call:
-            found = ", ".join(c.name for c in prediction.calls) or "a malformed block"
-            reasons.insert(0, f"expected no call, found a call to {found}")
-        return TurnScore(turn.id, False, made_call, None, valid, None, not made_call, reasons)
+            names = ", ".join(c.name for c in prediction.calls)
+            found = f"a call to {names}" if names else "a malformed <tool_call> block"
+            reasons.insert(0, f"expected no call, found {found}")
+        return TurnScore(turn.id, False, made_call, None, valid, None, not made_call, reasons, functions)
     if not made_call:
         names = ", ".join(c.name for c in turn.expected)
-        return TurnScore(turn.id, True, False, None, None, None, False, [f"expected a call to {names}, found none"])
+        return TurnScore(
+            turn.id, True, False, None, None, None, False, [f"expected a call to {names}, found none"], functions
+        )
 
     names_ok = not prediction.malformed and Counter(c.name for c in turn.expected) == Counter(
         c.name for c in prediction.calls
@@ -467,7 +651,7 @@ def score_turn(turn: Turn, prediction: Prediction) -> TurnScore:
     args_match = all_matched and not prediction.malformed
     reasons += call_reasons
     correct = bool(names_ok and args_match and valid)
-    return TurnScore(turn.id, True, True, names_ok, valid, args_match, correct, reasons)
+    return TurnScore(turn.id, True, True, names_ok, valid, args_match, correct, reasons, functions)
 
 
 def _match_calls(
@@ -683,107 +867,3 @@ def evaluate(
     )
     loss = eval_loss(model, loss_batches, attn_impl) if loss_batches is not None else None
     return score(turns, outputs), loss
-
-
-# ---------------------------------------------------------------------------------------------------- report
-
-
-def scores_to_results(scores: EvalScores, subject: str = "held-out turns") -> list[Result]:
-    """The five eval.* results in %. There is no threshold, so a scored metric is PASS; a metric whose turns do
-    not occur (no expected calls) is SKIP with the reason; no scorable turn at all is ERROR, never a soft pass."""
-    n = scores.counts.get("turns", 0)
-    specs = [
-        (
-            "eval.call_accuracy",
-            scores.call_accuracy,
-            "right call / no-call decision",
-            "all turns",
-            f"; relevance {scores.relevance}, irrelevance {scores.irrelevance}",
-        ),
-        (
-            "eval.name_accuracy",
-            scores.name_accuracy,
-            "right functions called",
-            "turns that expected a call and got one",
-            "",
-        ),
-        (
-            "eval.args_valid_json",
-            scores.args_valid_json,
-            "every <tool_call> block and its arguments valid JSON",
-            "turns that emitted a <tool_call>",
-            f"; {scores.counts.get('malformed_blocks', 0)} malformed blocks",
-        ),
-        (
-            "eval.args_match",
-            scores.args_match,
-            "calls match the reference (names and type-aware arguments)",
-            "turns that expected a call and got one",
-            "",
-        ),
-        (
-            "eval.overall",
-            scores.overall,
-            "turn fully right",
-            "all turns",
-            "",
-        ),
-    ]
-    results = []
-    for name, r, what, over, extra in specs:
-        details: dict[str, Any] = {"correct": r.correct, "total": r.total, "counts": dict(scores.counts)}
-        if name == "eval.call_accuracy":
-            details["relevance"] = {"correct": scores.relevance.correct, "total": scores.relevance.total}
-            details["irrelevance"] = {"correct": scores.irrelevance.correct, "total": scores.irrelevance.total}
-        if name == "eval.overall":
-            details["failures"] = [dataclasses.asdict(f) for f in scores.failures]
-        pct = r.percent
-        if pct is None and n > 0:
-            # Turns exist but none fits this metric: data without tool calls (alpaca), or a model that never
-            # called (eval.call_accuracy's relevance already shows that). Not applicable, not broken.
-            why = (
-                "no held-out turn expects a tool call"
-                if not scores.counts.get("expected_call")
-                else "the model made no call where one was expected (see eval.call_accuracy's relevance)"
-            )
-            results.append(
-                Result(
-                    name=name,
-                    subject=subject,
-                    status=Status.SKIP,
-                    category="evaluation",
-                    unit="%",
-                    message=f"nothing to score over {over}: {why}",
-                    details=details,
-                )
-            )
-            continue
-        if pct is None:
-            results.append(
-                Result(
-                    name=name,
-                    subject=subject,
-                    status=Status.ERROR,
-                    category="evaluation",
-                    unit="%",
-                    message=f"expected at least one scorable turn ({over}), found none among {n} {subject}",
-                    remediation="check the held-out split has assistant turns (with tool calls for the call "
-                    "metrics) and read eval.call_accuracy: a model that never emits <tool_call> leaves the "
-                    "call metrics nothing to score",
-                    details=details,
-                )
-            )
-            continue
-        results.append(
-            Result(
-                name=name,
-                subject=subject,
-                status=Status.PASS,
-                category="evaluation",
-                value=round(pct, 2),
-                unit="%",
-                message=f"{what}: {r.correct} of {r.total} ({pct:.1f} %), over {over}{extra}",
-                details=details,
-            )
-        )
-    return results

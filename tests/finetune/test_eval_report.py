@@ -1,0 +1,289 @@
+"""`gpucert evaluate`'s report: metrics judged against eval.thresholds (INFO without one), the loss, per-tool rows,
+example failures, and a report that `gpucert report` reads and renders."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpucert.cli import main
+from gpucert.config.loader import ConfigError
+from gpucert.finetune.commands import check_evaluation_output, threshold_source
+from gpucert.finetune.config import EvalThresholds, load_finetune_config
+from gpucert.finetune.eval_report import (
+    MAX_TOOL_RESULTS,
+    evaluation_report,
+    evaluation_results,
+    loss_result,
+    scores_to_results,
+    tool_results,
+)
+from gpucert.finetune.evaluate import EvalScores, expected_turns, score
+from gpucert.hardware.inventory import bundle_sources, collect_inventory
+from gpucert.report.markdown import render_markdown
+from gpucert.report.store import load_report, write_report
+from gpucert.status import Status
+
+CASES_FILE = Path(__file__).parent.parent / "fixtures" / "finetune_eval" / "cases.jsonl"
+CASES = [json.loads(line) for line in CASES_FILE.read_text().splitlines()]
+METRIC_NAMES = [
+    "eval.call_accuracy",
+    "eval.relevance",
+    "eval.irrelevance",
+    "eval.name_accuracy",
+    "eval.args_valid_json",
+    "eval.args_match",
+    "eval.overall",
+]
+REPO = Path(__file__).parent.parent.parent
+
+
+def _fixture_scores() -> EvalScores:
+    turns = [t for i, c in enumerate(CASES) for t in expected_turns(c["conversation"], index=i)]
+    return score(turns, [c["output"] for c in CASES])
+
+
+def test_without_thresholds_every_metric_is_info_never_pass() -> None:
+    results = scores_to_results(_fixture_scores())
+
+    # Values counted from the `expect` fields of cases.jsonl (test_evaluate.py checks the counts).
+    assert [(r.name, r.value, r.unit, r.status, r.expected) for r in results] == [
+        ("eval.call_accuracy", 93.75, "%", Status.INFO, None),
+        ("eval.relevance", 96.55, "%", Status.INFO, None),
+        ("eval.irrelevance", 66.67, "%", Status.INFO, None),
+        ("eval.name_accuracy", 85.71, "%", Status.INFO, None),
+        ("eval.args_valid_json", 89.66, "%", Status.INFO, None),
+        ("eval.args_match", 46.43, "%", Status.INFO, None),
+        ("eval.overall", 46.88, "%", Status.INFO, None),
+    ]
+    assert {r.category for r in results} == {"evaluation"}
+    assert results[0].message == (
+        "right call / no-call decision: 30 of 32 (93.8 %), over all turns; e.g. conversation 23, message 2: "
+        "expected no call, found a call to get_weather"
+    )
+    assert results[1].details == {
+        "correct": 28,
+        "total": 29,
+        "examples": [{"turn": "conversation 25, message 2", "reasons": ["expected a call to get_weather, found none"]}],
+    }
+    overall = results[-1].details
+    assert len(overall["failures"]) == 17 and len(overall["examples"]) == 3
+    assert overall["counts"]["turns"] == 32
+    # Counted from the `expect` fields of the cases whose reference calls get_weather.
+    assert overall["per_tool"]["get_weather"] == {
+        "turns": 18,
+        "called": 17,
+        "names_ok": 13,
+        "args_match": 9,
+        "correct": 9,
+    }
+    json.dumps([r.to_dict() for r in results])  # the report writes them as JSON
+
+
+def test_thresholds_judge_pass_and_fail_exactly_at_the_floor() -> None:
+    scores = _fixture_scores()
+    # 30 of 32 is 93.75 %: a floor of exactly 93.75 passes, a hair above fails.
+    at = scores_to_results(scores, EvalThresholds(call_accuracy_min_pct=93.75), "recipe.yaml")[0]
+    above = scores_to_results(scores, EvalThresholds(call_accuracy_min_pct=93.76), "recipe.yaml")[0]
+    assert (at.status, above.status) == (Status.PASS, Status.FAIL)
+    assert above.expected == ">= 93.76 %"
+    assert above.threshold_source == "eval.thresholds.call_accuracy_min_pct in recipe.yaml"
+    assert above.message.startswith("expected >= 93.76 % (right call / no-call decision), found 30 of 32 (93.8 %)")
+    assert above.remediation and "template" in above.remediation
+    assert at.remediation is None
+    # Only the metrics given a threshold are judged.
+    statuses = [r.status for r in scores_to_results(scores, EvalThresholds(overall_min_pct=90), "recipe.yaml")]
+    assert statuses == [Status.INFO] * 6 + [Status.FAIL]
+
+
+def test_no_turn_at_all_is_an_error_for_every_metric() -> None:
+    results = evaluation_results(score([], []), loss=None)
+    assert [r.status for r in results] == [Status.ERROR] * 8
+    assert results[0].message == "expected at least one scorable turn (all turns), found no held-out turn"
+
+
+def test_a_model_that_never_calls_skips_the_call_metrics_unless_a_threshold_asks_for_them() -> None:
+    weather = CASES[0]["conversation"]  # exact_match
+    scores = score(expected_turns(weather), ["It is sunny."])
+    results = scores_to_results(scores)
+    assert [(r.name, r.status, r.value) for r in results] == [
+        ("eval.call_accuracy", Status.INFO, 0.0),
+        ("eval.relevance", Status.INFO, 0.0),
+        ("eval.irrelevance", Status.SKIP, None),
+        ("eval.name_accuracy", Status.SKIP, None),
+        ("eval.args_valid_json", Status.SKIP, None),
+        ("eval.args_match", Status.SKIP, None),
+        ("eval.overall", Status.INFO, 0.0),
+    ]
+    assert results[3].message == (
+        "nothing to score over turns that expected a call and got one: the model made no call where one was "
+        "expected (see eval.relevance)"
+    )
+    # A recipe that asks for name accuracy gets a FAIL, not a SKIP that would leave the verdict at INFO.
+    judged = scores_to_results(scores, EvalThresholds(name_accuracy_min_pct=90), "recipe.yaml")[3]
+    assert judged.status is Status.FAIL
+    assert judged.message.startswith("expected >= 90 % (right functions called), found no turn to score")
+
+
+def test_data_without_tool_calls_cannot_meet_a_call_threshold() -> None:
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}], "tools": []}
+    scores = score(expected_turns(chat), ["Hello!"])
+    assert [r.status for r in scores_to_results(scores)] == [
+        Status.INFO,
+        Status.SKIP,
+        Status.INFO,
+        Status.SKIP,
+        Status.SKIP,
+        Status.SKIP,
+        Status.INFO,
+    ]
+    judged = scores_to_results(scores, EvalThresholds(args_match_min_pct=80), "recipe.yaml")[5]
+    assert judged.status is Status.ERROR
+    assert judged.message == (
+        "eval.thresholds.args_match_min_pct is set, but this data has no turn to score it over (turns that "
+        "expected a call and got one): no held-out turn expects a tool call"
+    )
+
+
+def test_loss_is_info_judged_or_an_error() -> None:
+    assert (loss_result(0.41234).status, loss_result(0.41234).value, loss_result(0.41234).unit) == (
+        Status.INFO,
+        0.4123,
+        "nats/token",
+    )
+    assert loss_result(0.4, EvalThresholds(loss_max=0.5), "r.yaml").status is Status.PASS
+    over = loss_result(0.6, EvalThresholds(loss_max=0.5), "r.yaml")
+    assert (over.status, over.expected, over.threshold_source) == (
+        Status.FAIL,
+        "<= 0.5 nats/token",
+        "eval.thresholds.loss_max in r.yaml",
+    )
+    assert loss_result(None).status is Status.ERROR
+
+
+def _turns_calling(names: list[str]) -> EvalScores:
+    def conversation(name: str) -> dict[str, Any]:
+        call = {"type": "function", "function": {"name": name, "arguments": {}}}
+        return {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "tool_calls": [call]}]}
+
+    turns = [t for i, n in enumerate(names) for t in expected_turns(conversation(n), index=i)]
+    # Every other turn right: the first of each tool's turns.
+    outputs = [
+        f'<tool_call>\n{{"name": "{n}", "arguments": {{}}}}\n</tool_call>' if names.index(n) == i else "no"
+        for i, n in enumerate(names)
+    ]
+    return score(turns, outputs)
+
+
+def test_per_tool_rows_most_frequent_first_the_rest_summed() -> None:
+    names = ["b", "a", "a", "c"] + [f"t{i:02d}" for i in range(MAX_TOOL_RESULTS)]
+    rows = tool_results(_turns_calling(names))
+    assert [(r.subject, r.value, r.status) for r in rows[:3]] == [
+        ("tool a", 50.0, Status.INFO),
+        ("tool b", 100.0, Status.INFO),
+        ("tool c", 100.0, Status.INFO),
+    ]
+    assert rows[0].message == "1 of 2 turns that expect a fully right; called in 1, right functions in 1, " + (
+        "arguments matched in 1"
+    )
+    assert len(rows) == MAX_TOOL_RESULTS + 1
+    assert (rows[-1].subject, rows[-1].details) == ("other tools", {"tools": 3, "turns": 3, "correct": 3})
+
+
+def _report(scores: EvalScores, thresholds: EvalThresholds | None = None) -> Any:
+    results = evaluation_results(scores, 0.5, thresholds, "configs/finetune/x.yaml")
+    inventory = collect_inventory(bundle_sources(REPO / "tests/fixtures/nodes/h100"), probe_torch=False).to_dict()
+    return evaluation_report(
+        results,
+        command=["gpucert", "evaluate", "--adapter", "runs/x/adapter"],
+        config={"eval": {"max_examples": 200}},
+        started_at=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc),
+        finished_at=datetime(2026, 11, 30, 12, 3, tzinfo=timezone.utc),
+        inventory=inventory,
+    )
+
+
+def test_the_report_is_read_and_rendered_by_gpucert_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    report = _report(_fixture_scores(), EvalThresholds(overall_min_pct=40, args_match_min_pct=50))
+    assert (report.meta.verb, report.meta.profile, report.meta.duration_s) == ("evaluate", "none", 180.0)
+    assert report.meta.method_version.endswith(", scoring 2")
+    assert report.status is Status.FAIL  # args_match 46.43 % < 50 %
+    write_report(report, tmp_path)
+
+    assert load_report(tmp_path).to_dict() == json.loads(json.dumps(report.to_dict()))
+    markdown = render_markdown(report)
+    assert "| FAIL | eval.args_match | held-out turns | 46.43 % | >= 50 % |" in markdown
+    assert "| INFO | eval.tool | tool get_weather | 50 % |" in markdown
+    assert main(["report", str(tmp_path)]) == 2
+    assert "eval.args_match" in capsys.readouterr().out
+    assert main(["report", str(tmp_path), "--markdown"]) == 2
+
+
+def test_a_report_of_info_alone_exits_0(tmp_path: Path) -> None:
+    report = _report(_fixture_scores())
+    assert report.status is Status.INFO and report.status.exit_code == 0
+
+
+def test_an_output_directory_holding_another_report_is_refused(tmp_path: Path) -> None:
+    check_evaluation_output(tmp_path / "run" / "evaluation")  # not there yet: fine
+    # A training run's report.json would be replaced: refused.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "report.json").write_text(json.dumps({"meta": {"verb": "finetune"}}))
+    with pytest.raises(ConfigError, match="holds a gpucert finetune report, which the evaluation report would"):
+        check_evaluation_output(tmp_path / "run")
+    (tmp_path / "run" / "report.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"holds a report\.json that is no gpucert evaluation"):
+        check_evaluation_output(tmp_path / "run")
+    (tmp_path / "run" / "evaluation").mkdir()
+    (tmp_path / "run" / "evaluation" / "report.json").write_text(json.dumps({"meta": {"verb": "evaluate"}}))
+    check_evaluation_output(tmp_path / "run" / "evaluation")  # an earlier evaluation: replaced
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_evaluation_output(tmp_path / "file" / "evaluation")
+
+
+def test_evaluate_refuses_a_training_run_directory_as_output_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    (run / "adapter").mkdir(parents=True)
+    (run / "adapter" / "adapter_config.json").write_text("{}")
+    (run / "report.json").write_text(json.dumps({"meta": {"verb": "finetune"}}))
+    assert main(["evaluate", "--adapter", str(run / "adapter"), "--output", str(run)]) == 3
+    assert "holds a gpucert finetune report" in capsys.readouterr().err
+    assert json.loads((run / "report.json").read_text()) == {"meta": {"verb": "finetune"}}
+
+
+def test_threshold_source_names_the_file_and_any_override() -> None:
+    args = argparse.Namespace(config=Path("configs/finetune/qwen2-7b-glaive.yaml"), overrides=["eval.max_examples=8"])
+    assert threshold_source(args) == "configs/finetune/qwen2-7b-glaive.yaml"
+    args.overrides.append("eval.thresholds.overall_min_pct=80")
+    assert threshold_source(args) == (
+        "configs/finetune/qwen2-7b-glaive.yaml and --set eval.thresholds.overall_min_pct=80"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("eval.thresholds.overall_min_pct=101", "eval.thresholds.overall_min_pct must be null or in [0, 100], found"),
+        ("eval.thresholds.relevance_min_pct=-1", "eval.thresholds.relevance_min_pct must be null or in [0, 100]"),
+        ("eval.thresholds.loss_max=0", "eval.thresholds.loss_max must be a finite number > 0, found 0.0"),
+        ("eval.thresholds.overal_min_pct=1", "unknown key 'eval.thresholds.overal_min_pct'"),
+    ],
+)
+def test_bad_thresholds_are_refused_at_load(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_finetune_config(None, [override])
+
+
+def test_the_recipes_thresholds() -> None:
+    tiny = load_finetune_config(REPO / "configs/finetune/tiny.yaml")
+    assert tiny.eval.thresholds == EvalThresholds()  # the offline recipe judges nothing: a random model
+    glaive = load_finetune_config(REPO / "configs/finetune/qwen2-7b-glaive.yaml").eval.thresholds
+    assert all(v is not None for k, v in vars(glaive).items() if k.endswith("_min_pct"))
