@@ -48,9 +48,11 @@ SAMPLE_INTERVAL_S = 0.2
 MAX_SERIES = 600
 # Calibration doubles the steps of a timed batch until it lasts this share of a window.
 CALIBRATE_SHARE = 0.1
-# Clock-event reasons that hold a loaded GPU's clocks down (SW power cap, HW slowdown, SW/HW thermal, power
-# brake), as opposed to Idle or a clocks setting: a FAIL names them.
-THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+# Clock-event reasons that say something is wrong with a loaded GPU (HW slowdown, SW/HW thermal, power brake):
+# a FAIL names them. The SW power cap is not one: a healthy H200 under this load sits at its 700 W cap in 99 % of
+# samples (lent 2xH200, 2026-11-22), so it is shown beside the power reading instead.
+THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
+SW_POWER_CAP = 0x4
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 
 
@@ -280,13 +282,13 @@ def summarize_windows(windows: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def throttle_reasons(clock_events: list[int | None]) -> dict[str, float]:
-    """Each throttle reason seen, with the % of samples it was active in (most frequent first)."""
+def reason_shares(clock_events: list[int | None], bits: int) -> dict[str, float]:
+    """Each clock-event reason of bits seen, with the % of samples it was active in (most frequent first)."""
     masks = [m for m in clock_events if m is not None]
     shares = {
         name: 100 * sum(1 for m in masks if m & bit) / len(masks)
         for bit, name in CLOCK_EVENT_REASONS.items()
-        if bit & THROTTLE_BITS and any(m & bit for m in masks)
+        if bit & bits and any(m & bit for m in masks)
     }
     return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
 
@@ -303,7 +305,10 @@ def summarize_telemetry(series: dict[str, list[Any]]) -> dict[str, Any]:
         "power_w_median": round(statistics.median(power), 1) if power else None,
         "power_w_max": max(power, default=None),
         "temperature_c_max": max(temps, default=None),
-        "throttle_pct": {name: round(pct, 1) for name, pct in throttle_reasons(series["clock_events"]).items()},
+        "throttle_pct": {
+            name: round(pct, 1) for name, pct in reason_shares(series["clock_events"], THROTTLE_BITS).items()
+        },
+        "power_cap_pct": round(sum(reason_shares(series["clock_events"], SW_POWER_CAP).values()), 1),
     }
 
 
@@ -335,7 +340,8 @@ def _telemetry_words(summary: dict[str, Any] | None) -> str:
     if summary["sm_clock_mhz_median"] is not None:
         parts.append(f"SM clock median {summary['sm_clock_mhz_median']:.0f} MHz (min {summary['sm_clock_mhz_min']})")
     if summary["power_w_median"] is not None:
-        parts.append(f"power median {summary['power_w_median']:.0f} W")
+        cap = f" (at the power cap in {summary['power_cap_pct']:g} % of samples)" if summary["power_cap_pct"] else ""
+        parts.append(f"power median {summary['power_w_median']:.0f} W{cap}")
     if summary["temperature_c_max"] is not None:
         parts.append(f"max {summary['temperature_c_max']:g} C")
     return ", ".join(parts)
@@ -487,8 +493,9 @@ def judge_sdc(ranks: list[dict[str, Any]]) -> list[Result]:
                 )
             )
             continue
+        agree = vote.voters - len(vote.odd) - 1
         peers = (
-            f", as {vote.voters - len(vote.odd) - 1} other GPUs"
+            f", as {agree} other GPU{'s' if agree != 1 else ''}"
             if vote.voters > 1
             else " (no other GPU to compare with: checked against itself only)"
         )
