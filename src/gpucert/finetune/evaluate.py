@@ -53,7 +53,7 @@ import contextlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -453,7 +453,9 @@ def _answer_keys(params: Mapping[str, Any], schema: Mapping[str, Any] | None) ->
     )
 
 
-def _accepted(values: list[Any], schema: Mapping[str, Any] | None, read: Any) -> Accepted:
+def _accepted(
+    values: list[Any], schema: Mapping[str, Any] | None, read: Callable[[Any, Mapping[str, Any] | None], Any]
+) -> Accepted:
     # "" stays among the values as well: BFCL's string check accepts a model's "" where "" is listed.
     return Accepted(tuple(read(v, schema) for v in values), omissible=OMITTED in values)
 
