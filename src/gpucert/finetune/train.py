@@ -15,9 +15,12 @@ and every other rank's watchdog reads it within runtime.heartbeat_interval_s and
 that dies or freezes without a word is named after runtime.heartbeat_timeout_s. Ctrl-C exits 130.
 
 Reading the output (output_dir):
-    metrics.json      the run's one result: losses per step, eval losses, tokens/s (padded, effective,
+    report.json       the run in the report schema (and report.md): the success criteria judged, every other
+                      number INFO, the per-step curves; `gpucert report DIR [--html]` renders it, `gpucert
+                      report DIR_A DIR_B` compares two runs
+    metrics.json      every number, for scripts: losses per step, eval losses, tokens/s (padded, effective,
                       supervised; total and per GPU), LoRA-aware MFU with its formula, peak memory, versions,
-                      the resolved config, and the success criteria with "status" PASS or FAIL
+                      the resolved config, and the criteria (report results) with "status" the worst of them
     adapter/          the final LoRA adapter in PEFT format (PeftModel.from_pretrained) with the tokenizer
     merged/           the adapter merged into the base weights, when train.merge_adapter is set
     checkpoints/      step-N checkpoints for --resume; tensorboard/: loss, lr, grad norm, tokens/s, MFU
