@@ -3,6 +3,7 @@ vote, the config and CLI refusals, and one real run on this CPU (two gloo ranks)
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,18 @@ def test_bench_burn_runs_from_the_command_line(tmp_path: Path, capsys) -> None:
     assert code == 0, capsys.readouterr().err
     report = (out / "report.json").read_text()
     assert '"burn.fp32"' in report and '"burn.sdc"' in report and '"duration_s": 0.5' in report
+
+
+def test_the_lent_h200s_rejudged() -> None:
+    """`gpucert bench burn --duration 20s` on the lent 2xH200 (2026-11-22), alone and with tools/load_gpu.py on
+    GPU 1: the healthy pair passes at 655/660 TFLOP/s (at the 700 W cap, which is no fault), the busy GPU fails."""
+    captured = json.loads((Path(__file__).parents[1] / "fixtures" / "burn" / "h200x2-burn.json").read_text())
+    clean = burn.judge(captured["clean"], H200, None)
+    assert {(r.name, r.status) for r in clean} == {("burn.bf16", Status.PASS), ("burn.sdc", Status.PASS)}
+    busy = by_name(burn.judge(captured["busy"], H200, None), "burn.bf16")
+    assert busy[0].status is Status.PASS and busy[1].status is Status.FAIL
+    assert busy[1].message.startswith(
+        "vm GPU 1: median 305 TFLOP/s over 21 s, 53 % below the node's best 655, below the 585 TFLOP/s floor; "
+        "peak 307, 100 % of windows below 589; SM clock median 1545 MHz"
+    )
+    assert "held back" not in busy[1].message and "(at the power cap in 100 % of samples)" in busy[1].message
