@@ -78,6 +78,13 @@ def test_matmul_counts_its_largest_size_in_its_widest_dtype() -> None:
     assert "= 80.0 GiB; GPU 0 has 79.2 GiB free" in problem
 
 
+def test_the_burn_counts_its_load_matmul() -> None:
+    config = bench(burn=dataclasses.replace(BenchConfig().burn, size=65536))
+    (need,) = footprints("burn", config, on_gpu=True)
+    assert (need.key, need.gpu_bytes) == ("bench.burn.size", (4 * 2 + 2) * 65536**2)  # bf16
+    assert footprints("burn", config, on_gpu=False) == []  # a bf16 burn is skipped on CPU ranks
+
+
 def test_unknown_memory_and_benchmarks_without_sizes_judge_nothing() -> None:
     assert footprints("train", BenchConfig(), on_gpu=True) == []
     config = bench(memory=MemoryBenchConfig(size_mib=32768))
@@ -92,7 +99,8 @@ def test_every_built_in_profiles_defaults_fit_its_hardware(name: str) -> None:
     on_gpu = name != "cpu"
     free = {i: int((profile.gpu.memory_gib_min or 0) * GIB) for i in range(profile.gpu.gpus_per_node or 0)}
     nproc = max(len(free), 2)
-    needs = [n for b in ("matmul", "memory", "p2p", "collectives") for n in footprints(b, config.bench, on_gpu)]
+    names = ("matmul", "burn", "memory", "p2p", "collectives")
+    needs = [n for b in names for n in footprints(b, config.bench, on_gpu)]
     assert fit_problems(needs, nproc, 16 * GIB if not on_gpu else 512 * GIB, free) == []
 
 

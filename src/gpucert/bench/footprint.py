@@ -71,17 +71,21 @@ def footprints(name: str, bench: BenchConfig, on_gpu: bool) -> list[Footprint]:
         what = f"a source and a target ({gib(size)} each)"
         return [Footprint("bench.p2p.size_mib", bench.p2p.size_mib, what, 2 * size, 0, every_gpu=True)]
     if name == "matmul":
-        mm = bench.matmul
-        dtypes = [d for d in mm.dtypes if on_gpu or d == "fp32"]  # a CPU rank runs fp32 only
-        if not dtypes:
-            return []
-        n = max(mm.sizes)
-        # At least two rotating (A, B) pairs and the output C.
-        dtype = max(dtypes, key=lambda d: 4 * MATMUL_BYTES[d] + MATMUL_OUT_BYTES[d])
-        total = (4 * MATMUL_BYTES[dtype] + MATMUL_OUT_BYTES[dtype]) * n * n
-        what = f"two {dtype} (A, B) pairs and C of {n}x{n}"
-        return [held("bench.matmul.sizes", n, what, total)]
+        return _matmuls("bench.matmul.sizes", max(bench.matmul.sizes), bench.matmul.dtypes, on_gpu)
+    if name == "burn":
+        return _matmuls("bench.burn.size", bench.burn.size, [bench.burn.dtype], on_gpu)
     return []
+
+
+def _matmuls(key: str, n: int, dtypes: list[str], on_gpu: bool) -> list[Footprint]:
+    """Square n x n matmuls: at least two rotating (A, B) pairs and the output C, in the widest dtype run."""
+    run = [d for d in dtypes if on_gpu or d == "fp32"]  # a CPU rank runs fp32 only
+    if not run:
+        return []
+    dtype = max(run, key=lambda d: 4 * MATMUL_BYTES[d] + MATMUL_OUT_BYTES[d])
+    total = (4 * MATMUL_BYTES[dtype] + MATMUL_OUT_BYTES[dtype]) * n * n
+    what = f"two {dtype} (A, B) pairs and C of {n}x{n}"
+    return [Footprint(key, n, what, total if on_gpu else 0, 0 if on_gpu else total)]
 
 
 def fit_problems(needs: list[Footprint], nproc: int, host_available: int | None, gpu_free: dict[int, int]) -> list[str]:
