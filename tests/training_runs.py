@@ -36,6 +36,20 @@ STATS: dict[str, Any] = {
     "rows": 112960,
     "parsed": 112890,
     "unparsable": 70,
+    "lines": 112962,
+    "bad_lines": 2,
+    "bad_line_examples": ["glaive.jsonl:5001: not a JSON object"],
+    "dropped": {
+        "bad_arguments": {
+            "count": 52,
+            "examples": [{"row": 17, "at": "glaive.jsonl:18", "excerpt": "arguments are not JSON: '{\"a\": '"}],
+        },
+        "undeclared_function": {
+            "count": 18,
+            "examples": [{"row": 903, "at": "glaive.jsonl:904", "excerpt": "<b>x</b>"}],
+        },
+    },
+    "repaired": {"arguments_key": {"count": 43, "examples": []}},
     "unparsable_examples": [[17, "arguments are not JSON"], [903, "no ASSISTANT turn"]],
     "train": {
         "conversations": 107245,

@@ -95,7 +95,11 @@ def test_the_data_preparation_report_is_carried_whole() -> None:
     data = by_name(synthetic_metrics())["data.preparation"]
     assert data.status is Status.INFO and data.category == "data" and data.value == 112890
     assert data.details["train"]["repairs"] == {"arguments_key": 41}
-    assert data.message.startswith("112960 rows from glaiveai/glaive-function-calling-v2: 112890 parsed, 70 unparsable")
+    assert data.message.startswith(
+        "112960 rows from glaiveai/glaive-function-calling-v2: 112890 parsed, 70 unparsable; "
+        "2 of 112962 lines skipped (not JSON objects); dropped 70 rows (bad_arguments 52, undeclared_function 18); "
+        "repaired 43 rows (arguments_key 43); train: "
+    )
     assert "train: 107245 conversations -> 21034 rows, 85,950,000 tokens (31.0% supervised)" in data.message
 
 

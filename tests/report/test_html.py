@@ -399,6 +399,15 @@ def test_a_training_run_gets_its_curves_and_its_data_report() -> None:
     assert '<td class="check">repairs.arguments_key</td><td class="num">41</td><td class="num">2</td>' in training
     assert '<td class="check">supervised_share</td><td class="num">31.0%</td><td class="num">30.0%</td>' in training
     assert "unparsable examples (2)" in training and "<code>17: arguments are not JSON</code>" in training
+    assert "bad line examples (1)" in training
+    # Each dropped or repaired case with its count and first example, most frequent first; data text escaped.
+    cases = re.findall(r'<td>(\w+)</td><td class="check">(\w+)</td><td class="num">([\d,]+)</td>', training)
+    assert cases == [
+        ("dropped", "bad_arguments", "52"),
+        ("dropped", "undeclared_function", "18"),
+        ("repaired", "arguments_key", "43"),
+    ]
+    assert "excerpt: &lt;b&gt;x&lt;/b&gt;" in training and "<b>x</b>" not in training
     assert 'id="plots"' not in html and 'id="evaluation"' not in html
 
 

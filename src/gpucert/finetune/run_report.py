@@ -206,16 +206,29 @@ def _split_text(name: str, split: dict[str, Any]) -> str:
     )
 
 
+def _cases_text(kind: str, cases: Any) -> str | None:
+    """ "dropped 10 rows (bad_arguments 5, duplicate_assistant_turns 5)" from a case tally; None if none."""
+    if not isinstance(cases, dict) or not cases:
+        return None
+    counts = {case: tally.get("count", 0) for case, tally in cases.items() if isinstance(tally, dict)}
+    listed = ", ".join(f"{case} {n}" for case, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    return f"{kind} {sum(counts.values())} rows ({listed})"
+
+
 def data_result(dataset: dict[str, Any]) -> Result:
-    """The data-preparation report (prepare.py's stats, whatever counts it holds) as one INFO result."""
+    """The data-preparation report (prepare.py's stats, whatever counts it holds) as one INFO result: the
+    refusals (data.max_bad_row_share, empty splits) already stopped any run whose data was not usable."""
     stats = dataset.get("stats") or {}
+    parts = [f"{stats.get('parsed', '?')} parsed, {stats.get('unparsable', 0)} unparsable"]
+    if stats.get("bad_lines"):
+        parts.append(f"{stats['bad_lines']} of {stats.get('lines', '?')} lines skipped (not JSON objects)")
+    parts += [text for kind in ("dropped", "repaired") if (text := _cases_text(kind, stats.get(kind)))]
     splits = [_split_text(s, stats[s]) for s in ("train", "eval") if isinstance(stats.get(s), dict)]
     return Result(
         name=DATA_RESULT,
         subject=DATA_SUBJECT,
         status=Status.INFO,
-        message=f"{stats.get('rows', '?')} rows from {dataset.get('source')}: {stats.get('parsed', '?')} parsed, "
-        f"{stats.get('unparsable', 0)} unparsable; " + "; ".join(splits),
+        message=f"{stats.get('rows', '?')} rows from {dataset.get('source')}: " + "; ".join(parts + splits),
         value=stats.get("parsed"),
         unit="rows",
         category=DATA_CATEGORY,

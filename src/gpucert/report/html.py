@@ -342,14 +342,41 @@ def _lists(data: dict[str, Any], prefix: str = "") -> list[tuple[str, list[Any]]
     return found
 
 
+def _tallies(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The case tallies of the data report (dropped / repaired: case -> {count, examples})."""
+    return {
+        key: value
+        for key, value in stats.items()
+        if isinstance(value, dict)
+        and value
+        and all(isinstance(t, dict) and isinstance(t.get("count"), int) for t in value.values())
+    }
+
+
+def _cases(tallies: dict[str, dict[str, Any]]) -> str:
+    """Each dropped or repaired case: its count and first example, all its examples collapsed."""
+    rows = []
+    for kind, cases in tallies.items():
+        for case, tally in sorted(cases.items(), key=lambda item: (-item[1]["count"], item[0])):
+            examples = tally.get("examples") or []
+            first = f"<code>{_e(_example_text(examples[0]))}</code>" if examples else ""
+            rest = _examples("all examples", examples) if len(examples) > 1 else ""
+            rows.append([_td(kind), _td(case, "check"), _td(f"{tally['count']:,}", "num"), f"<td>{first}{rest}</td>"])
+    return "<h3>Rows dropped and repaired</h3>" + _table(["", "case", "rows", "example"], rows, "data-cases")
+
+
 def _data_preparation(result: Result) -> str:
-    """prepare.py's stats as tables: the source, then one column per split, then the examples it kept."""
+    """prepare.py's stats as tables: the source, the cases dropped and repaired, one column per split, then
+    the other examples it kept (unparsable rows, lines skipped)."""
     stats = result.details
     splits = [name for name in ("train", "eval") if isinstance(stats.get(name), dict)]
-    source = {k: v for k, v in _flatten({k: v for k, v in stats.items() if k not in splits}).items()}
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(_scalar_text(k, v))}</td></tr>" for k, v in source.items())
+    tallies = _tallies(stats)
+    rest = {k: v for k, v in stats.items() if k not in splits and k not in tallies}
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(_scalar_text(k, v))}</td></tr>" for k, v in _flatten(rest).items())
     html = f'<h3>Data preparation</h3><div class="summary">{_e(result.message)}</div>'
     html += f'<table class="meta data-source"><tbody>{rows}</tbody></table>'
+    if tallies:
+        html += _cases(tallies)
     if splits:
         per_split = {name: _flatten(stats[name]) for name in splits}
         keys = list(dict.fromkeys(k for flat in per_split.values() for k in flat))
@@ -358,7 +385,9 @@ def _data_preparation(result: Result) -> str:
             for key in keys
         ]
         html += "<h3>Per split</h3>" + _table(["", *splits], table_rows, "data-splits")
-    examples = [_examples(name, values) for name, values in _lists(stats)]
+    examples = [
+        _examples(name, values) for name, values in _lists({k: v for k, v in stats.items() if k not in tallies})
+    ]
     return html + "".join(examples)
 
 
