@@ -25,6 +25,8 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 # them hold the same lists (model.DTYPES, model.ATTN_IMPLEMENTATIONS, parallel.MODES, formats.FORMATS,
 # template.SHIPPED_TEMPLATES), and tests/finetune/test_config_validation.py checks that they agree.
 DTYPES = ("bf16", "fp16", "fp32")
+# model.precision: how the frozen base weights of the decoder layers compute (finetune/fp8.py).
+PRECISIONS = ("bf16", "fp8")
 ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2")
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
 FORMATS = ("glaive", "alpaca", "messages")
@@ -88,12 +90,23 @@ class ModelConfig:
     # torch.compile every decoder layer (fuses norms, RoPE, SwiGLU, dropout and the adapter adds); batches
     # are padded to data.max_length so shapes stay static.
     compile: bool = False
+    # "fp8": the frozen base weights of the decoder layers quantized once to float8 (per-row scales) and their
+    # matmuls run on the FP8 tensor cores (finetune/fp8.py); needs dtype bf16 and a GPU of compute capability
+    # >= 8.9, checked when the model loads. "bf16": the weights as loaded. Adapters stay fp32 either way.
+    precision: str = "bf16"
 
     def problems(self) -> list[str]:
         return [
             *_named("model.name", self.name, 'a hub id, a local directory or "tiny"'),
             *_one_of("model.dtype", self.dtype, DTYPES),
             *_one_of("model.attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS),
+            *_one_of("model.precision", self.precision, PRECISIONS),
+            *_rule(
+                self.precision != "fp8" or self.dtype == "bf16",
+                "model.dtype",
+                "bf16 with model.precision fp8",
+                self.dtype,
+            ),
         ]
 
 
@@ -294,6 +307,12 @@ class FinetuneConfig:
             ),
             *_named("resume", self.resume, "none, auto or a checkpoint directory"),
             *self.runtime.problems(),
+            *_rule(
+                self.model.precision != "fp8" or self.train.parallel != "fsdp2",
+                "train.parallel",
+                "auto, none or ddp with model.precision fp8 (FSDP2 would gather the float8 weights as bf16)",
+                self.train.parallel,
+            ),
         ]
 
     def path_problems(self) -> list[str]:

@@ -26,6 +26,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from gpucert.finetune.config import LoraConfig, ModelConfig
+from gpucert.finetune.fp8 import check_fp8_device, convert_frozen_linears
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
 from gpucert.finetune.packing import attention_mask_for
@@ -195,6 +196,8 @@ def load_model(
     if model_cfg.attn_implementation == "flex_attention" and device.type != "cuda":
         # torch has no flex-attention backward off CUDA; say so before a 7B model is built, not at the first step.
         raise ValueError(f"model.attn_implementation: flex_attention trains on CUDA GPUs only, this is {device.type}")
+    if model_cfg.precision == "fp8":
+        check_fp8_device(device)  # a GPU without float8 tensor cores is refused before the model is built
     vocab_size = len(tokenizer)
     base = load_base_model(model_cfg, vocab_size, device)
     shape = count_shape(base, vocab_size)
@@ -235,6 +238,8 @@ def load_model(
             if hasattr(module, "cast_input_dtype_enabled"):
                 setattr(module, "cast_input_dtype_enabled", False)  # noqa: B010 (a plain attribute, not a submodule)
         autocast_dtype = base.dtype
+    if model_cfg.precision == "fp8":
+        convert_frozen_linears(base)  # after counting (an Fp8FrozenLinear is no nn.Linear), before compiling
     # After counting: a deferred head's weight is no longer a parameter.
     head_weight = defer_head(base) if model_cfg.fused_loss else None
     if model_cfg.compile:
