@@ -1,10 +1,15 @@
 """Checkpoints: incomplete ones are never picked, retention keeps the newest, a round trip restores every
 state, and a run killed with SIGKILL then resumed with `resume: auto` repeats the uninterrupted loss curve
-bit for bit (fp32 CPU; LoRA dropout on, so the restored RNG matters)."""
+bit for bit (fp32 CPU; LoRA dropout on, so the restored RNG matters). A disk that fills mid-checkpoint gives
+"no space left on <dir>" and leaves no half-written checkpoint: on a real 1-checkpoint-and-a-half tmpfs where
+this machine lets an unprivileged user namespace mount one, and through a write that fails with ENOSPC."""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,14 +21,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gpucert.finetune import checkpoint
 from gpucert.finetune.checkpoint import (
     COMPLETE,
+    NoSpaceError,
     TrainerState,
     complete_checkpoints,
     find_latest,
+    is_no_space,
     load_checkpoint,
     prune,
+    save_adapter,
     save_checkpoint,
+    verify_checkpoint,
 )
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.model import forward_loss, load_model
@@ -192,3 +202,164 @@ def test_resume_refuses_another_global_batch(tmp_path: Path, single_process: Non
     run_finetune(cfg)
     with pytest.raises(FinetuneFailed, match="expected a global batch of 4 rows, found 2"):
         run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, grad_accum=2, max_steps=4)))
+
+
+# --- A disk that fills up -----------------------------------------------------------------------------------
+
+
+class FillingDisk:
+    """os.write on a disk with `free` bytes left: a short write takes what fits, the next one fails with ENOSPC,
+    as the kernel does. A fake of the one call save_checkpoint writes through."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+
+    def __call__(self, fd: int, data: memoryview) -> int:
+        if self.free == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = os.write(fd, data[: self.free])
+        self.free -= n
+        return n
+
+
+def tiny_training_state(rt):
+    cfg = ModelConfig(name="tiny", dtype="fp32")
+    model, _ = load_model(cfg, LoraConfig(r=4, alpha=8, dropout=0.0), load_tokenizer(cfg, DataConfig()), rt.device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = collate(
+        [{"input_ids": list(range(3, 30)), "labels": list(range(3, 30)), "position_ids": list(range(27))}], 0
+    )
+    loss, n = forward_loss(model, batch, "sdpa")
+    (loss / n).backward()
+    opt.step()
+    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
+def checkpoint_bytes(path: Path, marker: bool) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if marker or f.name != COMPLETE)
+
+
+@pytest.mark.parametrize("where", ["first file", "optimizer state", "completion marker"])
+def test_a_full_disk_mid_checkpoint_is_named_and_leaves_no_half_checkpoint(
+    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    rt = start_runtime()
+    try:
+        model, opt, sched = tiny_training_state(rt)
+        previous = save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=2), rt, keep=3)
+        assert previous is not None
+        files = checkpoint_bytes(previous, marker=False)
+        adapter = (previous / "adapter_model.safetensors").stat().st_size
+        free = {"first file": 0, "optimizer state": adapter + 100, "completion marker": files + 1}[where]
+        monkeypatch.setattr(checkpoint, "write_chunk", FillingDisk(free))
+        with pytest.raises(NoSpaceError) as full:
+            save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=4), rt, keep=3)
+    finally:
+        stop_runtime(rt)
+    message = str(full.value)
+    root = tmp_path / "checkpoints"
+    assert (
+        message.startswith(f"no space left on {root} (")
+        and "free there now) while writing checkpoint step 4" in message
+    )
+    assert "the newest complete one is step-2" in message and "--resume auto" in message
+    assert "inline_container" not in message and "enforce fail" not in message
+    # Neither .tmp-step-4 nor a renamed step-4 without its marker: only the previous checkpoint, still whole.
+    assert sorted(p.name for p in root.iterdir()) == ["step-2"]
+    assert verify_checkpoint(previous) is None
+
+
+def test_a_full_disk_while_saving_the_adapter_keeps_the_previous_one(
+    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = start_runtime()
+    try:
+        model, _, _ = tiny_training_state(rt)
+        tokenizer = load_tokenizer(ModelConfig(name="tiny"), DataConfig())
+        out = tmp_path / "adapter"
+        save_adapter(model, tokenizer, out, rt)
+        before = {f.name: f.read_bytes() for f in out.iterdir()}
+
+        def full(*args: object, **kwargs: object) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(tokenizer, "save_pretrained", full)
+        with pytest.raises(NoSpaceError, match=rf"^no space left on {tmp_path} \(.* the final adapter {out}"):
+            save_adapter(model, tokenizer, out, rt)
+    finally:
+        stop_runtime(rt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]  # no .tmp-adapter left
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+
+
+def test_no_space_is_recognised_in_every_form_the_writers_give() -> None:
+    assert is_no_space(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_no_space(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    # safetensors' Rust writer, and an error raised while handling one.
+    rust = RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert is_no_space(rust)
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534") from None
+    except RuntimeError as wrapped:
+        assert is_no_space(wrapped)
+    assert not is_no_space(OSError(errno.EIO, "Input/output error"))
+    assert not is_no_space(RuntimeError("out of memory"))
+
+
+# Runs inside `unshare -rm` (its own mount namespace, as root of a user namespace): measures one checkpoint of
+# the tiny run, mounts a tmpfs of two and a half checkpoints on <run>/checkpoints, and trains 4 steps saving
+# every step while keeping 2: the third checkpoint cannot fit.
+ON_A_SMALL_DISK = """\
+import json, math, os, subprocess, sys
+from dataclasses import replace
+from pathlib import Path
+from gpucert.config.loader import load_config
+from gpucert.finetune.config import FinetuneConfig
+from gpucert.finetune.train import FinetuneFailed, run_finetune
+
+config, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+cfg = load_config(FinetuneConfig, config)
+cfg = replace(cfg, train=replace(cfg.train, save_every=1, keep_checkpoints=2, eval_every=100))
+run_finetune(replace(cfg, output_dir=str(tmp / "measure"), train=replace(cfg.train, max_steps=1)))
+pages = sum(math.ceil(f.stat().st_size / 4096) for f in (tmp / "measure/checkpoints/step-1").iterdir())
+run = tmp / "run"
+(run / "checkpoints").mkdir(parents=True)
+size = int(2.5 * pages) * 4096
+subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(run / "checkpoints")], check=True)
+try:
+    run_finetune(replace(cfg, output_dir=str(run), train=replace(cfg.train, max_steps=4)))
+    result = {"failed": None}
+except FinetuneFailed as exc:
+    result = {"failed": exc.record.cause, "phase": exc.record.phase}
+result["left"] = sorted(p.name for p in (run / "checkpoints").iterdir())
+print(json.dumps(result))
+"""
+
+
+def can_mount_tmpfs() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d"
+    return subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="no unprivileged user+mount namespace to mount a small tmpfs in")
+def test_a_real_full_disk_mid_checkpoint(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    argv = ["unshare", "-rm", sys.executable, "-c", ON_A_SMALL_DISK, str(config), str(tmp_path)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    run = tmp_path / "run"
+    assert result["phase"] == "checkpoint step 3"
+    assert result["failed"].startswith(f"NoSpaceError: no space left on {run / 'checkpoints'}"), result
+    assert "the newest complete one is step-2" in result["failed"]
+    assert result["left"] == ["step-1", "step-2"]  # no .tmp-step-3
+    assert "inline_container" not in done.stderr

@@ -1,7 +1,9 @@
 """Resuming: every rank continues from the checkpoint rank 0 chose (two ranks that see different checkpoint
 listings, as NFS attribute caching can show them), and a checkpoint is only continued on the prepared data it
 trained on: another fingerprint is refused with both named, unless resume_allow_data_change; a checkpoint from
-before fingerprints were recorded resumes with a warning."""
+before fingerprints were recorded resumes with a warning. A newest checkpoint whose files do not read back
+(truncated safetensors or optimizer state, garbage trainer state) is named, set aside, and `resume: auto`
+continues from the previous complete one, saying so."""
 
 from __future__ import annotations
 
@@ -14,8 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tests.finetune.checkpoint_files import DAMAGES, truncate, write_checkpoint
 
-from gpucert.finetune.checkpoint import COMPLETE, choose_checkpoint, judge_data_change
+from gpucert.finetune.checkpoint import (
+    CheckpointError,
+    choose_checkpoint,
+    complete_checkpoints,
+    judge_data_change,
+)
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.train import FinetuneFailed, run_finetune
 from gpucert.runtime.launch_env import RANK_VARIABLES
@@ -37,13 +45,6 @@ stop_runtime(rt)
 """
 
 
-def fake_checkpoint(run: Path, step: int) -> Path:
-    path = run / "checkpoints" / f"step-{step}"
-    path.mkdir(parents=True)
-    (path / COMPLETE).write_text(f"{step}\n")
-    return path
-
-
 @pytest.fixture
 def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lone rank (pytest may run under a launcher): RANK=0 of WORLD_SIZE=1, no rendezvous."""
@@ -58,10 +59,68 @@ def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_choose_checkpoint(tmp_path: Path) -> None:
     assert choose_checkpoint("none", tmp_path) is None
     assert choose_checkpoint("auto", tmp_path) is None
-    fake_checkpoint(tmp_path, 4)
-    latest = fake_checkpoint(tmp_path, 8)
+    first = write_checkpoint(tmp_path, 4)
+    latest = write_checkpoint(tmp_path, 8)
     assert choose_checkpoint("auto", tmp_path) == latest
-    assert choose_checkpoint("/elsewhere/step-2", tmp_path) == Path("/elsewhere/step-2")
+    assert choose_checkpoint(str(first), tmp_path) == first
+
+
+# --- An unreadable newest checkpoint ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_resume_auto_names_an_unreadable_latest_checkpoint_and_takes_the_previous(tmp_path: Path, damage: str) -> None:
+    previous = write_checkpoint(tmp_path, 4)
+    latest = write_checkpoint(tmp_path, 8)
+    name, harm = DAMAGES[damage]
+    harm(latest / name)
+    notes: list[str] = []
+    assert choose_checkpoint("auto", tmp_path, notes.append) == previous
+    assert len(notes) == 1
+    assert str(latest / name) in notes[0] and "resuming from the previous complete checkpoint, step 4" in notes[0]
+    # Set aside, not deleted: no later listing picks it, and a person can still look at it.
+    assert "moved to step-8.corrupt" in notes[0] and (tmp_path / "checkpoints" / "step-8.corrupt").is_dir()
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [4]
+    assert choose_checkpoint("auto", tmp_path, notes.append) == previous and len(notes) == 1
+
+
+def test_no_readable_checkpoint_is_an_error_naming_each(tmp_path: Path) -> None:
+    for step in (4, 8):
+        truncate(write_checkpoint(tmp_path, step) / "optimizer.pt")
+    with pytest.raises(CheckpointError) as refused:
+        choose_checkpoint("auto", tmp_path)
+    message = str(refused.value)
+    for step in (4, 8):
+        assert str(tmp_path / "checkpoints" / f"step-{step}" / "optimizer.pt") in message
+    assert "Restore one from a backup, or start over" in message
+
+
+def test_a_named_unreadable_checkpoint_is_refused_without_fallback(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, 4)
+    named = write_checkpoint(tmp_path, 8)
+    (named / "trainer_state.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"resume: .*step-8/trainer_state.json: unreadable"):
+        choose_checkpoint(str(named), tmp_path)
+    assert named.is_dir()  # asked for by name: left where it is
+
+
+def test_a_run_falls_back_past_a_truncated_checkpoint_and_continues_exactly(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = replace(tiny(tmp_path), train=replace(tiny(tmp_path).train, max_steps=4, save_every=2))
+    first = run_finetune(cfg)
+    broken = tmp_path / "run" / "checkpoints" / "step-4" / "optimizer.pt"
+    truncate(broken)
+    capsys.readouterr()
+
+    resumed = run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, max_steps=6)))
+    err = capsys.readouterr().err
+    assert resumed["resumed_from"] == str(tmp_path / "run" / "checkpoints" / "step-2")
+    assert f"checkpoint step 4 cannot be resumed from: {broken}: unreadable" in err
+    assert "resuming from the previous complete checkpoint, step 2" in err
+    # Steps 3 and 4 trained again from step 2's state give the first run's losses: an exact continuation.
+    assert resumed["loss_history"][:4] == first["loss_history"]
+    assert len(resumed["loss_history"]) == 6
 
 
 def test_same_data_resumes_silently_another_is_refused_with_both_fingerprints() -> None:
@@ -88,9 +147,9 @@ def test_a_checkpoint_without_a_fingerprint_resumes_with_a_warning() -> None:
 def test_every_rank_resumes_from_rank_0s_choice(tmp_path: Path) -> None:
     """Rank 0 sees checkpoints 4 and 8; rank 1's (stale) view only 4. Both must take 8."""
     seen_by_0, seen_by_1 = tmp_path / "view0", tmp_path / "view1"
-    fake_checkpoint(seen_by_0, 4)
-    newest = fake_checkpoint(seen_by_0, 8)
-    fake_checkpoint(seen_by_1, 4)
+    write_checkpoint(seen_by_0, 4)
+    newest = write_checkpoint(seen_by_0, 8)
+    write_checkpoint(seen_by_1, 4)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

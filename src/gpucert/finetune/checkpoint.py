@@ -16,23 +16,33 @@ into full tensors (all ranks take part) and loads them back into whatever shardi
 Every rank reads the files on resume: the run directory must be on a filesystem all nodes see. Which checkpoint
 `resume: auto` continues from is rank 0's choice, sent to every rank: NFS attribute caching can show nodes
 different directory listings, and ranks resuming from different steps would train different models.
+
+A complete checkpoint can still be unreadable (a file truncated by a copy, a disk that failed later, an edit):
+rank 0 opens every file of the one it would resume from (headers only, cheap) and, on `resume: auto`, falls
+back to the previous complete checkpoint, naming the broken file; the broken checkpoint is renamed to
+step-N.corrupt (no longer complete, kept to look at). A save that fails, a full disk included, removes what it
+had written and says "no space left on <dir>" instead of torch's `[enforce fail at inline_container.cc]`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -43,13 +53,20 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from gpucert.runtime.group import Runtime, gather_to_main
+from gpucert.runtime.group import Runtime, gather_to_main, say
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
 ADAPTER_FILE = "adapter_model.safetensors"
+STATE_FILE = "trainer_state.json"
+# torch.save files of a checkpoint; read back with weights_only.
+TORCH_FILES = ("optimizer.pt", "scheduler.pt", "rng.pt")
 STEP_DIR = re.compile(r"step-(\d+)")
 TMP_DIR = re.compile(r"\.tmp-step-(\d+)")
+# A checkpoint found unreadable is renamed step-N.corrupt: out of every listing, kept for a person to look at.
+CORRUPT_SUFFIX = ".corrupt"
+# The errors of a write that did not fit: the disk is full, or the user's quota is.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 # Full tensors, gathered to rank 0's CPU only (other ranks get an empty dict), frozen base weights left out.
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 # Loading: every rank reads the full tensors and keeps its shard; the frozen base is not in the file.
@@ -95,32 +112,106 @@ def find_latest(run_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def choose_checkpoint(resume: str, run_dir: Path) -> Path | None:
-    """What `resume` (none, auto or a directory) means for run_dir as this process sees it."""
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names the file and why."""
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    """The trainer state of a complete checkpoint (cheap: no tensors), or an error naming the file and the fault."""
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker): pick another one")
+    file = path / STATE_FILE
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: unreadable: {exc}") from None
+    known = {f.name for f in fields(TrainerState)}
+    if not isinstance(saved, dict) or not isinstance(saved.get("step"), int) or set(saved) - known:
+        found = sorted(set(saved) - known) if isinstance(saved, dict) else type(saved).__name__
+        raise CheckpointError(
+            f"{file}: expected gpucert's trainer state (an object with an integer step), found {found}"
+        )
+    return TrainerState(**saved)
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """What makes a complete checkpoint unreadable, naming the file, or None. Reads the headers and the zip
+    directory of each file, not the tensors: a truncated or replaced file is caught, a flipped bit is not."""
+    path = Path(path)
+    try:
+        read_trainer_state(path)
+    except CheckpointError as exc:
+        return str(exc)
+    adapter = path / ADAPTER_FILE
+    try:
+        # The header lists every tensor's byte range; safetensors refuses a file that does not cover them all.
+        with safe_open(str(adapter), framework="pt"):
+            pass
+    except Exception as exc:  # SafetensorError, OSError
+        return f"{adapter}: unreadable: {exc}"
+    for name in TORCH_FILES:
+        file = path / name
+        try:
+            # mmap: the zip's central directory (at its end, so truncation loses it) is read, the tensors are not.
+            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # the zip reader's RuntimeError, OSError, unpickling errors
+            return f"{file}: unreadable: {_first_line(exc)}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def set_aside(path: Path) -> Path:
+    """Rename an unreadable checkpoint to <name>.corrupt (or .corrupt2...), so no listing picks it again."""
+    target, n = path.with_name(path.name + CORRUPT_SUFFIX), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{CORRUPT_SUFFIX}{n}")
+    os.replace(path, target)
+    return target
+
+
+def choose_checkpoint(resume: str, run_dir: Path, note: Callable[[str], None] = say) -> Path | None:
+    """What `resume` (none, auto or a directory) means for run_dir as this process sees it. `auto` takes the
+    newest complete checkpoint that reads back; each newer one that does not is set aside and `note`d. A named
+    checkpoint that does not read back is a CheckpointError: it was asked for, so there is no fallback."""
     if resume == "none":
         return None
-    if resume == "auto":
-        return find_latest(run_dir)
-    return Path(resume)
+    if resume != "auto":
+        problem = verify_checkpoint(Path(resume))
+        if problem:
+            raise CheckpointError(f"resume: {problem}; pick another checkpoint, or resume: auto")
+        return Path(resume)
+    unreadable: list[str] = []
+    for step, path in reversed(complete_checkpoints(run_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            for message in unreadable:
+                note(f"{message}; resuming from the previous complete checkpoint, step {step}")
+            return path
+        unreadable.append(f"checkpoint step {step} cannot be resumed from: {problem} (moved to {set_aside(path).name})")
+    if unreadable:
+        raise CheckpointError(
+            f"resume auto: no checkpoint under {checkpoint_root(run_dir)} reads back: {'; '.join(unreadable)}. "
+            "Restore one from a backup, or start over with resume: none and a new output_dir"
+        )
+    return None
 
 
-def agree_on_checkpoint(rt: Runtime, resume: str, run_dir: Path) -> Path | None:
+def agree_on_checkpoint(rt: Runtime, resume: str, run_dir: Path, note: Callable[[str], None] = say) -> Path | None:
     """The checkpoint every rank resumes from: rank 0's choice, broadcast (collective, even for "none", so a
-    rank with another config cannot skip it and leave the others waiting)."""
-    choice = choose_checkpoint(resume, run_dir) if rt.is_main else None
+    rank with another config cannot skip it and leave the others waiting). A refusal fails rank 0; the others
+    wait in the broadcast until the job's abort ends them."""
+    choice = choose_checkpoint(resume, run_dir, note) if rt.is_main else None
     if rt.world_size == 1:
         return choice
     chosen = [str(choice) if choice is not None else None]
     dist.broadcast_object_list(chosen, src=0)
     return Path(chosen[0]) if chosen[0] is not None else None
-
-
-def read_trainer_state(path: Path) -> TrainerState:
-    """The trainer state of a complete checkpoint (cheap: no tensors), or an error naming what is missing."""
-    path = Path(path)
-    if not (path / COMPLETE).is_file():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker): pick another one")
-    return TrainerState(**json.loads((path / "trainer_state.json").read_text()))
 
 
 def judge_data_change(saved: str | None, current: str, path: Path, allow_change: bool) -> str | None:
@@ -150,18 +241,6 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=GATHER)
 
 
-def save_adapter(model: nn.Module, tokenizer: Any, out_dir: Path, rt: Runtime) -> Path | None:
-    """The final adapter in PEFT format (adapter_config.json + adapter_model.safetensors) with the tokenizer,
-    loadable by PeftModel.from_pretrained. Collective (FSDP2 shards are gathered first); rank 0 writes."""
-    adapter = adapter_state_dict(model)
-    if not rt.is_main:
-        return None
-    peft_model = model.module if isinstance(model, DistributedDataParallel) else model
-    peft_model.save_pretrained(str(out_dir), state_dict=adapter)  # type: ignore[operator]
-    tokenizer.save_pretrained(str(out_dir))
-    return Path(out_dir)
-
-
 def rng_state(device: torch.device) -> dict[str, Any]:
     legacy: Any = np.random.get_state()
     state: dict[str, Any] = {
@@ -183,12 +262,112 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+class NoSpaceError(OSError):
+    """A write that did not fit (a full disk or quota); the message names the directory and what to do."""
+
+
+# The one call that moves checkpoint bytes to the kernel (tests replace it to fill a disk on demand).
+write_chunk = os.write
+
+
+class _Sink:
+    """A write-only file that keeps the OSError of a failed write: torch's zip writer reports one only as
+    `[enforce fail at inline_container.cc:...] unexpected pos`, and safetensors' Rust writer as text."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: OSError | None = None
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):
+                done += write_chunk(self.fd, view[done:])
+        except OSError as exc:
+            exc.filename = exc.filename or str(self.path)
+            self.error = self.error or exc
+            raise
+        return done
+
+    def flush(self) -> None:
+        pass
+
+
+def _write_file(path: Path, fill: Callable[[IO[bytes]], Any]) -> None:
+    """Write `path` through fill(file) and fsync it; a failed write raises its own OSError (ENOSPC...)."""
+    sink = _Sink(path)
+    try:
+        fill(cast(IO[bytes], sink))
+        os.fsync(sink.fd)  # on NFS a full disk may only show here
+    except Exception as exc:
+        if sink.error is not None and sink.error is not exc:
+            # torch's "[enforce fail at inline_container.cc] unexpected pos" only echoes this error: not shown.
+            raise sink.error from None
+        raise
+    finally:
+        os.close(sink.fd)
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether a failure (or one it came from) is a full disk or quota, as OSError or as a library's text."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in NO_SPACE:
+            return True
+        if any(f"(os error {code})" in str(seen) for code in NO_SPACE):  # safetensors' Rust writer
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def no_space_message(directory: Path, exc: BaseException, what: str) -> str:
+    """'no space left on <directory>' with what was lost, what is free there, and what to do."""
+    try:
+        free = f"{shutil.disk_usage(directory).free / (1 << 20):,.1f} MiB free there now"
+    except OSError:
+        free = "free space unknown"
+    quota = any(isinstance(e, OSError) and e.errno == errno.EDQUOT for e in (exc, exc.__cause__, exc.__context__))
+    kind = "disk quota exceeded on" if quota else "no space left on"
+    return f"{kind} {directory} ({free}) while writing {what}"
+
+
+def save_adapter(model: nn.Module, tokenizer: Any, out_dir: Path, rt: Runtime) -> Path | None:
+    """The final adapter in PEFT format (adapter_config.json + adapter_model.safetensors) with the tokenizer,
+    loadable by PeftModel.from_pretrained. Collective (FSDP2 shards are gathered first); rank 0 writes, into a
+    temporary directory renamed into place, so a failed write leaves no half adapter."""
+    adapter = adapter_state_dict(model)
+    if not rt.is_main:
+        return None
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    peft_model = model.module if isinstance(model, DistributedDataParallel) else model
+    try:
+        peft_model.save_pretrained(str(tmp), state_dict=adapter)  # type: ignore[operator]
+        tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and is_no_space(exc):
+            raise NoSpaceError(
+                f"{no_space_message(out_dir.parent, exc, f'the final adapter {out_dir}')}: nothing of it was kept. "
+                "Free space there and run again with --resume auto (it continues from the last checkpoint)"
+            ) from exc
+        raise
+    return out_dir
 
 
 def save_checkpoint(
@@ -209,23 +388,38 @@ def save_checkpoint(
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"step-{state.step}", root / f".tmp-step-{state.step}"
-    for stale in (tmp, final):
-        if stale.exists():
-            shutil.rmtree(stale)
+    if tmp.exists():
+        shutil.rmtree(tmp)
     tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in adapter.items()}, str(tmp / ADAPTER_FILE))
-    torch.save(optim, tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rngs, tmp / "rng.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=1))
-    for path in tmp.iterdir():
-        _fsync(path)
-    _fsync(tmp)
-    os.replace(tmp, final)
-    (final / COMPLETE).write_text(f"{state.step}\n")
-    _fsync(final / COMPLETE)
-    _fsync(final)
-    _fsync(root)
+    tensors = {k: v.contiguous() for k, v in adapter.items()}
+    renamed = False
+    try:
+        _write_file(tmp / ADAPTER_FILE, lambda f: f.write(safetensors_bytes(tensors)))
+        _write_file(tmp / "optimizer.pt", lambda f: torch.save(optim, f))
+        _write_file(tmp / "scheduler.pt", lambda f: torch.save(scheduler.state_dict(), f))
+        _write_file(tmp / "rng.pt", lambda f: torch.save(rngs, f))
+        _write_file(tmp / STATE_FILE, lambda f: f.write(json.dumps(asdict(state), indent=1).encode()))
+        _fsync(tmp)
+        # A step-N left by an earlier run of this directory goes only now that its replacement is on disk.
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        renamed = True
+        _write_file(final / COMPLETE, lambda f: f.write(f"{state.step}\n".encode()))
+        _fsync(final)
+        _fsync(root)
+    except BaseException as exc:
+        # Nothing half-written stays: the temporary directory, or the renamed one that never got its marker.
+        shutil.rmtree(final if renamed else tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and is_no_space(exc):
+            latest = find_latest(run_dir)
+            kept = f"the newest complete one is {latest.name}" if latest else "no complete checkpoint exists yet"
+            raise NoSpaceError(
+                f"{no_space_message(root, exc, f'checkpoint step {state.step}')}: its partial files were removed and "
+                f"{kept}. Free space there, lower train.keep_checkpoints, or move output_dir to a larger filesystem, "
+                "then continue with --resume auto"
+            ) from exc
+        raise
     prune(run_dir, keep)
     return final
 
@@ -254,12 +448,27 @@ def load_checkpoint(
     """Restore model, optimizer, scheduler and this rank's RNG from a complete checkpoint (collective)."""
     path = Path(path)
     state = read_trainer_state(path)
-    adapter: dict[str, Any] = load_file(str(path / ADAPTER_FILE))
-    set_model_state_dict(model, adapter, options=SCATTER)
-    optim = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=optim, options=SCATTER)
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rngs = torch.load(path / "rng.pt", weights_only=True)
+
+    def restore(name: str, apply: Callable[[Path], Any]) -> None:
+        try:
+            apply(path / name)
+        except Exception as exc:
+            raise CheckpointError(f"{path / name}: cannot be restored: {_first_line(exc)}") from exc
+
+    def restore_adapter(file: Path) -> None:
+        adapter: dict[str, Any] = load_file(str(file))
+        set_model_state_dict(model, adapter, options=SCATTER)
+
+    restore(ADAPTER_FILE, restore_adapter)
+    restore(
+        "optimizer.pt",
+        lambda f: set_optimizer_state_dict(
+            model, optimizer, optim_state_dict=torch.load(f, map_location="cpu", weights_only=True), options=SCATTER
+        ),
+    )
+    restore("scheduler.pt", lambda f: scheduler.load_state_dict(torch.load(f, weights_only=True)))
     # Another world size gets the same global batches; only dropout masks would differ, from the rank reuse.
-    set_rng_state(rngs[rt.rank % len(rngs)], rt.device)
+    restore(
+        "rng.pt", lambda f: set_rng_state((rngs := torch.load(f, weights_only=True))[rt.rank % len(rngs)], rt.device)
+    )
     return state
