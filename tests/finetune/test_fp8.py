@@ -1,7 +1,7 @@
 """FP8 frozen base weights on CPU: torch's CPU build runs `torch._scaled_mm` (row-wise scales included), so the
 module's forward and input gradient are checked numerically here, besides the pure parts (scales, layouts, the
-conversion of a tiny PEFT model, config and device refusals). tests/gpu/test_fp8.py repeats the numerics on the
-GPU's kernels and holds a training run in FP8 to the same run in bf16."""
+conversion of a tiny PEFT model, config and device refusals). tests/gpu/test_finetune_fp8.py repeats the
+numerics on the GPU's kernels and holds a training run in FP8 to the same run in bf16."""
 
 from __future__ import annotations
 
@@ -224,8 +224,8 @@ def test_fp8_trains_the_adapters_like_bf16_on_one_batch(tokenizer) -> None:
     """The converted tiny model end to end (autocast, LoRA, fused loss): loss within 1 % of bf16's (0.03 %
     measured), and the adapters' gradients within 20 % of bf16's (relative norm; 12 % measured: the
     gradient crosses several quantized matmuls forward and back, and bf16 alone is 2 % off fp32). Dropping the
-    input gradient of the frozen layers puts them 69 % off. Not a quality check over steps: tests/gpu/test_fp8.py
-    has that."""
+    input gradient of the frozen layers puts them 69 % off. Not a quality check over steps:
+    tests/gpu/test_finetune_fp8.py has that."""
     from gpucert.finetune.model import forward_loss
 
     g = torch.Generator().manual_seed(3)
@@ -302,11 +302,11 @@ def test_precision_is_validated_at_load(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_tiny_run_in_fp8_follows_the_bf16_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU counterpart of tests/gpu/test_fp8.py's quality check (same tolerances, stated there), through the
-    whole training entry point with the device check let through: torch's CPU kernels quantize and scale alike.
-    The adapter and checkpoint it writes hold the fp32 adapters only."""
+    """The CPU counterpart of tests/gpu/test_finetune_fp8.py's quality check (same tolerances, stated there),
+    through the whole training entry point with the device check let through: torch's CPU kernels quantize and
+    scale alike. The adapter it writes holds the fp32 adapters only."""
     from safetensors.torch import load_file
-    from tests.gpu.test_fp8 import FINAL_REL_MAX, STEP_REL_MAX, aligned_tiny_model, assert_fp8_follows_bf16
+    from tests.gpu.test_finetune_fp8 import FINAL_REL_MAX, STEP_REL_MAX, aligned_tiny_model, assert_fp8_follows_bf16
 
     from gpucert.finetune.train import run_finetune
 

@@ -2,7 +2,7 @@
 matmuls against bf16 at the Qwen2-7B shapes, eager and compiled, and a tiny training run in fp8 held to the same
 run in bf16. Needs compute capability >= 8.9 (H100, H200, L40S). Run on the lent GPU machine:
 
-    python -m pytest tests/gpu/test_fp8.py -q -s      # -s prints the GEMM times (shown, not judged)
+    python -m pytest tests/gpu/test_finetune_fp8.py -q -s      # -s prints the GEMM times (shown, not judged)
 """
 
 from __future__ import annotations
