@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.hub import resolve_adapter
 
 
 def default_config_path() -> Path:
@@ -73,7 +74,10 @@ def evaluate(args: argparse.Namespace) -> int:
     renders it. The exit code is the report's verdict; a bad adapter or output directory exits 3 before any
     model is loaded."""
     cfg = load(args, [f"data.source={json.dumps(args.data)}"] if args.data else [])
-    adapter = Path(args.adapter)
+    # A run directory means its final adapter; a missing path is refused here, never tried as a hub id.
+    adapter, note = resolve_adapter(args.adapter)
+    if note:
+        print(note, file=sys.stderr)
     out = Path(args.output) if args.output else adapter.parent / "evaluation"
     check_evaluation_output(out)
     started = datetime.now(timezone.utc)

@@ -6,7 +6,8 @@ of a whole optimizer step (fine-tuning.md §7).
 
 Model names: "tiny" (a 2-layer Qwen2 built from a fixed seed, nothing downloaded), a hub id or local model
 directory (pretrained weights), or with `random_init` a hub id or a directory holding only config.json
-(the architecture with random weights, for speed runs).
+(the architecture with random weights, for speed runs). hub.py tells a path from a hub id and loads from the
+local cache when the hub cannot be reached.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 
 from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.fp8 import check_fp8_device, convert_frozen_linears
+from gpucert.finetune.hub import pretrained_source
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
 from gpucert.finetune.packing import attention_mask_for
@@ -144,12 +146,23 @@ def load_base_model(model_cfg: ModelConfig, vocab_size: int, device: torch.devic
             tiny: Any = Qwen2ForCausalLM(tiny_config(vocab_size, attn))
         model = tiny.to(device=device, dtype=dtype)
     elif model_cfg.random_init:
-        config = AutoConfig.from_pretrained(model_cfg.name)
+        source, offline = pretrained_source(model_cfg.name)
+        config = AutoConfig.from_pretrained(source, **offline)
         # Initialised on the device itself: 7 B random weights on a CPU take minutes.
         with torch.device(device):
             model = auto.from_config(config, dtype=dtype, attn_implementation=attn)
     else:
-        model = auto.from_pretrained(model_cfg.name, dtype=dtype, attn_implementation=attn, device_map={"": device})
+        source, offline = pretrained_source(model_cfg.name)
+        # AutoModel also looks for a PEFT adapter config under the name, and only adapter_kwargs keep that
+        # lookup off the network (transformers 5.x auto_factory).
+        model = auto.from_pretrained(
+            source,
+            dtype=dtype,
+            attn_implementation=attn,
+            device_map={"": device},
+            **offline,
+            **({"adapter_kwargs": dict(offline)} if offline else {}),
+        )
     embeddings: Any = model.get_input_embeddings()
     if embeddings.weight.shape[0] < vocab_size:
         model.resize_token_embeddings(vocab_size)

@@ -17,6 +17,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from gpucert.finetune.config import DataConfig, ModelConfig
+from gpucert.finetune.hub import pretrained_source
 from gpucert.finetune.template import ASSETS, SHIPPED_TEMPLATES, template_text
 
 TINY_TOKENIZER_PATH = ASSETS / "tiny_tokenizer.json"
@@ -96,12 +97,17 @@ def _is_tokenizer_source(name: str) -> bool:
 
 
 def load_tokenizer(model_cfg: ModelConfig, data_cfg: DataConfig) -> PreTrainedTokenizerBase:
-    """The run's tokenizer, with a pad token and the chat template named by data.template."""
+    """The run's tokenizer, with a pad token and the chat template named by data.template. A model name that is
+    neither a directory here nor a hub id that can be loaded is a ModelSourceError (hub.py) within seconds."""
     tokenizer: PreTrainedTokenizerBase
-    if model_cfg.name == "tiny" or not _is_tokenizer_source(model_cfg.name):
+    if model_cfg.name == "tiny":
         tokenizer = tiny_tokenizer()
     else:
-        tokenizer = AutoTokenizer.from_pretrained(model_cfg.name)
+        source, offline = pretrained_source(model_cfg.name)
+        if _is_tokenizer_source(source):
+            tokenizer = AutoTokenizer.from_pretrained(source, **offline)
+        else:
+            tokenizer = tiny_tokenizer()
     if tokenizer.pad_token is None:
         # Padding is never supervised (labels -100) and is its own document in packed rows, so reusing the
         # end-of-sequence token is safe.

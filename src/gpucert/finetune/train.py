@@ -50,13 +50,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import yaml
 from datasets import Dataset
 from torch import nn
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune import metrics as flops
 from gpucert.finetune.checkpoint import (
+    NoSpaceError,
     TrainerState,
     agree_on_checkpoint,
     find_latest,
@@ -67,6 +67,7 @@ from gpucert.finetune.checkpoint import (
     save_checkpoint,
 )
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.hub import check_model_source
 from gpucert.finetune.model import (
     IGNORE_INDEX,
     ModelInfo,
@@ -80,6 +81,7 @@ from gpucert.finetune.packing import collate
 from gpucert.finetune.parallel import gradient_sync, resolve_mode, wrap
 from gpucert.finetune.prepare import Prepared, prepare_dataset
 from gpucert.finetune.run_report import build_report, invocation, write_run_files
+from gpucert.finetune.rundir import RunDir, open_run_dir
 from gpucert.finetune.tokenizer import load_tokenizer
 from gpucert.report.schema import Report
 from gpucert.runtime.group import (
@@ -277,10 +279,13 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
     if problems:
         raise ConfigError("; ".join(problems))
     rt: Runtime | None = None
+    run: RunDir | None = None
 
     def where_this_rank_was(_: AbortRecord) -> None:
         if rt is not None:
             say(f"{rt.me.describe()} was in {rt.phase}")
+        if run is not None:
+            run.close(failed=True)  # a peer failed: this process ends next, with no except clause run
 
     try:
         rt = start_runtime(cfg.runtime, on_abort=where_this_rank_was)
@@ -288,29 +293,38 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         say("interrupted while joining the job")
         raise
     try:
-        result = train(cfg, rt, resolve_peak(cfg, profile_peak))
+        rt.set_phase("setup")
+        # Before anything is created: a wrong model path or an unreachable hub is refused in seconds.
+        check_model_source(cfg.model)
+        run = open_run_dir(cfg, rt)
+        result = train(cfg, rt, run, resolve_peak(cfg, profile_peak))
     except (Exception, KeyboardInterrupt) as exc:
         record, code = report_failure(rt, exc)
+        if run is not None:
+            run.close(failed=True)
         if rt.world_size > 1:
             leave_failed(rt, code)
         stop_runtime(rt)
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise FinetuneFailed(record) from exc
+    run.close(failed=False)
     stop_runtime(rt)
     return result
 
 
 def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
     """Record this rank's failure for the job and say it: one line naming the rank and phase, then the
-    traceback. An error that only followed a peer's failure (a broken collective) names that peer instead."""
+    traceback (none for bad input or a full disk, whose messages say what to change). An error that only
+    followed a peer's failure (a broken collective) names that peer instead."""
     record = fail(rt, exc)
     if isinstance(exc, KeyboardInterrupt):
         say(f"{rt.me.describe()} interrupted during {rt.phase}")
         return record, INTERRUPTED_EXIT
     if record.rank in (None, rt.rank):
         say(record.message())
-        traceback.print_exception(exc)
+        if not isinstance(exc, (ConfigError, NoSpaceError)):
+            traceback.print_exception(exc)
     else:
         say(f"{rt.me.describe()} stops: {record.message()}")
         here = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -318,14 +332,14 @@ def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
     return record, Status.ERROR.exit_code
 
 
-def train(cfg: FinetuneConfig, rt: Runtime, peak: flops.Peak | None) -> dict[str, Any]:
+def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None) -> dict[str, Any]:
     started = time.time()
     peak_tflops = peak.tflops if peak else None
     tc = cfg.train
-    rt.set_phase("setup")
-    run_dir = resolve_run_dir(cfg, rt)
-    resume_from = agree_on_checkpoint(rt, cfg.resume, run_dir)
+    run_dir = run.path
     log = RankZeroLog(rt, run_dir)
+    # An unreadable newest checkpoint is named and skipped (resume auto), in the log.
+    resume_from = agree_on_checkpoint(rt, cfg.resume, run_dir, log)
     seed_everything(tc.seed)
 
     rt.set_phase("data preparation")
@@ -392,6 +406,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, peak: flops.Peak | None) -> dict[str
             micro_rows = [[data.train[i] for i in ids] for ids in micro_ids]
 
             stats = train_step(model, optimizer, scheduler, micro_rows, cfg, rt, pad_id)
+            run.trained = True  # from now on a failure leaves the run directory in place
             state.step += 1
             state.index += global_batch
             steps_this_process += 1
@@ -439,18 +454,6 @@ def train(cfg: FinetuneConfig, rt: Runtime, peak: flops.Peak | None) -> dict[str
         )
     log.close()
     return result
-
-
-def resolve_run_dir(cfg: FinetuneConfig, rt: Runtime) -> Path:
-    """output_dir, or runs/<timestamp>-finetune named by rank 0 (ranks' clocks may straddle a second)."""
-    names = [cfg.output_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-finetune"]
-    if rt.world_size > 1:
-        dist.broadcast_object_list(names, src=0)
-    run_dir = Path(names[0])
-    if rt.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
-    return run_dir
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,148 @@
+"""Where a model named in a config comes from (a local directory or a Hugging Face hub id), and which directory
+an --adapter argument means.
+
+transformers takes any string that is not an existing directory for a hub id: a missing local path then fails
+with "Repo id must be in the form ...", and without network every hub file is retried for about 50 s before an
+87-line traceback. Here a name is classified first, and a hub id is only used when the hub answers a single
+quick request (or, when it does not or HF_HUB_OFFLINE=1 is set, from the local cache with local_files_only):
+
+    /data/qwen, ./qwen, ~/qwen, a/b/c    a local path: it must exist
+    Qwen/Qwen2-7B-Instruct, gpt2         a hub id, unless a directory of that name exists here
+
+`--adapter` takes an adapter directory or a run directory (runs/<id>, meaning its adapter/). Every problem is a
+ModelSourceError (a ConfigError: exit 3, no traceback) that names the key, the name and what to do. The probe
+runs at most once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+from gpucert.config.loader import ConfigError
+from gpucert.finetune.config import ModelConfig
+
+# One connection attempt, no retries: long enough for a slow proxy, short next to transformers' ~50 s of retries.
+PROBE_TIMEOUT_S = 5.0
+# The file whose presence in the hub cache means a model repo was downloaded here before.
+MODEL_MARKER = "config.json"
+ADAPTER_MARKER = "adapter_config.json"
+
+
+class ModelSourceError(ConfigError):
+    """A model or adapter name that can be neither found locally nor fetched from the hub."""
+
+
+def looks_like_path(name: str) -> bool:
+    """A name no hub id can be: absolute, relative to . or ~, or with more than one '/'."""
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the hub cannot be used from this process (HF_HUB_OFFLINE, or a probe that got no answer), or None."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        # Any HTTP answer, even an error status from a mirror's root, means the endpoint can be reached.
+        get_session().head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
+    except Exception as exc:  # httpx's transport errors, proxies' and SSL errors alike: no answer
+        return f"{constants.ENDPOINT} did not answer within {PROBE_TIMEOUT_S:g} s ({exc})"
+    return None
+
+
+def _cached(repo_id: str, marker: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, marker), str)
+
+
+def _hub_id(name: str, key: str) -> str:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ModelSourceError(
+            f"{key}: {name!r} is neither an existing directory nor a valid hub id (namespace/name of letters, "
+            "digits, '-', '_' and '.'): give the path of a local directory or a hub id like Qwen/Qwen2-7B-Instruct"
+        ) from None
+    return name
+
+
+def _missing_path(name: str, key: str) -> ModelSourceError:
+    where = Path(name).expanduser()
+    relative = "" if where.is_absolute() else f" (relative to {Path.cwd()})"
+    return ModelSourceError(
+        f"{key}: no directory {name}{relative}: a name with a leading / . or ~, or more than one '/', is a local "
+        "path, not a hub id. Check the path (a relative one is taken from the current directory), or give a hub id "
+        "like Qwen/Qwen2-7B-Instruct"
+    )
+
+
+def _offline_kwargs(name: str, key: str, marker: str) -> dict[str, Any]:
+    """{} while the hub answers; local_files_only when it does not but `name` is cached; else the error."""
+    why = hub_unreachable()
+    if why is None:
+        return {}
+    if _cached(name, marker):
+        return {"local_files_only": True}
+    from huggingface_hub import constants
+
+    raise ModelSourceError(
+        f"{key}: {name} is no local directory, and as a hub id it is not in the local cache "
+        f"({constants.HF_HUB_CACHE}) and the hub cannot be used: {why}. Download it where there is network "
+        f"(hf download {name}) and copy the cache here (HF_HOME), or download it into a directory "
+        f"(hf download {name} --local-dir DIR) and set {key} to that directory"
+    )
+
+
+def pretrained_source(name: str, key: str = "model.name") -> tuple[str, dict[str, Any]]:
+    """What to give from_pretrained for the model `name`, after checking that it can be loaded from here: a local
+    directory (~ expanded), or the hub id with {} normally and local_files_only=True when the hub is unreachable
+    but the model is cached. A ModelSourceError otherwise."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path), {}
+    if path.exists():
+        raise ModelSourceError(f"{key}: {name} is a file; expected a model directory (with config.json) or a hub id")
+    if looks_like_path(name):
+        raise _missing_path(name, key)
+    return name, _offline_kwargs(_hub_id(name, key), key, MODEL_MARKER)
+
+
+def resolve_adapter(given: str | os.PathLike[str]) -> tuple[Path, str | None]:
+    """(the adapter directory, a note for the user or None) for --adapter: an adapter directory, or a run
+    directory, whose final adapter/ it means. A ModelSourceError naming what is there otherwise."""
+    name = str(given)
+    path = Path(name).expanduser()
+    if (path / ADAPTER_MARKER).is_file():
+        return path, None
+    final = path / "adapter"
+    if (final / ADAPTER_MARKER).is_file():
+        return final, f"{name} is a run directory: evaluating its final adapter, {final}"
+    if (path / "config.yaml").is_file() or (path / "checkpoints").is_dir():
+        raise ModelSourceError(
+            f"--adapter {name}: a run directory without a final adapter (no {final / ADAPTER_MARKER}): the run "
+            f"has not finished. Finish it (gpucert finetune --config {path / 'config.yaml'} --output {name} "
+            f"--resume auto), then evaluate {name}"
+        )
+    if path.is_dir():
+        raise ModelSourceError(
+            f"--adapter {name}: no {ADAPTER_MARKER} there; expected a run directory (runs/<id>) or its adapter/"
+        )
+    raise ModelSourceError(
+        f"--adapter {name}: no such directory{'' if path.is_absolute() else f' (relative to {Path.cwd()})'}; "
+        "expected a run directory (runs/<id>) or its adapter/. An adapter on the hub: hf download ID --local-dir DIR"
+    )
+
+
+def check_model_source(model_cfg: ModelConfig) -> None:
+    """Refuse, before a run directory or a cache entry exists, a model.name that cannot be loaded from here."""
+    if model_cfg.name != "tiny":
+        pretrained_source(model_cfg.name)
