@@ -271,6 +271,11 @@ def test_fp8_needs_a_gpu_of_compute_capability_8_9(device: str, capability, refu
         assert problem is not None and refused in problem and ">= 8.9" in problem and "model.precision=bf16" in problem
 
 
+def test_fp8_is_refused_on_rocm_builds() -> None:
+    problem = fp8_device_problem("cuda", (9, 4), "AMD Instinct MI300X", rocm=True)
+    assert problem is not None and "ROCm build" in problem
+
+
 def test_load_model_refuses_fp8_off_a_gpu_before_building_the_model(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     def never(*_: object) -> None:
         raise AssertionError("the model was built before the device was checked")

@@ -44,7 +44,7 @@ AMAX_FLOOR = 1e-12
 ALIGNMENT = 16
 # float8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
 MIN_CAPABILITY = (8, 9)
-# torchao's Float8LinearConfig defaults: fast (lower-precision) accumulation for the output, exact for grads.
+# torchao's Float8LinearConfig defaults: fast (lower-precision) accumulation for the output, full for dx.
 FAST_ACCUM_FORWARD = True
 FAST_ACCUM_BACKWARD = False
 
@@ -240,9 +240,14 @@ def _head_and_embedding_weights(model: nn.Module) -> list[torch.Tensor]:
     return found
 
 
-def fp8_device_problem(device_type: str, capability: tuple[int, int] | None, name: str = "") -> str | None:
-    """Why FP8 matmuls cannot run on this device, or None. `capability` is CUDA's (major, minor)."""
+def fp8_device_problem(
+    device_type: str, capability: tuple[int, int] | None, name: str = "", rocm: bool = False
+) -> str | None:
+    """Why FP8 matmuls cannot run on this device, or None. `capability` is CUDA's (major, minor); `rocm`: a
+    ROCm build of torch, whose MI300 GPUs take the fnuz float8 formats, not the e4m3fn written here."""
     need = ".".join(map(str, MIN_CAPABILITY))
+    if rocm:
+        return "model.precision: fp8 is written for NVIDIA GPUs (float8_e4m3fn), this torch is a ROCm build; use bf16"
     if device_type != "cuda" or capability is None:
         return (
             f"model.precision: fp8 needs a CUDA GPU of compute capability >= {need} (Ada, Hopper or newer), "
@@ -263,6 +268,6 @@ def check_fp8_device(device: torch.device) -> None:
     if device.type == "cuda":
         capability = torch.cuda.get_device_capability(device)
         name = torch.cuda.get_device_name(device)
-    problem = fp8_device_problem(device.type, capability, name)
+    problem = fp8_device_problem(device.type, capability, name, rocm=torch.version.hip is not None)
     if problem:
         raise ConfigError(problem)
