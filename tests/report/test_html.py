@@ -384,6 +384,26 @@ def section(html: str, name: str) -> str:
     return html[start : html.index("</section>", start)]
 
 
+FINETUNE_EXAMPLES = [EXAMPLES / "h100-finetune-tiny.json", EXAMPLES / "h100-finetune-qwen2-7b-speed.json"]
+
+
+@pytest.mark.parametrize("path", FINETUNE_EXAMPLES, ids=lambda p: p.stem)
+def test_real_training_reports_from_the_h100_validate_and_draw_every_curve(path: Path) -> None:
+    data = json.loads(path.read_text())
+    validator = Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    assert [e.message for e in validator.iter_errors(data)] == []
+    report = load_report(path)
+    assert all(r.expected and r.threshold_source for r in report.results if r.status is Status.PASS)
+    results = {r.name: r for r in report.results}
+    # On a GPU the peak comes from the profile the GPU matched, and device memory is measured every step.
+    assert results["mfu"].status is Status.INFO and "profile h100-sxm: bf16_peak_tflops" in results["mfu"].message
+    series = results["steps"].details
+    assert None not in series["mfu_pct"] and None not in series["memory_peak_gib"]
+    html = html_of(path)
+    assert plot_keys(html) == TRAINING_PLOTS
+    assert "<h3>Rows dropped and repaired</h3>" in section(html, "training")
+
+
 def test_a_training_run_gets_its_curves_and_its_data_report() -> None:
     report = training_report()
     html = render_html(report)
