@@ -156,13 +156,17 @@ def run_windows(
 
 @contextlib.contextmanager
 def _deterministic() -> Iterator[None]:
-    """Deterministic kernels for the checksum matmuls; torch's global setting comes back afterwards."""
+    """Deterministic kernels for the checksum matmuls, and one CPU thread (a CPU matmul's blocking follows the
+    thread count, which ranks started by another launcher may not share); torch's settings come back afterwards."""
     before = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    threads = torch.get_num_threads()
     torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
     try:
         yield
     finally:
+        torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
 
