@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -12,6 +13,7 @@ from tests.finetune.test_train import METRICS_KEYS, REPORT_RESULTS
 from tests.training_runs import synthetic_metrics, training_report
 
 import gpucert.report
+from gpucert.finetune import run_report
 from gpucert.finetune.run_report import invocation, run_results, step_series, write_run_files
 from gpucert.report.store import load_report
 from gpucert.status import Status
@@ -125,3 +127,14 @@ def test_run_files_are_written_whole(tmp_path: Path) -> None:
     assert load_report(tmp_path).to_dict() == report.to_dict()
     assert (tmp_path / "report.md").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "report.json", "report.md"]
+
+
+def test_a_failed_metrics_write_leaves_no_temporary_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(*_: object, **__: object) -> str:
+        raise OSError(28, "No space left on device")
+
+    # Only this module's json: the report before it is written whole.
+    monkeypatch.setattr(run_report, "json", SimpleNamespace(dumps=disk_full))
+    with pytest.raises(OSError, match="No space left"):
+        write_run_files(tmp_path, synthetic_metrics(), training_report())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]

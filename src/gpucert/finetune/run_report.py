@@ -281,7 +281,14 @@ def write_run_files(run_dir: Path, metrics: dict[str, Any], report: Report) -> N
     that read it); each file is written whole or not at all."""
     write_report(report, run_dir)
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".metrics.json.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(metrics, indent=1))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, run_dir / "metrics.json")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(metrics, indent=1))
+        # mkstemp makes 0600 files; the run directory's other files follow the umask, so does this one.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, run_dir / "metrics.json")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no half-written temporary file behind
+        raise
