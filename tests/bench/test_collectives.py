@@ -415,3 +415,17 @@ def test_batch_settings_are_refused_out_of_range() -> None:
         "bench.collectives.batch_ms must be <= 1000.0 (a batch per size and repeat: longer only slows the sweep), "
         "found 5000.0"
     ]
+
+
+def test_the_captured_2xh200_report_passes_every_op_when_judged_again() -> None:
+    """docs/results/2026-11-22-h200x2-accept.json: `gpucert accept` on the idle lent 2xH200. Captured before
+    the 2-GPU floors of all_to_all, broadcast and send_recv existed (INFO there); judged again, all six PASS
+    against their [2 GPUs] entries, and each FAILs 15 % lower."""
+    report = json.loads((RESULTS / "2026-11-22-h200x2-accept.json").read_text())
+    curves = [r["details"] for r in report["results"] if r["name"].startswith("collective.")]
+    assert [c["op"] for c in curves] == OPS
+    results = coll.judge(_data(*curves, world_size=2), H200, CFG)
+    assert [r.status for r in results] == [Status.PASS] * len(OPS)
+    assert all(r.threshold_source.endswith("[2 GPUs]") for r in results)
+    slowed = [{**c, "busbw_gbps": [0.85 * b for b in c["busbw_gbps"]]} for c in curves]
+    assert [r.status for r in coll.judge(_data(*slowed, world_size=2), H200, CFG)] == [Status.FAIL] * len(OPS)
