@@ -330,6 +330,7 @@ def node_report(host: str, matmul: list[float], schema_1x: bool = False, **meta_
             status=Status.PASS,
             message="expected 4 GPUs, found 4",
             value=4,
+            expected="4",
             node=node,
         ),
         *(
@@ -347,6 +348,16 @@ def node_report(host: str, matmul: list[float], schema_1x: bool = False, **meta_
             message="ok",
             value=370.0,
             unit="GB/s",
+            category="benchmark",
+            node=node,
+        ),
+        Result(
+            name="memory.read",
+            subject=host,
+            status=Status.PASS,
+            message="3.1 TB/s",
+            value=3.1,
+            unit="TB/s",
             category="benchmark",
             node=node,
         ),
@@ -377,6 +388,11 @@ def test_merge_of_a_2x_and_a_1x_report_is_a_valid_cluster_report(tmp_path: Path)
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert sorted(e.message for e in VALIDATOR.iter_errors(data)) == []
     assert load_report(tmp_path / "out") == merged
+    # The per-node reports PASSed memory.read and p2p.pair with no threshold (as reports before 2.1 could): the
+    # merged report shows them as INFO.
+    unjudged = [r for r in merged.results if r.name in ("memory.read", "p2p.pair")]
+    assert [r.status for r in unjudged] == [Status.INFO] * 4
+    assert unjudged[0].message == "shown, not judged (PASS with no threshold in node-a's report): ok"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "report.json", "report.md"]
 
     m = merged.meta
@@ -398,6 +414,7 @@ def test_merge_of_a_2x_and_a_1x_report_is_a_valid_cluster_report(tmp_path: Path)
         "node-b",
         *(f"node-b GPU {i}" for i in range(4)),
         "GPU 1 -> GPU 2",
+        "node-b",
     ]
     fails = [(r.name, r.subject) for r in by_status(merged.results, Status.FAIL)]
     assert fails == [("cluster.outlier.matmul.bf16.max", "node-b GPU 1")]

@@ -352,3 +352,15 @@ def test_terminal_header_names_tool_method_and_schema_versions(results: list[Res
     console = Console(record=True, width=160)
     print_report(make_report(results), console, show_inventory=False, report_path=None)
     assert "gpucert health, profile h100-sxm  (gpucert 0.1.0, method 1, schema 2.1)" in console.export_text()
+
+
+def test_from_schema_2_1_a_pass_must_name_what_it_was_held_to() -> None:
+    """A PASS that could not have failed misleads: from 2.1 the schema refuses one without `expected` (INFO is
+    the status for a shown, unjudged figure); 2.0 reports, written before the rule, still validate."""
+    data = make_report([dataclasses.replace(PASS_RESULT, expected=None)]).to_dict()
+    assert schema_errors(data) == ["None is not of type 'string'"]
+    data["results"][0]["status"] = "INFO"
+    assert schema_errors(data) == []
+    data["results"][0]["status"] = "PASS"
+    data["schema_version"] = "2.0"
+    assert schema_errors(data) == []

@@ -243,7 +243,16 @@ def check_row_remapping(gpu: GpuInfo, profile: Profile) -> list[Result]:
                 remediation="the GPU works; track the counts and plan an RMA if they grow",
             )
         ]
-    return [Result(**base, status=Status.PASS, message=f"no pending remap, {unc} + {corr} rows remapped")]
+    return [
+        Result(
+            **base,
+            status=Status.PASS,
+            expected=f"no failure, none pending, < {limits.remapped_rows_uncorrectable_warn} uncorrectable and "
+            f"< {limits.remapped_rows_correctable_warn} correctable rows",
+            threshold_source=_src(profile, "gpu.remapped_rows_*_warn"),
+            message=f"no pending remap, {unc} + {corr} rows remapped",
+        )
+    ]
 
 
 def check_clock_events(gpu: GpuInfo) -> list[Result]:

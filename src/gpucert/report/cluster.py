@@ -495,6 +495,15 @@ def _relabel(result: Result, report: Report, old: str, new: str) -> Result:
         subject = new
     elif subject.startswith(f"{old} "):
         subject = new + subject[len(old) :]
+    if result.status is Status.PASS and not result.expected:
+        # Before schema 2.1 a figure held to nothing could read PASS; the merged report (2.1) shows it unjudged.
+        return dataclasses.replace(
+            result,
+            node=new,
+            subject=subject,
+            status=Status.INFO,
+            message=f"shown, not judged (PASS with no threshold in {old}'s report): {result.message}",
+        )
     return dataclasses.replace(result, node=new, subject=subject)
 
 
