@@ -169,9 +169,7 @@ class DataConfig:
                 self.eval_fraction,
             ),
             *_rule(self.max_rows is None or self.max_rows >= 1, "data.max_rows", "null or >= 1", self.max_rows),
-            *_rule(
-                0 <= self.max_bad_row_share <= 1, "data.max_bad_row_share", "in [0, 1]", self.max_bad_row_share
-            ),
+            *_rule(0 <= self.max_bad_row_share <= 1, "data.max_bad_row_share", "in [0, 1]", self.max_bad_row_share),
             *_named("data.cache_dir", self.cache_dir, "a directory"),
             *_seed("data.seed", self.seed),
         ]
