@@ -37,8 +37,9 @@ def test_small_messages_are_timed_in_batches(tmp_path: Path, cuda_graph: bool) -
         print(curve["op"], "iters", curve["iters"][:4], "time_us", [round(t, 1) for t in curve["time_us"][:4]])
         assert curve["wrong"] == [0] * len(curve["sizes_bytes"]), curve["op"]
         assert curve["cuda_graph"] is cuda_graph
-        # Many calls per batch at 1 KiB, few at 64 MiB; a 1 KiB op over NVLink takes tens of microseconds.
-        assert curve["iters"][0] > 10 * curve["iters"][-1], curve["iters"]
+        # More calls per batch at 1 KiB than at 64 MiB: a batch fills batch_ms, and a 1 KiB op takes 15-50 us
+        # against ~250 us at 64 MiB (lent 2xH200, 2026-11-22: 129 calls against 19 for all_reduce).
+        assert curve["iters"][0] > 4 * curve["iters"][-1], curve["iters"]
         assert curve["time_us"][0] < 200, curve["time_us"][:3]
     results = collectives.judge(data, load_profile("h200"), cfg)
     assert all(r.status is not Status.ERROR for r in results)
