@@ -37,9 +37,12 @@ def test_small_messages_are_timed_in_batches(tmp_path: Path, cuda_graph: bool) -
         print(curve["op"], "iters", curve["iters"][:4], "time_us", [round(t, 1) for t in curve["time_us"][:4]])
         assert curve["wrong"] == [0] * len(curve["sizes_bytes"]), curve["op"]
         assert curve["cuda_graph"] is cuda_graph
-        # More calls per batch at 1 KiB than at 64 MiB: a batch fills batch_ms, and a 1 KiB op takes 15-50 us
-        # against ~250 us at 64 MiB (lent 2xH200, 2026-11-22: 129 calls against 19 for all_reduce).
-        assert curve["iters"][0] > 4 * curve["iters"][-1], curve["iters"]
+        # More calls per batch at 1 KiB than at 64 MiB, and every batch long enough (>= 1 ms) that its one event
+        # pair costs under 1 %. The probe that sizes a batch is noisy at the first size (lent 2xH200, 2026-11-22:
+        # all_reduce 50 or 133 calls at 1 KiB between runs, 19 at 64 MiB), so no tighter ratio is asserted.
+        assert curve["iters"][0] > curve["iters"][-1], curve["iters"]
+        batch_us = [i * t for i, t in zip(curve["iters"], curve["time_us"], strict=True)]
+        assert min(batch_us) >= 1000, batch_us
         assert curve["time_us"][0] < 200, curve["time_us"][:3]
     results = collectives.judge(data, load_profile("h200"), cfg)
     assert all(r.status is not Status.ERROR for r in results)

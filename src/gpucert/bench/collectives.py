@@ -331,8 +331,11 @@ def check_once(op: str, size_bytes: int, dtype: str, env: Scope) -> int:
     return count_wrong(out, expected_segments(op, pattern, env.rank, env.world_size, count_in))
 
 
-# Back-to-back calls timed to size the batches, after the warm-up.
+# Back-to-back calls timed to size the batches, after the warm-up, in PROBE_REPEATS batches whose median counts:
+# one probe batch alone was sometimes stretched by a stall (a rank arriving late), which left a batch of a single
+# call of ~50 us, launch overhead included (lent 2xH200, 2026-11-22, tests/gpu/test_collectives_timing.py).
 PROBE_CALLS = 4
+PROBE_REPEATS = 5
 
 
 def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env: Scope) -> dict[str, Any]:
@@ -364,7 +367,7 @@ def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env:
 def _agreed_iters(call: Callable[[int], object], cfg: dict[str, Any], env: Scope) -> int:
     """Warm up, probe one call's time, and size a batch to last batch_ms. Every rank must make the same number
     of calls (a rank that stops early leaves the others waiting), so all take the slowest rank's probe."""
-    probe = time_batches(call, env.device, warmup=cfg["warmup"], iters=PROBE_CALLS, repeats=1)
+    probe = time_batches(call, env.device, warmup=cfg["warmup"], iters=PROBE_CALLS, repeats=PROBE_REPEATS)
     slowest = torch.tensor([probe.median_s / PROBE_CALLS], dtype=torch.float64, device=env.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=env.group)
     return iters_to_fill(float(slowest.item()), cfg["batch_ms"] / 1e3, cfg["max_iters"])
