@@ -168,6 +168,19 @@ def synthetic_metrics(
         "final_eval_loss": evals[-1]["loss"],
         "step_log": log,
         "oom": None,
+        "memory_plan": {
+            "micro_batch": 2,
+            "checkpointing": "full" if gradient_checkpointing else "none",
+            "chosen_by": "config",
+            "estimate_gib": None if peak_gib is None else 33.0,
+            "free_gib": None if peak_gib is None else 78.7,
+            "total_gib": None if peak_gib is None else 79.2,
+            "budget_gib": None if peak_gib is None else 70.4,
+            "parts": {},
+            "reasons": [] if peak_gib is not None else ["not a CUDA device"],
+            "headroom_gib": None if peak_gib is None else 45.7,
+            "peak_memory_gib": peak_gib,
+        },
         "outputs": {"adapter": "runs/qwen/adapter", "merged": None, "checkpoint": str(checkpoint), "tensorboard": None},
     }
 

@@ -37,6 +37,7 @@ REPORT_RESULTS = [
     "mfu",
     "peak_memory_gib",
     "peak_rss_gib",
+    "train.memory_plan",
     "data.preparation",
 ]
 
@@ -75,6 +76,7 @@ METRICS_KEYS = {
     "final_eval_loss",
     "step_log",
     "oom",
+    "memory_plan",
     "outputs",
 }
 

@@ -190,7 +190,13 @@ class DataConfig:
 class TrainConfig:
     # "auto" (DDP when more than one process, else none), "none", "ddp" or "fsdp2".
     parallel: str = "auto"
-    micro_batch: int = 2
+    # Rows per forward/backward on each process, or "auto": the largest up to micro_batch_max that an estimate of
+    # the step's peak memory fits into the GPU's free memory, without activation checkpointing if any fits, else
+    # with it (finetune/memory_plan.py; 1 on a CPU). The plan is printed and recorded beside the measured peak.
+    # grad_accum stays as given, so the global batch follows the micro-batch chosen.
+    micro_batch: int | str = 2
+    # The largest micro-batch micro_batch auto may choose.
+    micro_batch_max: int = 4
     grad_accum: int = 4
     lr: float = 2e-5
     warmup_ratio: float = 0.03
@@ -215,10 +221,15 @@ class TrainConfig:
     def problems(self) -> list[str]:
         return [
             *_one_of("train.parallel", self.parallel, PARALLEL_MODES),
+            *(
+                _rule(self.micro_batch >= 1, "train.micro_batch", ">= 1", self.micro_batch)
+                if isinstance(self.micro_batch, int)
+                else _rule(self.micro_batch == "auto", "train.micro_batch", 'a number >= 1 or "auto"', self.micro_batch)
+            ),
             *_at_least_1(
                 "train",
                 self,
-                ("micro_batch", "grad_accum", "log_every", "eval_every", "save_every", "keep_checkpoints"),
+                ("micro_batch_max", "grad_accum", "log_every", "eval_every", "save_every", "keep_checkpoints"),
             ),
             *_positive("train.lr", self.lr),
             *_fraction("train.warmup_ratio", self.warmup_ratio),

@@ -16,6 +16,9 @@ be checked without training:
   and memory_allocated_gib (rank 0's device), rss_gib (rank 0's host), warmup (left out of the throughput
   figures), and eval_step / eval_loss. A null is a value not measured at that step (MFU on a CPU, memory in a
   step logged before it was recorded).
+- result `train.memory_plan` (runs from the memory plan on): the micro-batch and checkpointing trained with, how
+  they were chosen, the estimate of the peak and the measured peak beside it (details: the plan with the
+  estimate's parts, free memory, budget and the larger micro-batches that would not fit).
 - result `data.preparation` carries the data-preparation report (prepare.py's stats) in its details.
 """
 
@@ -39,6 +42,7 @@ DATA_CATEGORY = "data"
 DATA_SUBJECT = "prepared data"
 STEPS_RESULT = "steps"
 DATA_RESULT = "data.preparation"
+MEMORY_PLAN_RESULT = "train.memory_plan"
 
 
 def invocation(argv: list[str]) -> list[str]:
@@ -196,6 +200,24 @@ def _memory(metrics: dict[str, Any]) -> list[Result]:
     ]
 
 
+def _memory_plan(plan: dict[str, Any]) -> Result:
+    """The plan the run trained with (finetune/memory_plan.py) and its estimate beside the measured peak: INFO,
+    so the estimate's error shows in every run; the plan's own check is that the run did not run out of memory."""
+    what = "full checkpointing" if plan["checkpointing"] == "full" else "no checkpointing"
+    chosen = {"auto": "chosen by train.micro_batch auto", "cpu": "train.micro_batch auto on a CPU: 1"}.get(
+        plan["chosen_by"], "as configured"
+    )
+    text = f"micro-batch {plan['micro_batch']}, {what} ({chosen})"
+    estimate, peak = plan.get("estimate_gib"), plan.get("peak_memory_gib")
+    if estimate is not None:
+        text += f"; estimate {estimate:.1f} GiB of {plan['free_gib']:.1f} GiB free"
+        if peak:
+            text += f", measured peak {peak:.1f} GiB (estimate {100 * (estimate - peak) / peak:+.1f} %)"
+    elif plan.get("reasons"):
+        text += f"; no estimate: {'; '.join(plan['reasons'])}"
+    return _info(MEMORY_PLAN_RESULT, estimate, "GiB", text, details=plan)
+
+
 def _split_text(name: str, split: dict[str, Any]) -> str:
     share = split.get("supervised_share")
     return (
@@ -243,7 +265,8 @@ def run_results(metrics: dict[str, Any]) -> list[Result]:
     measured.append(_utilisation(metrics, "mfu", metrics.get("mfu"), "LoRA-aware MFU"))
     if metrics["config"]["model"]["gradient_checkpointing"]:
         measured.append(_utilisation(metrics, "hfu", metrics.get("hfu"), "HFU (with checkpoint recompute)"))
-    return [*criteria, *measured, *_memory(metrics), data_result(metrics["dataset"])]
+    plan = [_memory_plan(metrics["memory_plan"])] if metrics.get("memory_plan") else []
+    return [*criteria, *measured, *_memory(metrics), *plan, data_result(metrics["dataset"])]
 
 
 def build_report(

@@ -68,6 +68,7 @@ from gpucert.finetune.checkpoint import (
 )
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
 from gpucert.finetune.hub import check_model_source
+from gpucert.finetune.memory_plan import Plan, fixed_micro_batch, plan_for_run
 from gpucert.finetune.model import (
     IGNORE_INDEX,
     ModelInfo,
@@ -235,7 +236,7 @@ def evaluate_loss(model: nn.Module, rows: Dataset, cfg: FinetuneConfig, rt: Runt
     """Token-weighted loss over the whole eval split, rows dealt round-robin to ranks."""
     model.eval()
     mine = list(range(rt.rank, len(rows), rt.world_size))
-    micro = cfg.train.micro_batch
+    micro = fixed_micro_batch(cfg.train)
     # Every rank runs the same number of forwards (FSDP2 gathers parameters collectively in each one);
     # a rank out of rows repeats its first row with no labels, which adds nothing to the sums.
     batches = math.ceil(math.ceil(len(rows) / rt.world_size) / micro)
@@ -354,7 +355,12 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             log(f"warning: {warning}")
     pad_id = tokenizer.pad_token_id
     mode = resolve_mode(tc.parallel, rt.world_size)
-    global_batch = tc.micro_batch * tc.grad_accum * rt.world_size
+    # Before the model loads (the plan may turn checkpointing on) and before the global batch is counted.
+    plan = plan_for_run(cfg, rt, len(tokenizer), mode)
+    cfg = plan.apply(cfg)
+    tc = cfg.train
+    log(plan.message())
+    global_batch = plan.micro_batch * tc.grad_accum * rt.world_size
     per_epoch, total_steps = plan_steps(len(data.train), global_batch, tc.epochs, tc.max_steps)
     warmup_steps = math.ceil(tc.warmup_ratio * total_steps)
 
@@ -377,6 +383,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             raise ValueError(
                 f"{resume_from}: expected a global batch of {global_batch} rows, found {state.global_batch}: "
                 "resume with the same micro_batch x grad_accum x processes, or start a new output_dir"
+                + resume_hint(state.global_batch, tc.grad_accum, rt.world_size, plan)
             )
         state.world_size = rt.world_size
         # What the next checkpoints trained on (differs from the loaded one only under resume_allow_data_change).
@@ -402,7 +409,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             if order_epoch != state.epoch:
                 order, order_epoch = epoch_order(len(data.train), tc.seed, state.epoch), state.epoch
             global_rows = order[state.index : state.index + global_batch]
-            micro_ids = rank_micro_batches(global_rows, rt.rank, tc.micro_batch, tc.grad_accum)
+            micro_ids = rank_micro_batches(global_rows, rt.rank, plan.micro_batch, tc.grad_accum)
             micro_rows = [[data.train[i] for i in ids] for ids in micro_ids]
 
             stats = train_step(model, optimizer, scheduler, micro_rows, cfg, rt, pad_id)
@@ -438,6 +445,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
         save_adapter(model, tokenizer, adapter_dir, rt)
     rt.set_phase("summary")
     result = summarise(cfg, rt, info, data, state, run_dir, started, peak, oom, resume_from)
+    result["memory_plan"] = {**plan.to_dict(), "peak_memory_gib": result["peak_memory_gib"]}
     # After summarise's last collective: a 7B merge on slow storage must not hold the other ranks inside one.
     if oom is None and rt.is_main and tc.merge_adapter:
         rt.set_phase("merging the adapter")
@@ -454,6 +462,16 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
         )
     log.close()
     return result
+
+
+def resume_hint(saved_rows: int, grad_accum: int, world: int, plan: Plan) -> str:
+    """What pins the checkpoint's micro-batch when train.micro_batch auto chose another one."""
+    if plan.chosen_by == "config" or saved_rows % (grad_accum * world):
+        return ""
+    return (
+        f" (train.micro_batch auto chose {plan.micro_batch} here; the checkpoint trained "
+        f"{saved_rows // (grad_accum * world)}: --set train.micro_batch={saved_rows // (grad_accum * world)})"
+    )
 
 
 def seed_everything(seed: int) -> None:
