@@ -365,23 +365,29 @@ def model_shape(cfg: FinetuneConfig, vocab_size: int) -> ModelShape:
     return shape_from_config(AutoConfig.from_pretrained(source, **offline), vocab_size)
 
 
-def plan_for_run(cfg: FinetuneConfig, rt: Any, vocab_size: int, parallel: str) -> Plan:
-    """This run's plan. Collective under micro_batch auto on CUDA: the free and total memory are the minimum
-    over ranks, so every rank computes the same plan."""
+def device_memory_gib(rt: Any, agree: bool) -> tuple[float, float]:
+    """(free, total) GiB of this rank's GPU; with `agree`, the minimum of each over ranks (a collective)."""
     import torch
     import torch.distributed as dist
 
+    free, total = torch.cuda.mem_get_info(rt.device)
+    memory = torch.tensor([free, total], dtype=torch.float64, device=rt.device)
+    if agree and rt.world_size > 1:
+        dist.all_reduce(memory, op=dist.ReduceOp.MIN)
+    free_gib, total_gib = memory.tolist()
+    return free_gib / GIB, total_gib / GIB
+
+
+def plan_for_run(cfg: FinetuneConfig, rt: Any, vocab_size: int, parallel: str) -> Plan:
+    """This run's plan. Collective under micro_batch auto on CUDA: the free and total memory are the minimum
+    over ranks, so every rank computes the same plan."""
     auto = cfg.train.micro_batch == "auto"
     if rt.device.type != "cuda":
         if auto:
             mode = "full" if cfg.model.gradient_checkpointing else "none"
             return Plan(micro_batch=1, checkpointing=mode, chosen_by="cpu")
         return configured_plan(cfg, None, 0.0, 0.0)
-    free, total = torch.cuda.mem_get_info(rt.device)
-    memory = torch.tensor([free, total], dtype=torch.float64, device=rt.device)
-    if auto and rt.world_size > 1:
-        dist.all_reduce(memory, op=dist.ReduceOp.MIN)
-    free_gib, total_gib = (v / GIB for v in memory.tolist())
+    free_gib, total_gib = device_memory_gib(rt, agree=auto)
     try:
         workload = workload_from_config(cfg, model_shape(cfg, vocab_size), parallel, rt.world_size)
         if not auto:
