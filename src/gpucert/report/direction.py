@@ -19,6 +19,9 @@ LOWER_IS_BETTER_UNITS = frozenset(
 # A fine-tuning run ("training" results): less memory needed is better. GiB has no direction elsewhere: a
 # node's installed memory is a size, not a performance number.
 TRAINING_LOWER_IS_BETTER_UNITS = frozenset({"GiB"})
+# Results whose value is an estimate the run made, not a measurement (the memory plan's peak for the micro-batch
+# it chose): a bigger estimate is a bigger plan, neither better nor worse.
+ESTIMATES = frozenset({"train.memory_plan"})
 
 
 def direction_of(result: Result) -> str | None:
@@ -27,7 +30,7 @@ def direction_of(result: Result) -> str | None:
     Only measured performance has a direction. Health readings (an idle GPU's temperature or utilisation,
     the liveness error) and telemetry move with the room and the moment: they are compared by status only.
     """
-    if result.category not in ("benchmark", "evaluation", "training"):
+    if result.category not in ("benchmark", "evaluation", "training") or result.name in ESTIMATES:
         return None
     expected = (result.expected or "").lstrip()
     if expected.startswith(">"):
