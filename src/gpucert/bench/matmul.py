@@ -253,6 +253,38 @@ def _medians_of_many(values: dict[Any, list[float]]) -> dict[Any, float]:
     return {key: statistics.median(v) for key, v in values.items() if len(v) >= 2}
 
 
+def _hold_to_node_median(
+    tflops: float,
+    node_median: float,
+    profile: Profile,
+    subject: str,
+    where: str,
+    expected: list[str],
+    sources: list[str],
+    problems: list[str],
+) -> None:
+    """gpu-fryer's rule, shared by the fixed sizes and the max: a GPU more than matmul_node_deviation_pct below
+    its node's median FAILs. Appends what it held the figure to, and the problem if there is one."""
+    pct = profile.benchmarks.matmul_node_deviation_pct
+    assert pct is not None
+    expected.append(f"within {pct:g} % of node median {node_median:.1f}")
+    sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")
+    if tflops < node_median * (1 - pct / 100):
+        problems.append(
+            f"{subject} is {100 * (1 - tflops / node_median):.1f} % below the node median {node_median:.1f} "
+            f"TFLOP/s{where}"
+        )
+
+
+def _verdict(problems: list[str], expected: list[str], measured: str, unjudged: str) -> tuple[Status, str]:
+    """FAIL naming the problems, PASS when something held the figure, else INFO saying why nothing did."""
+    if problems:
+        return Status.FAIL, "; ".join(problems)
+    if expected:
+        return Status.PASS, measured
+    return Status.INFO, f"{measured}; not judged: {unjudged}"
+
+
 def _judge_point(
     p: dict[str, Any], subject: str, gpu: int | None, node: str | None, profile: Profile, node_median: float | None
 ) -> Result:
@@ -278,25 +310,14 @@ def _judge_point(
                 f"expected >= {floor:.0f} TFLOP/s ({100 * share_min:g} % of the {peak:g} peak) at {size}^3 {dtype}, "
                 f"found {tflops:.1f} on {subject}"
             )
-    pct = floors.matmul_node_deviation_pct
-    if pct is None:
+    if floors.matmul_node_deviation_pct is None:
         unjudged.append(f"profile {profile.name} turns the node rule off (matmul_node_deviation_pct: null)")
     elif node_median is None:
         unjudged.append(f"no other GPU of {node or 'this node'} to compare with")
     else:
-        expected.append(f"within {pct:g} % of node median {node_median:.1f}")
-        sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")
-        if tflops < node_median * (1 - pct / 100):
-            problems.append(
-                f"{subject} is {100 * (1 - tflops / node_median):.1f} % below the node median {node_median:.1f} "
-                f"TFLOP/s at {size}^3 {dtype}"
-            )
-    if problems:
-        status, message = Status.FAIL, "; ".join(problems)
-    elif expected:
-        status, message = Status.PASS, measured
-    else:
-        status, message = Status.INFO, f"{measured}; not judged: {'; '.join(unjudged)}"
+        where = f" at {size}^3 {dtype}"
+        _hold_to_node_median(tflops, node_median, profile, subject, where, expected, sources, problems)
+    status, message = _verdict(problems, expected, measured, "; ".join(unjudged))
     return Result(
         name=f"matmul.{dtype}.{size}",
         subject=subject,
@@ -335,34 +356,24 @@ def _judge_max(
         if best["tflops"] < floor:
             problems.append(f"expected >= {floor:g} TFLOP/s, found {best['tflops']:.1f} on {subject}")
     if node_median and floors.matmul_node_deviation_pct is not None:
-        allowed = node_median * (1 - floors.matmul_node_deviation_pct / 100)
-        expected.append(f"within {floors.matmul_node_deviation_pct:g} % of node median {node_median:.1f}")
-        sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")
-        if best["tflops"] < allowed:
-            problems.append(
-                f"{subject} is {100 * (1 - best['tflops'] / node_median):.1f} % below the node median "
-                f"{node_median:.1f} TFLOP/s"
-            )
+        _hold_to_node_median(best["tflops"], node_median, profile, subject, "", expected, sources, problems)
     measured = (
         f"max achievable {best['tflops']:.1f} TFLOP/s at {shape} "
         f"({sweep['shapes_tried']} of {sweep['of']} sweep shapes tried, seed sizes included)"
     )
-    if problems:
-        status, message = Status.FAIL, "; ".join(problems)
-    elif expected:
-        status, message = Status.PASS, measured
-    else:
-        # No floor for this dtype and no peer on the node (or the rule off, as on CPU): shown, not judged here;
-        # report/cluster.py still holds it to the other nodes' GPUs.
-        status, message = (
-            Status.INFO,
-            f"{measured}; not judged: no floor for {sweep['dtype']} in profile "
-            + (
-                f"{profile.name} and no other GPU on {node or 'this node'} to compare with"
-                if floors.matmul_node_deviation_pct is not None
-                else f"{profile.name}, which turns the node rule off (matmul_node_deviation_pct: null)"
-            ),
-        )
+    # Unjudged: no floor for this dtype and no peer on the node (or the rule off, as on CPU); report/cluster.py
+    # still holds it to the other nodes' GPUs.
+    status, message = _verdict(
+        problems,
+        expected,
+        measured,
+        f"no floor for {sweep['dtype']} in profile "
+        + (
+            f"{profile.name} and no other GPU on {node or 'this node'} to compare with"
+            if floors.matmul_node_deviation_pct is not None
+            else f"{profile.name}, which turns the node rule off (matmul_node_deviation_pct: null)"
+        ),
+    )
     return Result(
         name=f"matmul.{sweep['dtype']}.max",
         subject=subject,
