@@ -31,7 +31,7 @@ from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
-from gpucert.report.store import RunDir, claim_run_dir, default_run_dir, write_report
+from gpucert.report.store import NOT_A_DIRECTORY, RunDir, claim_run_dir, default_run_dir, write_problem, write_report
 from gpucert.runtime.errors import RendezvousError
 from gpucert.status import Status
 
@@ -227,23 +227,16 @@ def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
 
 
 def check_output_writable(request: RunRequest, config: RunConfig) -> None:
-    """Refuse an output directory the report could not be written to, before anything runs; creates nothing.
-
-    Probed with a real file in the directory, or in the nearest existing parent that would hold it: permission
-    bits do not tell a read-only mount, and root writes through them."""
+    """Refuse an output directory the report could not be written to, before anything runs; creates nothing
+    (store.write_problem probes it)."""
     target = (request.output or Path(config.runs_dir)).absolute()
     what = "--output" if request.output else "runs_dir"
-    existing = next(p for p in (target, *target.parents) if p.exists() or p == p.parent)
-    if not existing.is_dir():
+    existing, problem = write_problem(target)
+    if problem == NOT_A_DIRECTORY:
         raise ConfigError(f"{what} {target}: {existing} is not a directory")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
+    if problem is not None:
         where = "" if existing == target else f" ({existing}, where it would be created)"
-        raise ConfigError(
-            f"{what} {target}: cannot write there{where}: {exc.strerror or exc}; choose another {what}"
-        ) from None
+        raise ConfigError(f"{what} {target}: cannot write there{where}: {problem}; choose another {what}")
 
 
 @dataclass

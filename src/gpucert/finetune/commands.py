@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import tempfile
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -144,15 +143,13 @@ def check_evaluation_output(out: Path) -> None:
                 f"--output {out}: holds {what}, which the evaluation report would replace; choose another "
                 "--output (the default is evaluation/ beside the adapter)"
             )
-    target = out.absolute()
-    nearest = next(p for p in (target, *target.parents) if p.exists() or p == p.parent)
-    if not nearest.is_dir():
+    from gpucert.report.store import NOT_A_DIRECTORY, write_problem
+
+    nearest, problem = write_problem(out.absolute())
+    if problem == NOT_A_DIRECTORY:
         raise ConfigError(f"--output {out}: {nearest} is not a directory")
-    try:
-        with tempfile.TemporaryFile(dir=nearest):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"--output {out}: cannot write in {nearest}: {exc.strerror or exc}") from None
+    if problem is not None:
+        raise ConfigError(f"--output {out}: cannot write in {nearest}: {problem}")
 
 
 def threshold_source(args: argparse.Namespace) -> str:

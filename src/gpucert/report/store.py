@@ -146,6 +146,25 @@ def _read_holder(fd: int) -> str:
     return "holder unknown"
 
 
+# write_problem's answer when the nearest existing path is a file.
+NOT_A_DIRECTORY = "not a directory"
+
+
+def write_problem(target: Path) -> tuple[Path, str | None]:
+    """(the directory a run at `target` would write in: target, or its nearest existing parent that would hold
+    it; why it cannot be written there, or None). Creates nothing. Probed with a real file: permission bits do
+    not tell a read-only mount, and root writes through them."""
+    nearest = next(p for p in (target, *target.parents) if p.exists() or p == p.parent)
+    if not nearest.is_dir():
+        return nearest, NOT_A_DIRECTORY
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as exc:
+        return nearest, str(exc.strerror or exc)
+    return nearest, None
+
+
 def _write_atomic(path: Path, text: str) -> None:
     # A report half-written by a killed run must never be read as a whole one.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
