@@ -8,4 +8,6 @@ __version__ = "0.1.0"
 # and a share of the peak (INFO where nothing can judge them); the burn phase (sustained per-GPU load, judged by
 # its median window) joins accept.
 # Also in 2: collectives time batches of back-to-back calls between one pair of events (nccl-tests), not each call.
-METHOD_VERSION = "2"
+# 3: on NCCL, collectives replay each batch as CUDA graphs of graph_calls calls on a non-blocking stream (eager
+# calls before), so small sizes time NCCL, not the host.
+METHOD_VERSION = "3"

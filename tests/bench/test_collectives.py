@@ -52,6 +52,16 @@ def test_message_sizes_and_element_counts() -> None:
     assert coll.element_counts("all_reduce", 1024, 3, 2) == (512, 512, 1024)
 
 
+def test_graph_batches_are_whole_graphs_of_at_most_graph_calls() -> None:
+    # A batch replays one graph; the calls it makes (what time per call divides by) are never fewer than asked.
+    assert coll.graph_split(700, 20) == (20, 35)
+    assert coll.graph_split(701, 20) == (20, 36)
+    assert coll.graph_split(7, 20) == (7, 1)
+    assert coll.graph_split(1, 1) == (1, 1)
+    with pytest.raises(ValueError, match="graph_calls"):
+        coll.graph_split(10, 0)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("n", [2, 3, 8, 16, 64, 256])
 def test_pattern_sums_stay_exact_and_vary(dtype: str, n: int) -> None:

@@ -1,4 +1,4 @@
-"""On a GPU node: collectives timed in batches (method 2), eagerly and as CUDA graphs, correct either way.
+"""On a GPU node: collectives timed in batches (method 3), eagerly and as CUDA graphs, correct either way.
 
 Run there with `python -m pytest -m gpu tests/gpu/test_collectives_timing.py -s` (prints the small-size
 latencies); elsewhere these are skipped. The side-by-side with nccl-tests is tools/device_nccl_compare.sh.

@@ -4,10 +4,12 @@ Every rank runs `measure` (through `gpucert bench collectives`, or `launch_local
 size S (a power of two from min_bytes to max_bytes, sized as nccl-tests sizes it) it times batches of
 back-to-back calls between one pair of CUDA events, as nccl-tests does (time = elapsed / iters; perf_counter on
 gloo). A probe picks the calls per batch so a batch lasts about batch_ms (hundreds of calls for a 1 KiB message,
-one for 4 GiB), the same on every rank; with cuda_graph each batch is a captured CUDA graph (nccl-tests -G). Per
-size it keeps each rank's median batch and then the slowest rank's, since a collective is as slow as its slowest
-rank. Then it runs the op once more on freshly filled buffers and counts the output elements that differ from
-the exactly known answer (`wrong`, summed over ranks).
+one for 4 GiB), the same on every rank. On NCCL each batch is a captured CUDA graph by default (cuda_graph,
+nccl-tests -G), replayed on a non-blocking stream, so what is timed is NCCL on the GPU and not the 35-45 us of
+host work an eager torch.distributed call costs. Per size it keeps each rank's median batch and then the
+slowest rank's, since a collective is as slow as its slowest rank. Then it runs the op once more on freshly
+filled buffers and counts the output elements that differ from the exactly known answer (`wrong`, summed over
+ranks).
 
 Reading the output: `time_us` is the time of one op (its latency at small sizes); `busbw_gbps` is comparable
 across ops and GPU counts (nccl-tests doc/PERFORMANCE.md) and is judged at the gate size against the
@@ -18,6 +20,7 @@ process group is created.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -348,14 +351,17 @@ def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env:
         count_in, count_out, moved = element_counts(op, size, env.world_size, torch_dtype.itemsize)
         if count_out == 0:
             continue
-        inp, out = _buffers(op, count_in, count_out, torch_dtype, env.device)
-        _fill_inputs(op, inp, out, pattern, env)
-        call = make_call(op, inp, out, env)
-        iters = _agreed_iters(call, cfg, env)
-        replay = _captured_batch(call, iters) if _use_graph(cfg, env) else None
-        timing = time_batches(call, env.device, warmup=0, iters=iters, repeats=cfg["repeats"], replay=replay)
-        # Free the timed buffers before the check allocates its own (4 GiB messages on 80 GB GPUs).
-        del inp, out, call, replay
+        with _timing_stream(env.device):
+            inp, out = _buffers(op, count_in, count_out, torch_dtype, env.device)
+            _fill_inputs(op, inp, out, pattern, env)
+            call = make_call(op, inp, out, env)
+            iters = _agreed_iters(op, size, call, cfg, env)
+            replay = None
+            if _use_graph(cfg, env):
+                replay, iters = _graph_batch(op, size, call, iters, cfg["graph_calls"])
+            timing = time_batches(call, env.device, warmup=0, iters=iters, repeats=cfg["repeats"], replay=replay)
+            # Free the timed buffers before the check allocates its own (4 GiB messages on 80 GB GPUs).
+            del inp, out, call, replay
         rows["sizes_bytes"].append(moved)
         rows["iters"].append(iters)
         rows["batch_s"].append(timing.median_s)
@@ -364,10 +370,18 @@ def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env:
     return rows
 
 
-def _agreed_iters(call: Callable[[int], object], cfg: dict[str, Any], env: Scope) -> int:
+def _agreed_iters(op: str, size: int, call: Callable[[int], object], cfg: dict[str, Any], env: Scope) -> int:
     """Warm up, probe one call's time, and size a batch to last batch_ms. Every rank must make the same number
-    of calls (a rank that stops early leaves the others waiting), so all take the slowest rank's probe."""
+    of calls (a rank that stops early leaves the others waiting), so all take the slowest rank's probe.
+
+    With cuda_graph the probe is a replayed graph of PROBE_CALLS calls: a replayed 8 B all_reduce takes 6 us
+    against 35-45 us eager (lent 2xH200), so an eager probe would size graph batches 5-7 times too short.
+    """
     probe = time_batches(call, env.device, warmup=cfg["warmup"], iters=PROBE_CALLS, repeats=PROBE_REPEATS)
+    if _use_graph(cfg, env):
+        replay = _captured_batch(op, size, call, PROBE_CALLS)
+        probe = time_batches(call, env.device, 0, PROBE_CALLS, PROBE_REPEATS, replay=replay)
+        del replay
     slowest = torch.tensor([probe.median_s / PROBE_CALLS], dtype=torch.float64, device=env.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=env.group)
     return iters_to_fill(float(slowest.item()), cfg["batch_ms"] / 1e3, cfg["max_iters"])
@@ -377,16 +391,60 @@ def _use_graph(cfg: dict[str, Any], env: Scope) -> bool:
     return bool(cfg.get("cuda_graph", False)) and env.device.type == "cuda"
 
 
-def _captured_batch(call: Callable[[int], object], iters: int) -> Callable[[], object]:
+def _timing_stream(device: torch.device) -> Any:
+    """Run a size's work on a fresh non-blocking stream (CUDA), as nccl-tests does.
+
+    On the legacy default stream, which synchronises with every other blocking stream, a replayed 8 B
+    all_reduce took 16 us against 5.9 on a non-blocking stream, and 1 MiB 25.9 against 14.2 (lent 2xH200,
+    2026-11-22, tools/latency_probe.py). Everything of the size (buffers, fill, probe, capture, timing, the
+    exchange of probe times) stays on that one stream, so no cross-stream ordering is needed.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device))
+
+
+def graph_split(iters: int, graph_calls: int) -> tuple[int, int]:
+    """(calls per graph, launches) for a batch of about iters calls in graphs of at most graph_calls: whole
+    graphs, so the batch makes per_graph * launches >= iters calls (time per call divides by that)."""
+    if iters < 1 or graph_calls < 1:
+        raise ValueError(f"need iters >= 1 and graph_calls >= 1, found {iters} and {graph_calls}")
+    per_graph = min(iters, graph_calls)
+    return per_graph, -(-iters // per_graph)
+
+
+def _graph_batch(
+    op: str, size: int, call: Callable[[int], object], iters: int, graph_calls: int
+) -> tuple[Callable[[], object], int]:
+    """A batch of about iters calls as replays of one captured graph of at most graph_calls calls; the replay
+    function and the number of calls it makes (a whole number of graphs, so never fewer than iters)."""
+    per_graph, launches = graph_split(iters, graph_calls)
+    graph = _captured_batch(op, size, call, per_graph)
+
+    def replay() -> None:
+        for _ in range(launches):
+            graph()
+
+    return replay, per_graph * launches
+
+
+def _captured_batch(op: str, size: int, call: Callable[[int], object], iters: int) -> Callable[[], object]:
     """iters calls captured as one CUDA graph (nccl-tests -G); its replay launches them all at once.
 
     The probe ran the op eagerly first, so NCCL's communicator (and its p2p connections, for send/recv)
     exist before the capture, as NCCL's CUDA-graph notes require; every rank captures the same calls.
     """
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            call(i)
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(iters):
+                call(i)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"bench.collectives.cuda_graph: capturing {iters} calls of {op} at {format_bytes(size)} as a CUDA graph "
+            f"failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); set "
+            "bench.collectives.cuda_graph=false to time eager calls instead"
+        ) from exc
     return graph.replay
 
 
@@ -426,6 +484,7 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
             "repeats": cfg["repeats"],
             "warmup": cfg["warmup"],
             "cuda_graph": cfg.get("cuda_graph", False) and env.device.type == "cuda",
+            "graph_calls": cfg.get("graph_calls"),
         },
         "world_size": env.world_size,
         "num_nodes": env.num_nodes,

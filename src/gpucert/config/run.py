@@ -197,9 +197,16 @@ class CollectivesBenchConfig:
     # application) and 4 GiB runs one.
     batch_ms: float = 5.0
     max_iters: int = 1000
-    # Capture each batch as a CUDA graph and time its replay (nccl-tests -G): no launch overhead at all, the
-    # pure NCCL latency. NCCL only (gloo ignores it); off until it has run on a GPU with torch's process groups.
-    cuda_graph: bool = False
+    # Capture each batch as a CUDA graph and time its replay (nccl-tests -G), so the time is NCCL's and not the
+    # host's: an eager torch.distributed call costs 35-45 us of Python and launch on the lent 2xH200, more than
+    # a 1 MiB all_reduce takes on the GPU (14 us replayed). NCCL only; gloo times eagerly. false: time eager
+    # calls, the launch-bound rate an eager application sees at small sizes.
+    cuda_graph: bool = True
+    # Calls per captured graph; a batch replays the graph to fill batch_ms (nccl-tests: -n calls per graph, -G
+    # launches). Per call, a replayed send/recv exchange at 1 KiB took 8 us in graphs of 25 calls, 14 in graphs of
+    # 100 and 47 in graphs of 400 (torch's P2P work adds cross-stream edges to the graph); all_reduce took 6 us in
+    # all three (lent 2xH200, 2026-11-22).
+    graph_calls: int = 20
     # NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0, for network gates comparable across sites.
     force_ring: bool = False
     # Also run within each node of a multi-node run (NVLink there, the network across): one curve per node.
@@ -214,6 +221,7 @@ class CollectivesBenchConfig:
             *_at_least(f"{key}.repeats", self.repeats, 1),
             *_positive(f"{key}.batch_ms", self.batch_ms),
             *_at_least(f"{key}.max_iters", self.max_iters, 1),
+            *_at_least(f"{key}.graph_calls", self.graph_calls, 1),
         ]
         if self.batch_ms > MAX_BATCH_MS:
             found.append(
