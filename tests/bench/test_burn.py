@@ -90,12 +90,12 @@ def test_a_gpu_slow_most_of_the_burn_fails_by_name_though_its_peak_would_pass() 
         "node-b GPU 1: median 280 TFLOP/s over 31 s, 63 % below the node's best 760, below the 585 TFLOP/s floor; "
         "peak 740, 86 % of windows below 684"
     )
-    assert slow.value == 280.0
+    assert slow.value == pytest.approx(280.0)
     assert slow.expected == "median >= 585; median within 10 % of the node's best 760 (>= 684)"
     assert slow.threshold_source == (
         "profile h200: benchmarks.burn_bf16_tflops_min; profile h200: benchmarks.matmul_node_deviation_pct"
     )
-    assert slow.details["windows_below_bar_pct"] == 86.2 and slow.details["bar_tflops"] == 684
+    assert slow.details["windows_below_bar_pct"] == 86.2 and slow.details["bar_tflops"] == pytest.approx(684)
     assert "another process" in slow.remediation
 
 

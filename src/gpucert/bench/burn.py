@@ -138,7 +138,7 @@ def run_windows(
         nonlocal t, steps
         elapsed = max(clock.seconds(marks[k], marks[k + 1]), 1e-9)
         tflops = flop_per_step * counts[k] / elapsed / 1e12
-        windows.append({"t_s": round(t, 3), "s": round(elapsed, 4), "steps": counts[k], "tflops": round(tflops, 3)})
+        windows.append({"t_s": round(t, 3), "s": elapsed, "steps": counts[k], "tflops": tflops})
         t += elapsed
         steps = max(1, round(counts[k] * window_s / elapsed))
 
@@ -306,7 +306,7 @@ def summarize_telemetry(series: dict[str, list[Any]]) -> dict[str, Any]:
         "samples": len(series["t_s"]),
         "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
         "sm_clock_mhz_min": min(clocks, default=None),
-        "power_w_median": round(statistics.median(power), 1) if power else None,
+        "power_w_median": statistics.median(power) if power else None,
         "power_w_max": max(power, default=None),
         "temperature_c_max": max(temps, default=None),
         "throttle_pct": {
@@ -423,7 +423,7 @@ def _judge_rank(rank: dict[str, Any], profile: Profile, best: float | None) -> R
         return Result(
             **base,
             status=Status.FAIL,
-            value=round(median, 1),
+            value=median,
             expected="; ".join(expected),
             threshold_source="; ".join(sources),
             message=message,
@@ -438,14 +438,14 @@ def _judge_rank(rank: dict[str, Any], profile: Profile, best: float | None) -> R
         return Result(
             **base,
             status=Status.INFO,
-            value=round(median, 1),
+            value=median,
             message=f"{message}; not judged: {'; '.join(unjudged)}",
             details=details,
         )
     return Result(
         **base,
         status=Status.PASS,
-        value=round(median, 1),
+        value=median,
         expected="; ".join(expected),
         threshold_source="; ".join(sources),
         message=message + (f"; throttle reasons seen: {throttle}" if throttle else ""),

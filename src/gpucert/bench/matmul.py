@@ -145,7 +145,7 @@ def sweep_max(device: torch.device, budget_s: float, dtype: str) -> dict | None:
         if time.monotonic() > end:
             break
         point = time_matmul(dtype, m, n, k, device, warmup=3, repeats=SWEEP_REPEATS)
-        tried.append({"m": m, "n": n, "k": k, "tflops": round(point["tflops"], 2)})
+        tried.append({"m": m, "n": n, "k": k, "tflops": point["tflops"]})
     if not tried:
         return None
     best = max(tried, key=lambda p: p["tflops"])
@@ -323,7 +323,7 @@ def _judge_point(
         subject=subject,
         status=status,
         category="benchmark",
-        value=round(tflops, 2),
+        value=tflops,
         unit="TFLOP/s",
         gpu_index=gpu,
         node=node,

@@ -110,6 +110,9 @@ def judge_telemetry(benchmark: str, telemetry: dict[str, Any] | None, hostname: 
         value=max(temps) if temps else None,
         unit="C",
         expected="no HW slowdown during the benchmark",
+        # The rule, not a number from the profile: any of these NVML clock-event reasons while loaded fails.
+        threshold_source="gpu-fryer's rule on NVML clock-event reasons: "
+        + ", ".join(clock_event_names(HW_SLOWDOWN_BITS)),
         details=telemetry,
     )
     if hot:
