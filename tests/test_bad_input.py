@@ -75,9 +75,17 @@ CASES = [
     (["launch", "slurm", "accept", "--nodes", "0"], ["--nodes must be >= 1, found 0"]),
     (["launch", "slurm", "accept", "--nodes", "2", "--gpus-per-node", "-1"], ["--gpus-per-node must be >= 0"]),
     (["launch", "slurm", "accept", "--nodes", "2", "--preset", "bogus", "--dry-run"], ["--preset 'bogus'"]),
-    (["launch", "slurm", "accept", "--nodes", "2", "--port", "99999", "--dry-run"], ["--port must be in 1..65535"]),
+    (["launch", "slurm", "accept", "--nodes", "2", "--port", "99999", "--dry-run"], ["--port must be in 1024..65535"]),
     (["launch", "slurm", "fs", "--nodes", "2", "--cpus-per-task", "0"], ["--cpus-per-task must be >= 1"]),
     (["launch", "torchrun", "accept", "--nodes", "2"], ["required: --head"]),
+    (["launch", "slurm", "accept", "--nodes", "2", "--port", "80", "--dry-run"], ["--port must be in 1024..65535"]),
+    (["launch", "k8s", "accept", "--nodes", "2", "--port", "80", "--image", "i"], ["--port must be in 1024..65535"]),
+    (
+        ["launch", "torchrun", "accept", "--nodes", "2", "--head", "h", "--rendezvous-timeout", "0"],
+        ["--rendezvous-timeout must be a positive number"],
+    ),
+    (["launch", "slurm", "accept", "--nodes", "2", "--time", "abc"], ["--time 'abc': expected sbatch's format"]),
+    (["launch", "slurm", "accept", "--nodes", "2", "--follow-timeout", "-1"], ["--follow-timeout must be a positive"]),
     (["launch", "slurm", "bogus", "--nodes", "2"], ["invalid choice: 'bogus'"]),
 ]
 

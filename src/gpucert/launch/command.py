@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpucert.config.loader import ConfigError
 from gpucert.launch import k8s, slurm, torchrun
 from gpucert.launch.presets import preset_env
 from gpucert.status import Status
@@ -103,8 +105,37 @@ def _with_run_dir(verb: str, rest: list[str]) -> tuple[list[str], str]:
     return [*rest, flags[0], run_dir], run_dir
 
 
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
+_SLURM_TIME = re.compile(r"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2})|unlimited|infinite", re.IGNORECASE)
+PORT_MIN = 1024
+
+
+def launch_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the launch options themselves, before anything is rendered, written or submitted."""
+    found = []
+    if args.port is not None and not PORT_MIN <= args.port < 65536:
+        found.append(
+            f"--port must be in {PORT_MIN}..65535, found {args.port}: ports below {PORT_MIN} need root and belong "
+            "to system services; leave --port out for the default"
+        )
+    if not 0 < args.rendezvous_timeout < float("inf"):
+        found.append(f"--rendezvous-timeout must be a positive number of seconds, found {args.rendezvous_timeout:g}")
+    if getattr(args, "follow_timeout", None) is not None and not 0 < args.follow_timeout < float("inf"):
+        found.append(f"--follow-timeout must be a positive number of seconds, found {args.follow_timeout:g}")
+    time = getattr(args, "time", None)
+    if time is not None and not _SLURM_TIME.fullmatch(time):
+        found.append(
+            f"--time {time!r}: expected sbatch's format, minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS "
+            "or UNLIMITED (e.g. 30, 2:00:00, 1-12)"
+        )
+    return found
+
+
 def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Callable[[str], None]) -> int:
     args, rest = build_parser(parser_class).parse_known_args(argv)
+    problems = launch_problems(args)
+    if problems:
+        raise ConfigError(f"gpucert launch {args.backend}: " + "; ".join(problems))
     env = preset_env(args.preset, args.iface)
     if args.backend == "torchrun":
         port = args.port or 29500
@@ -168,7 +199,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
 def _follow_timeout(args: argparse.Namespace) -> float:
     if args.follow_timeout is not None:
         return float(args.follow_timeout)
-    if args.time:
+    if args.time and args.time[0].isdigit():
         return _slurm_minutes(args.time) * 60 + 600
     return 24 * 3600.0
 
