@@ -20,8 +20,9 @@ import pytest
 
 from gpucert.finetune import train
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
-from gpucert.finetune.rundir import LOCK_FILE, RunDirBusy, claim_run_dir, open_run_dir
+from gpucert.finetune.rundir import claim_run_dir, open_run_dir
 from gpucert.finetune.train import FinetuneFailed, main, run_finetune
+from gpucert.runtime.dirlock import LOCK_FILE, DirBusy
 from gpucert.runtime.launch_env import RANK_VARIABLES
 
 # Holds the run directory argv[1] as rank 0 of a run would, until killed.
@@ -86,10 +87,11 @@ def test_a_held_run_directory_is_refused_naming_it_and_its_holder_until_the_hold
 ) -> None:
     run = tmp_path / "run"
     child = holder(run)
-    with pytest.raises(RunDirBusy) as refused:
+    with pytest.raises(DirBusy) as refused:
         claim_run_dir(run)
     message = str(refused.value)
-    assert f"output_dir {run} is in use by another run, pid {child.pid}@{socket.gethostname()}" in message
+    host = socket.gethostname()
+    assert f"output_dir {run} is in use by another gpucert run (pid {child.pid} on host {host}" in message
     assert "choose another output_dir" in message
 
     # The kernel releases an fcntl lock with its process: the lock file left behind blocks nothing.
@@ -98,7 +100,7 @@ def test_a_held_run_directory_is_refused_naming_it_and_its_holder_until_the_hold
     assert (run / LOCK_FILE).exists()
     mine = claim_run_dir(run)
     try:
-        assert f'"pid": {os.getpid()}' in (run / LOCK_FILE).read_text()
+        assert f"pid {os.getpid()} on host" in (run / LOCK_FILE).read_text()
     finally:
         mine.close(failed=False)
 
@@ -115,10 +117,10 @@ def test_a_second_training_run_into_a_busy_directory_exits_3_and_writes_nothing(
 
     assert main([str(config), "--output-dir", str(run)]) == 3
     err = capsys.readouterr().err
-    assert f"output_dir {run} is in use by another run, pid {child.pid}@" in err
+    assert f"output_dir {run} is in use by another gpucert run (pid {child.pid} on host" in err
     assert "Traceback" not in err
     assert (run / "config.yaml").read_text() == "the first run's\n"
-    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", LOCK_FILE]
+    assert sorted(p.name for p in run.iterdir()) == sorted(["config.yaml", LOCK_FILE])
     assert not (tmp_path / "cache").exists()  # refused before data preparation
 
 

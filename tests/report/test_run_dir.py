@@ -16,7 +16,8 @@ import pytest
 
 from gpucert.cli import main
 from gpucert.config.loader import ConfigError
-from gpucert.report.store import LOCK_NAME, claim_run_dir
+from gpucert.report.store import claim_run_dir
+from gpucert.runtime.dirlock import LOCK_FILE as LOCK_NAME
 
 STARTED = datetime(2026, 11, 22, 19, 25, 27, 123456, tzinfo=timezone.utc)
 

@@ -1,46 +1,29 @@
 """The run directory of `gpucert finetune`: named by rank 0, locked for the run's life, gone again when a run it
 was made for fails before its first step.
 
-The lock is a POSIX record lock (fcntl) on <run>/gpucert.lock, taken by global rank 0 alone: only rank 0 writes
-into the run directory (checkpoints, adapter, metrics), and on a filesystem shared by the nodes every other
+The lock (runtime/dirlock.py, the one every gpucert run takes) is taken by global rank 0 alone: only rank 0
+writes into the run directory (checkpoints, adapter, metrics), and on a filesystem shared by the nodes every other
 node's ranks would meet rank 0's lock. A second run into the same directory is refused (exit 3) naming the
-directory and the holder (pid@host, written into the lock file). The kernel drops the lock when its process
-ends however it ends, so a lock file left by a killed run blocks nothing. fcntl locks, unlike flock's, are not
-inherited by forked children, so a compile or data-loading worker cannot keep the lock alive after rank 0 dies;
-they reach other nodes through NFS's lock manager. A filesystem without locks (Lustre mounted without `flock`)
-gets a warning and no lock.
+directory and the holder; a lock file left by a killed run blocks nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import json
-import os
 import shutil
-import socket
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 import yaml
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig
+from gpucert.runtime.dirlock import lock_dir, unlock_dir
 from gpucert.runtime.group import Runtime
 
-LOCK_FILE = "gpucert.lock"
 CONFIG_FILE = "config.yaml"
-# errnos of a filesystem that keeps no locks (as opposed to a lock held by someone else).
-NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
-
-
-class RunDirBusy(ConfigError):
-    """Another live run holds the run directory."""
 
 
 @dataclass
@@ -69,52 +52,9 @@ class RunDir:
             if self.made:
                 with contextlib.suppress(OSError):  # something appeared in it meanwhile: leave it
                     self.path.rmdir()
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)  # closing drops the fcntl lock
-            self.lock_fd = None
+        fd, self.lock_fd = self.lock_fd, None
+        unlock_dir(self.path, fd)
         self.fresh = False
-
-
-def holder() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-def describe_holder(lock_path: Path) -> str:
-    """pid@host (since when) from a lock file, as well as it can be read."""
-    try:
-        who = json.loads(lock_path.read_text())
-        return f"pid {who['pid']}@{who['host']} (since {who['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a process that has not written its name yet"
-
-
-def lock_run_dir(path: Path) -> int | None:
-    """Take the run's lock in `path` (an existing directory): the open lock file, or None on a filesystem that
-    keeps no locks. RunDirBusy when another live process holds it."""
-    lock_path = path / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EACCES, errno.EAGAIN):
-            raise RunDirBusy(
-                f"output_dir {path} is in use by another run, {describe_holder(lock_path)}, which holds "
-                f"{lock_path}: wait for it to end, or choose another output_dir (a lock left by a run that "
-                "died does not count: the kernel released it)"
-            ) from None
-        if exc.errno in NO_LOCKS:
-            print(
-                f"gpucert: warning: {path} is on a filesystem without file locks ({exc.strerror}): a second run "
-                "into this output_dir would not be stopped",
-                file=sys.stderr,
-                flush=True,
-            )
-            return None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(holder()) + "\n").encode(), 0)
-    return fd
 
 
 def claim_run_dir(path: Path) -> RunDir:
@@ -126,7 +66,7 @@ def claim_run_dir(path: Path) -> RunDir:
     except OSError as exc:
         raise ConfigError(f"output_dir {path}: cannot create it: {exc.strerror or exc}") from None
     try:
-        return RunDir(path, lock_run_dir(path), made, fresh)
+        return RunDir(path, lock_dir(path, "output_dir"), made, fresh)
     except BaseException:
         # Refused or failed: a directory made just now for this run goes again (never one that was there).
         if made:

@@ -2,32 +2,27 @@
 
 A run claims its directory before it starts (`claim_run_dir`): a new default directory is created with
 mkdir's exclusive create, so two runs started in the same second get `...-<host>` and `...-<host>-2`; and the
-directory is locked (flock on `.gpucert-run.lock`) while the run writes into it, so a second run pointed at the
-same `--output` is refused and told who holds it. The kernel drops a flock when its process dies, so a lock
-file left by a killed run blocks nobody.
+directory is locked (runtime/dirlock.py, the lock fine-tuning takes too) while the run writes into it, so a
+second run pointed at the same `--output` is refused and told who holds it; a lock file left by a killed run
+blocks nobody.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import importlib.util
 import itertools
 import json
 import os
-import socket
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
 from gpucert.config.loader import ConfigError
 from gpucert.report.markdown import render_markdown
 from gpucert.report.schema import Report
-
-LOCK_NAME = ".gpucert-run.lock"
+from gpucert.runtime.dirlock import lock_dir, unlock_dir
 
 
 def default_run_dir(runs_dir: Path, host: str, started: datetime) -> Path:
@@ -42,16 +37,12 @@ class RunDir:
 
     path: Path
     created: list[Path]  # the directories this run made, the run directory first
-    fd: int | None  # the open, flocked lock file; None where the filesystem has no locks
+    fd: int | None  # the open, locked lock file; None where the filesystem has no locks
 
     def release(self) -> None:
         """Idempotent: the run's end and an abort handler may both call it."""
         fd, self.fd = self.fd, None
-        if fd is not None:
-            # Unlinked while still locked: a run that opened the old file finds another inode and starts over.
-            with contextlib.suppress(OSError):
-                (self.path / LOCK_NAME).unlink()
-            os.close(fd)
+        unlock_dir(self.path, fd)
         for directory in self.created:
             try:
                 directory.rmdir()  # only when empty
@@ -106,44 +97,7 @@ def _missing_dirs(path: Path) -> list[Path]:
 
 
 def _locked(path: Path, created: list[Path], what: str) -> RunDir:
-    lock = path / LOCK_NAME
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise ConfigError(f"{what} {path}: cannot create the lock file {lock}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read_holder(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(
-                    f"{what} {path} is in use by another gpucert run ({holder}): wait for it to finish, or choose "
-                    f"another {what}"
-                ) from None
-            # A filesystem without locks (some NFS mounts without lockd): the directory is still this run's
-            # when it created it; an --output shared with a concurrent run is then not caught.
-            return RunDir(path, created, None)
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same:
-            os.close(fd)  # the holder released (and unlinked) it between our open and our lock: again
-            continue
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}, since {stamp}\n".encode())
-        return RunDir(path, created, fd)
-
-
-def _read_holder(fd: int) -> str:
-    with contextlib.suppress(OSError):
-        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
-        if text:
-            return text
-    return "holder unknown"
+    return RunDir(path, created, lock_dir(path, what))
 
 
 # write_problem's answer when the nearest existing path is a file.
