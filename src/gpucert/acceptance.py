@@ -14,6 +14,7 @@ node's label, and the messages say the same.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -207,6 +208,13 @@ def claim_output(request: RunRequest, head: NodeWork, started: datetime) -> RunD
     return claim_run_dir(request.output, Path(head.config.runs_dir), head.inventory.hostname, started)
 
 
+def node_output(
+    request: RunRequest, work: NodeWork, started: datetime, node_rank: int
+) -> RunDir | contextlib.nullcontext[None]:
+    """Node 0's claimed run directory (it writes the report), released when the block ends; None elsewhere."""
+    return claim_output(request, work, started) if node_rank == 0 else contextlib.nullcontext()
+
+
 def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
     """Refuse benchmark sizes this node's memory cannot hold, before any worker allocates: host memory
     (MemAvailable) for every rank's host buffers, each GPU's free memory for its rank's device buffers."""
@@ -271,12 +279,8 @@ def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Call
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
     check_fits(work, request.benchmarks, nproc)
     # Node 0 writes the report; the other nodes only put their workers' logs under the same --output.
-    run_dir = claim_output(request, work, started) if plan.node_rank == 0 else None
-    try:
+    with node_output(request, work, started, plan.node_rank) as run_dir:
         return _run_steps(request, plan, nproc, say, work, started, t0, run_dir)
-    finally:
-        if run_dir is not None:
-            run_dir.release()
 
 
 def _run_steps(

@@ -444,7 +444,7 @@ def judge_all(path: str, found: dict[str, dict[str, Any]], profile: Any) -> list
 
 def run_job(request: Any, plan: Any, options: FsOptions, say: Callable[[str], None]) -> Any:
     """This node's agent: meet the others (no GPU workers), run the checks, node 0 writes the one report."""
-    from gpucert.acceptance import check_output_writable, claim_output, collect_node, load_run_config
+    from gpucert.acceptance import check_output_writable, collect_node, load_run_config, node_output
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     if not options.path.is_dir():
@@ -455,12 +455,8 @@ def run_job(request: Any, plan: Any, options: FsOptions, say: Callable[[str], No
     if plan.node_rank == 0:
         check_output_writable(request, load_run_config(request))
     work = collect_node(request)
-    run_dir = claim_output(request, work, started) if plan.node_rank == 0 else None
-    try:
+    with node_output(request, work, started, plan.node_rank) as run_dir:
         return _run_checks(request, plan, options, say, work, started, t0, run_dir)
-    finally:
-        if run_dir is not None:
-            run_dir.release()
 
 
 def _run_checks(
