@@ -2,10 +2,12 @@
 # Run on the lent multi-GPU machine (carry .vendor: the nccl-tests source in .vendor/nccl-tests): nccl-tests and
 # `gpucert bench collectives` over the same sizes (8 B to 4 GiB, x2, bf16) and ops, one after the other, then a
 # side-by-side table of time and busbw per size (tools/nccl_compare.py).
-# Usage: [OPS="all_reduce all_gather"] [MAX=4G] [EAGER=1] [TWO_NODES=1] bash tools/device_nccl_compare.sh [name]
+# Usage: [OPS="all_reduce all_gather"] [MAX=4G] [EAGER=1] [BUFFERS=nccl] [TWO_NODES=1] \
+#          bash tools/device_nccl_compare.sh [name]
 #   OPS: gpucert op names (default: all six; nccl-tests has a binary for each). gpucert runs once with its
 #   default (CUDA graphs; EAGER=1: eager calls); nccl-tests twice: as usually run (-n 20, eager) and with its
 #   launches amortised (-n 100 -G 5: graphs of 100 ops, launched 5 times), one table against each.
+#   BUFFERS=nccl: gpucert's timed buffers from ncclMemAlloc, as nccl-tests allocates them (default torch).
 #   TWO_NODES=1 then runs all_reduce over two gpucert node agents of one GPU each, NCCL on the network path.
 # In $OUT: <name>-nccl-tests{,-graph}.txt, <name>-collectives.json, <name>-compare{,-graph}.md, <name>-log.txt.
 set -u
@@ -40,8 +42,9 @@ json="$OUT/$name-collectives.json"
 cuda_graph=true; [ "${EAGER:-0}" = 1 ] && cuda_graph=false
 timeout 500 gpucert bench collectives --set "bench.collectives.ops=[$list]" --set bench.collectives.min_bytes=8 \
   --set "bench.collectives.max_bytes=$max_bytes" --set "bench.collectives.gate_bytes=$max_bytes" \
-  --set "bench.collectives.cuda_graph=$cuda_graph" -o /tmp/coll --json > /dev/null 2>> "$log"
-echo "gpucert bench collectives cuda_graph=$cuda_graph exit $?" | tee -a "$log"
+  --set "bench.collectives.cuda_graph=$cuda_graph" --set "bench.collectives.buffers=${BUFFERS:-torch}" \
+  -o /tmp/coll --json > /dev/null 2>> "$log"
+echo "gpucert bench collectives cuda_graph=$cuda_graph buffers=${BUFFERS:-torch} exit $?" | tee -a "$log"
 cp /tmp/coll/report.json "$json" 2>> "$log"
 for suffix in "" -graph; do
   txt="$OUT/$name-nccl-tests$suffix.txt"

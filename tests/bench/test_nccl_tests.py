@@ -65,5 +65,7 @@ def test_the_captured_gpucert_curve_sits_beside_nccl_tests() -> None:
     # Every size within 1.6 % (docs/results/acceptance-benchmarks.md).
     assert all(abs(p.ratio - 1) < 0.016 for p in pairs)
     table = compare_markdown(parse_nccl_tests(CAPTURED), [curve])
-    assert table.startswith("## all_reduce, 4 ranks, bf16 (in place; nccl-tests -G 0, gpucert cuda_graph False)")
+    assert table.startswith(
+        "## all_reduce, 4 ranks, bf16 (in place; nccl-tests -G 0, gpucert cuda_graph False, buffers torch)"
+    )
     assert "| 4294967296 | 17753.85 | 17776.10 | 362.88 | 362.42 | 0.999 |" in table

@@ -44,6 +44,7 @@ BAD = [
     ("bench collectives", "bench.collectives.gate_bytes=8388608", "bench.collectives.gate_bytes"),
     ("bench collectives", "bench.collectives.warmup=-1", "bench.collectives.warmup"),
     ("bench collectives", "bench.collectives.graph_calls=0", "bench.collectives.graph_calls"),
+    ("bench collectives", "bench.collectives.buffers=cuda", "bench.collectives.buffers"),
     ("bench collectives", "bench.collectives.repeats=0", "bench.collectives.repeats"),
     ("bench matmul", "bench.matmul.dtypes=[bf16,int4]", "bench.matmul.dtypes"),
     ("bench matmul", "bench.matmul.dtypes=[]", "bench.matmul.dtypes"),

@@ -6,8 +6,12 @@ back-to-back calls between one pair of CUDA events, as nccl-tests does (time = e
 gloo). A probe picks the calls per batch so a batch lasts about batch_ms (hundreds of calls for a 1 KiB message,
 one for 4 GiB), the same on every rank. On NCCL each batch is a captured CUDA graph by default (cuda_graph,
 nccl-tests -G), replayed on a non-blocking stream, so what is timed is NCCL on the GPU and not the 35-45 us of
-host work an eager torch.distributed call costs. Per size it keeps each rank's median batch and then the
-slowest rank's, since a collective is as slow as its slowest rank. Then it runs the op once more on freshly
+host work an eager torch.distributed call costs. The timed buffers come from torch's caching allocator, as a
+training job's do (buffers=torch); buffers=nccl takes them from ncclMemAlloc, as nccl-tests does, and NCCL then
+registers them at capture and copies all_gather, all_to_all and send/recv between them directly, which is where
+nccl-tests -G gets its extra 10-25 % on those ops (docs/results/2026-11-22-h200x2-nccl-tests.md). Per size
+it keeps each rank's median batch and then the slowest rank's, since a collective is as slow as its slowest
+rank. Then it runs the op once more on freshly
 filled buffers and counts the output elements that differ from the exactly known answer (`wrong`, summed over
 ranks).
 
@@ -301,11 +305,28 @@ def make_call(op: str, inp: torch.Tensor, out: torch.Tensor, env: Scope) -> Call
 
 
 def _buffers(
-    op: str, count_in: int, count_out: int, dtype: torch.dtype, device: torch.device
+    op: str, count_in: int, count_out: int, dtype: torch.dtype, device: torch.device, pool: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    inp = torch.empty(count_in, dtype=dtype, device=device)
-    out = inp if op in ("all_reduce", "broadcast") else torch.empty(count_out, dtype=dtype, device=device)
+    """The timed input and output; from pool (a torch.cuda.MemPool) when given, else the caching allocator."""
+    with torch.cuda.use_mem_pool(pool) if pool is not None else contextlib.nullcontext():
+        inp = torch.empty(count_in, dtype=dtype, device=device)
+        out = inp if op in ("all_reduce", "broadcast") else torch.empty(count_out, dtype=dtype, device=device)
     return inp, out
+
+
+def _nccl_pool(cfg: dict[str, Any], env: Scope) -> Any:
+    """With buffers=nccl, a MemPool whose memory comes from ncclMemAlloc (the process group's mem_allocator),
+    as nccl-tests allocates its buffers; None for the caching allocator."""
+    if cfg.get("buffers", "torch") != "nccl":
+        return None
+    backend = (env.group or dist.group.WORLD)._get_backend(env.device)  # type: ignore[union-attr]
+    allocator = getattr(backend, "mem_allocator", None)
+    if allocator is None or not hasattr(torch.cuda, "MemPool"):
+        raise RuntimeError(
+            f"bench.collectives.buffers=nccl needs a torch whose NCCL process group has mem_allocator (torch "
+            f"{torch.__version__} has not); set bench.collectives.buffers=torch"
+        )
+    return torch.cuda.MemPool(allocator)
 
 
 def _fill_inputs(op: str, inp: torch.Tensor, out: torch.Tensor, pattern: Pattern, env: Scope) -> None:
@@ -352,7 +373,9 @@ def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env:
         if count_out == 0:
             continue
         with _timing_stream(env.device):
-            inp, out = _buffers(op, count_in, count_out, torch_dtype, env.device)
+            # A pool per size, dropped with its buffers, so ncclMemAlloc memory is not held across sizes.
+            pool = _nccl_pool(cfg, env)
+            inp, out = _buffers(op, count_in, count_out, torch_dtype, env.device, pool)
             _fill_inputs(op, inp, out, pattern, env)
             call = make_call(op, inp, out, env)
             iters = _agreed_iters(op, size, call, cfg, env)
@@ -361,7 +384,7 @@ def _measure_op(op: str, sizes: list[int], dtype: str, cfg: dict[str, Any], env:
                 replay, iters = _graph_batch(op, size, call, iters, cfg["graph_calls"])
             timing = time_batches(call, env.device, warmup=0, iters=iters, repeats=cfg["repeats"], replay=replay)
             # Free the timed buffers before the check allocates its own (4 GiB messages on 80 GB GPUs).
-            del inp, out, call, replay
+            del inp, out, call, replay, pool
         rows["sizes_bytes"].append(moved)
         rows["iters"].append(iters)
         rows["batch_s"].append(timing.median_s)
@@ -475,6 +498,11 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
         if unknown:
             raise ValueError(f"bench.collectives.{key}: unknown {unknown}; known: {', '.join(BUSBW_FACTORS)}")
     dtype = _dtype_used(cfg["dtype"], env.backend)
+    if cfg.get("buffers", "torch") == "nccl" and env.backend != "nccl":
+        raise ValueError(
+            f"bench.collectives.buffers=nccl: ncclMemAlloc buffers need the nccl backend, this run uses "
+            f"{env.backend}; set bench.collectives.buffers=torch"
+        )
     nccl_env = nccl_environment()
     common: dict[str, Any] = {
         "timing": {
@@ -485,6 +513,7 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
             "warmup": cfg["warmup"],
             "cuda_graph": cfg.get("cuda_graph", False) and env.device.type == "cuda",
             "graph_calls": cfg.get("graph_calls"),
+            "buffers": cfg.get("buffers", "torch"),
         },
         "world_size": env.world_size,
         "num_nodes": env.num_nodes,
@@ -544,6 +573,7 @@ def _combine(
         "cv": [max(r["cv"][k] for r in ranks) for k in range(len(sizes))],
         "wrong": [sum(r["wrong"][k] for r in ranks) for k in range(len(sizes))],
         "cuda_graph": common["timing"]["cuda_graph"],
+        "buffers": common["timing"]["buffers"],
         "nccl_version": common["nccl_version"],
         "nccl_env": common["nccl_env"],
     }
@@ -663,6 +693,9 @@ def judge_op(curve: dict[str, Any], profile: Profile, cfg: CollectivesBenchConfi
     expected = f">= {floor.value:g} GB/s busbw at {at}" if floor is not None else None
     base.update(value=busbw, expected=expected)
     where = f"{op} on {subject}, {curve['dtype']}"
+    if curve.get("buffers") == "nccl":
+        # Zero-copy on these buffers lifts all_gather, all_to_all and send/recv by up to 25 %: say so beside them.
+        where += ", ncclMemAlloc buffers"
     latency = latency_text(curve)
     if bad:
         listed = ", ".join(f"{w} at {format_bytes(s)}" for s, w in bad)

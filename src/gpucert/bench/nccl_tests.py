@@ -168,7 +168,8 @@ def compare_markdown(runs: list[Run], curves: list[dict[str, Any]]) -> str:
         placement = "in place" if curve["op"] in IN_PLACE_OPS else "out of place"
         out.append(
             f"## {curve['op']}, {curve['world_size']} ranks, {curve['dtype']} ({placement}; nccl-tests -G "
-            f"{'/'.join(map(str, sorted(graphs))) or '?'}, gpucert cuda_graph {curve.get('cuda_graph', False)})\n"
+            f"{'/'.join(map(str, sorted(graphs))) or '?'}, gpucert cuda_graph {curve.get('cuda_graph', False)}, "
+            f"buffers {curve.get('buffers', 'torch')})\n"
         )
         if not pairs:
             out.append("no size measured by both\n")

@@ -20,6 +20,7 @@ MIB = 1 << 20
 MATMUL_DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp32")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 COLLECTIVE_DTYPES = ("bf16", "fp16", "fp32")
+COLLECTIVE_BUFFERS = ("torch", "nccl")
 TRAIN_MODELS = ("1b", "tiny")
 # train.loss_decreasing compares the first 3 losses with the last 3 (train_proxy.LOSS_WINDOW): fewer steps
 # cannot be judged.
@@ -207,6 +208,11 @@ class CollectivesBenchConfig:
     # 100 and 47 in graphs of 400 (torch's P2P work adds cross-stream edges to the graph); all_reduce took 6 us in
     # all three (lent 2xH200, 2026-11-22).
     graph_calls: int = 20
+    # Who allocates the timed buffers. torch: the caching allocator, as a training job's tensors are. nccl:
+    # ncclMemAlloc through a torch MemPool, as nccl-tests allocates; NCCL then registers them itself when a
+    # CUDA graph captures the call and copies all_gather, all_to_all and send/recv straight between the users'
+    # buffers (zero-copy), which nccl-tests -G shows and a caching-allocator buffer does not get. NCCL only.
+    buffers: str = "torch"
     # NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0, for network gates comparable across sites.
     force_ring: bool = False
     # Also run within each node of a multi-node run (NVLink there, the network across): one curve per node.
@@ -230,6 +236,8 @@ class CollectivesBenchConfig:
             )
         if self.dtype not in COLLECTIVE_DTYPES:
             found.append(f"{key}.dtype must be one of {', '.join(COLLECTIVE_DTYPES)}, found {self.dtype!r}")
+        if self.buffers not in COLLECTIVE_BUFFERS:
+            found.append(f"{key}.buffers must be one of {', '.join(COLLECTIVE_BUFFERS)}, found {self.buffers!r}")
         if self.min_bytes < 1:
             found.append(f"{key}.min_bytes must be >= 1, found {self.min_bytes}")
         elif self.max_bytes < self.min_bytes:
