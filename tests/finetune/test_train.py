@@ -47,6 +47,7 @@ METRICS_KEYS = {
     "criteria",
     "wall_time_s",
     "train_time_s",
+    "data_time_share",
     "world_size",
     "parallel",
     "device",
@@ -165,6 +166,8 @@ def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> No
     assert written["eval_losses"][-1]["loss"] < written["eval_losses"][0]["loss"]
 
     step = written["step_log"][-1]
+    # The host's data work is timed inside the step: a share of it, never all of it.
+    assert 0 < step["data_s"] < step["step_time_s"] and 0 < written["data_time_share"] < 1
     assert step["tokens"]["padded"] >= step["tokens"]["effective"] >= step["tokens"]["supervised"] > 0
     assert 1 <= written["t_eff"] <= 256
     assert "4N + 6·N_lora + 12·L·H·Q·T_eff" in written["flops_formula"]

@@ -159,6 +159,9 @@ class StepStats:
     # Σs² and Σs over its packed documents, for T_eff.
     doc_sq: int
     doc_len: int
+    # This rank's host time for the data (rows read from the prepared set, collated, copied to the device),
+    # part of time_s: what dataloader workers could hide at most.
+    data_s: float = 0.0
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
@@ -179,14 +182,19 @@ def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    micro_rows: list[list[dict[str, Any]]],
+    micro_ids: list[list[int]],
+    dataset: Dataset,
     cfg: FinetuneConfig,
     rt: Runtime,
     pad_id: int,
 ) -> StepStats:
+    """One optimizer step over this rank's micro-batches (row indices into `dataset`), timed from reading the rows
+    to the last statistic, so the data's host work counts in the throughput."""
     started = time.perf_counter()
+    micro_rows = [[dataset[i] for i in ids] for ids in micro_ids]
     pad_to = forward_plan(model).pad_to
-    batches = [batch_to(rows, pad_id, rt.device, pad_to) for rows in micro_rows]
+    batches = [batch_to(micro, pad_id, rt.device, pad_to) for micro in micro_rows]
+    data_s = time.perf_counter() - started
     local_supervised = sum(int(supervised_count(b["labels"])) for b in batches)
     # The divisor of every micro-step's loss: all supervised tokens of the global batch, known before any backward.
     global_supervised = max(all_reduce_sum([local_supervised], rt.device)[0], 1.0)
@@ -228,6 +236,7 @@ def train_step(
         supervised=int(global_supervised),
         doc_sq=int(totals[3]),
         doc_len=int(totals[4]),
+        data_s=data_s,
     )
 
 
@@ -410,9 +419,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
                 order, order_epoch = epoch_order(len(data.train), tc.seed, state.epoch), state.epoch
             global_rows = order[state.index : state.index + global_batch]
             micro_ids = rank_micro_batches(global_rows, rt.rank, plan.micro_batch, tc.grad_accum)
-            micro_rows = [[data.train[i] for i in ids] for ids in micro_ids]
-
-            stats = train_step(model, optimizer, scheduler, micro_rows, cfg, rt, pad_id)
+            stats = train_step(model, optimizer, scheduler, micro_ids, data.train, cfg, rt, pad_id)
             run.trained = True  # from now on a failure leaves the run directory in place
             state.step += 1
             state.index += global_batch
@@ -496,6 +503,7 @@ def step_record(
         "lr": s.lr,
         "grad_norm": s.grad_norm,
         "step_time_s": s.time_s,
+        "data_s": s.data_s,
         "tokens": {"padded": s.padded, "effective": s.effective, "supervised": s.supervised},
         "tokens_per_s": rates,
         "t_eff": t_eff,
@@ -617,6 +625,9 @@ def summarise(
         "criteria": [c.to_dict() for c in criteria],
         "wall_time_s": time.time() - started,
         "train_time_s": sum(r["step_time_s"] for r in log_),
+        # Rank 0's host time for the data over the timed steps, as a share of their time (dataloader workers
+        # could hide at most this).
+        "data_time_share": sum(r.get("data_s", 0.0) for r in timed) / seconds if seconds else None,
         "world_size": rt.world_size,
         "parallel": resolve_mode(cfg.train.parallel, rt.world_size),
         "device": torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else "cpu",
