@@ -36,14 +36,15 @@ for buffers in torch nccl; do
 done
 python3 - "$OUT" <<'PY' | tee "$OUT/register-summary.txt"
 import json, sys, pathlib
-from gpucert.bench.nccl_tests import parse_nccl_tests
+from gpucert.bench.nccl_tests import IN_PLACE_OPS, parse_nccl_tests
 out = pathlib.Path(sys.argv[1])
 tables = {}
 for label in ("eager", "eager-R1", "graph", "graph-noreg"):
     path = out / f"register-{label}.txt"
     for run in parse_nccl_tests(path.read_text()) if path.exists() else []:
         for row in run.rows:
-            tables.setdefault(label, {})[(run.op, row.size_bytes)] = row.out_of_place.busbw_gbps
+            # gpucert runs all_reduce and broadcast in place: compare with nccl-tests' in-place column there.
+            tables.setdefault(label, {})[(run.op, row.size_bytes)] = row.placement(run.op in IN_PLACE_OPS).busbw_gbps
 for buffers in ("torch", "nccl"):
     path = out / f"register-gpucert-{buffers}.json"
     for r in json.loads(path.read_text())["results"] if path.exists() else []:

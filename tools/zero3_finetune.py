@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -93,9 +92,9 @@ def main(argv: list[str]) -> int:
     for step in range(args.steps):
         start = (step * global_batch) % max(len(order) - global_batch + 1, 1)
         micro = rank_micro_batches(order[start : start + global_batch], rank, tc.micro_batch, tc.grad_accum)
-        batches = [batch_to([data.train[i] for i in ids], tokenizer.pad_token_id, device, pad_to) for ids in micro]
         sync(device)
-        began = time.perf_counter()
+        began = time.perf_counter()  # from reading the rows, as the trainer times a step
+        batches = [batch_to([data.train[i] for i in ids], tokenizer.pad_token_id, device, pad_to) for ids in micro]
         total = torch.zeros((), device=device)
         for batch in batches:
             loss_sum, count = forward_loss(engine, batch, cfg.model.attn_implementation)
@@ -111,7 +110,7 @@ def main(argv: list[str]) -> int:
             print(f"[zero3] step {step + 1}/{args.steps}: {step_times[-1]:.3f} s, loss {losses[-1]:.4f}", flush=True)
 
     timed = step_times[UNTIMED_STEPS:]
-    per_gpu = tokens_per_step / statistics.median(timed)
+    per_gpu = tokens_per_step * len(timed) / sum(timed)  # the trainer's formula: timed tokens over timed seconds
     per_token = flops.lora_flops_per_token(info.flop_counts(), float(cfg.data.max_length))
     peak = profile_peak()
     peak_mem = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0], device=device)

@@ -23,7 +23,15 @@ from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, Mode
 from gpucert.finetune.model import forward_loss, load_base_model, load_model
 from gpucert.finetune.packing import collate
 from gpucert.finetune.tokenizer import load_tokenizer
-from gpucert.finetune.train import epoch_order, lr_factor, main, plan_steps, rank_micro_batches, run_finetune
+from gpucert.finetune.train import (
+    data_time_share,
+    epoch_order,
+    lr_factor,
+    main,
+    plan_steps,
+    rank_micro_batches,
+    run_finetune,
+)
 from gpucert.runtime.group import start_runtime, stop_runtime
 
 SCHEMA = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json").read_text())
@@ -131,6 +139,13 @@ def test_ranks_split_a_global_batch_like_one_process_does() -> None:
     two = [rank_micro_batches(rows, r, micro_batch=2, grad_accum=2) for r in range(2)]
     assert one == [[100, 101], [102, 103], [104, 105], [106, 107]]
     assert two == [[[100, 101], [102, 103]], [[104, 105], [106, 107]]]
+
+
+def test_data_time_share_counts_only_steps_that_timed_their_data() -> None:
+    old = {"step_time_s": 1.0}  # logged by a run before data_s existed, then resumed
+    new = [{"step_time_s": 2.0, "data_s": 0.02}, {"step_time_s": 2.0, "data_s": 0.04}]
+    assert data_time_share([old, *new]) == pytest.approx(0.015)
+    assert data_time_share([old]) is None
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine() -> None:

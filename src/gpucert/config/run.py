@@ -212,6 +212,7 @@ class CollectivesBenchConfig:
     # ncclMemAlloc through a torch MemPool, as nccl-tests allocates; NCCL then registers them itself when a
     # CUDA graph captures the call and copies all_gather, all_to_all and send/recv straight between the users'
     # buffers (zero-copy), which nccl-tests -G shows and a caching-allocator buffer does not get. NCCL only.
+    # The profiles' floors are set for torch buffers: with nccl, curves are shown, not judged (wrong output FAILs).
     buffers: str = "torch"
     # NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0, for network gates comparable across sites.
     force_ring: bool = False

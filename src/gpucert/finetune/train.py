@@ -580,6 +580,14 @@ def run_report(metrics: dict[str, Any], rt: Runtime, peak: flops.Peak | None, st
     )
 
 
+def data_time_share(records: list[dict[str, Any]]) -> float | None:
+    """This rank's host time for the data over the steps that timed it, as a share of their time: what
+    dataloader workers could hide at most. Steps logged before data_s existed (a resumed run) are left out."""
+    timed = [r for r in records if "data_s" in r]
+    seconds = sum(r["step_time_s"] for r in timed)
+    return sum(r["data_s"] for r in timed) / seconds if seconds else None
+
+
 def summarise(
     cfg: FinetuneConfig,
     rt: Runtime,
@@ -625,9 +633,7 @@ def summarise(
         "criteria": [c.to_dict() for c in criteria],
         "wall_time_s": time.time() - started,
         "train_time_s": sum(r["step_time_s"] for r in log_),
-        # Rank 0's host time for the data over the timed steps, as a share of their time (dataloader workers
-        # could hide at most this).
-        "data_time_share": sum(r.get("data_s", 0.0) for r in timed) / seconds if seconds else None,
+        "data_time_share": data_time_share(timed),
         "world_size": rt.world_size,
         "parallel": resolve_mode(cfg.train.parallel, rt.world_size),
         "device": torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else "cpu",
