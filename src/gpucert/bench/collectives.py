@@ -11,9 +11,8 @@ training job's do (buffers=torch); buffers=nccl takes them from ncclMemAlloc, as
 registers them at capture and copies all_gather, all_to_all and send/recv between them directly, which is where
 nccl-tests -G gets its extra 20-50 % on those ops (docs/results/2026-11-22-h200x2-nccl-tests.md). Per size
 it keeps each rank's median batch and then the slowest rank's, since a collective is as slow as its slowest
-rank. Then it runs the op once more on freshly
-filled buffers and counts the output elements that differ from the exactly known answer (`wrong`, summed over
-ranks).
+rank. Then it runs the op once more on freshly filled buffers and counts the output elements that differ from
+the exactly known answer (`wrong`, summed over ranks).
 
 Reading the output: `time_us` is the time of one op (its latency at small sizes); `busbw_gbps` is comparable
 across ops and GPU counts (nccl-tests doc/PERFORMANCE.md) and is judged at the gate size against the
