@@ -46,6 +46,7 @@ def test_a_gpu_run_report_validates_and_only_the_criteria_are_judged() -> None:
     assert results["hfu"].value == pytest.approx(18.7 * 1.44)
     assert results["peak_memory_gib"].value == 31.7 and "33.80 GiB reserved" in results["peak_memory_gib"].message
     assert results["tokens_per_s_per_gpu"].message.startswith("5,397 effective (non-pad) tokens/s per GPU over 38")
+    assert results["tokens_per_s_per_gpu"].message.endswith("the data's host work 0.70 % of the step time")
     assert results["eval_loss"].message.startswith("held-out loss at step 40 over 51,000 supervised tokens")
     assert report.meta.verb == "finetune" and report.meta.profile == "h100-sxm" and report.meta.nodes == ["vm"]
     assert report.meta.duration_s == 95.0
