@@ -4,7 +4,8 @@
 #   STEP=accept    gpucert accept --nnodes 2 (gpucert's node agents), then the same run under two torchrun
 #                  agents (every rank runs accept), each one cluster report
 #   STEP=finetune  a short Qwen2-7B-shape DDP fine-tuning over two torchrun agents, then node 0 alone (the
-#                  rendezvous timeout names the missing node)
+#                  rendezvous timeout names the missing node); BASELINE=1 first runs the same workload on one
+#                  GPU alone and prints the two-node run's tokens/s per GPU as a share of it (issue 13: >= 97 %)
 #   STEP=verify    the GPU test tier (tests/gpu, both GPUs), then accept under two torchrun agents
 #   STEP=localize  gpucert cluster localize over the two "nodes" (localhost:0, localhost:1), first idle, then with
 #                  GPU 1 kept busy by a competing process (a bf16 matmul loop); FLOOR=3 also holds the pair to
@@ -105,8 +106,16 @@ elif [ "$step" = faults ]; then
   wait "$bench"; echo "stopped: exit $? $(( $(date +%s) - stopped )) s after SIGSTOP of rank 1" | tee -a "$OUT/summary.txt"
   pgrep -af "gpucert.bench.worker|gpucert.finetune.train" | tee -a "$OUT/summary.txt"  # must print nothing
 else
-  args=(--set data.source=synthetic --set train.max_steps=12 --set model.gradient_checkpointing=false
+  args=(--set data.source=synthetic --set train.max_steps=${STEPS:-12} --set model.gradient_checkpointing=false
         --set model.compile=true --set model.attn_implementation=sdpa --set lora.dropout=0 --set train.parallel=ddp)
+  if [ "${BASELINE:-0}" = 1 ]; then
+    # One GPU, P2P and SHM as set above (nothing to communicate), the same workload: the denominator.
+    CUDA_VISIBLE_DEVICES=0 timeout 300 torchrun --standalone --nproc-per-node=1 -m gpucert.finetune.train \
+      configs/finetune/qwen2-7b-speed.yaml --output-dir /tmp/runs/one-gpu \
+      "${args[@]/train.parallel=ddp/train.parallel=auto}" > /tmp/res/finetune-one-gpu.log 2>&1
+    echo "finetune-one-gpu: exit $?" | tee -a "$OUT/summary.txt"
+    cp /tmp/runs/one-gpu/metrics.json /tmp/res/finetune-one-gpu.json
+  fi
   start=$(date +%s)
   for node in 0 1; do
     CUDA_VISIBLE_DEVICES=$node timeout 500 torchrun --nnodes=2 --node-rank=$node --nproc-per-node=1 \
@@ -116,6 +125,14 @@ else
   wait
   echo "finetune-ddp-2nodes: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
   cp /tmp/runs/two-nodes/metrics.json /tmp/res/finetune-two-nodes.json
+  if [ "${BASELINE:-0}" = 1 ]; then
+    python3 - <<'PY' | tee -a "$OUT/summary.txt"
+import json
+one, two = (json.load(open(f"/tmp/res/finetune-{n}.json"))["tokens_per_s_per_gpu"]["effective"]
+            for n in ("one-gpu", "two-nodes"))
+print(f"DDP over two nodes: {two:,.0f} tokens/s per GPU against {one:,.0f} on one GPU: {two / one:.1%}")
+PY
+  fi
   start=$(date +%s)
   CUDA_VISIBLE_DEVICES=0 timeout 120 gpucert accept --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
     --master-port 29640 --set runtime.rendezvous_timeout_s=20 -o /tmp/res/alone > /tmp/res/alone.log 2>&1
