@@ -219,7 +219,7 @@ def test_a_host_list_search_names_the_node_that_cannot_run_and_clears_its_partne
     done = subprocess.run(
         [*GPUCERT, "cluster", "localize", "--hosts", "localhost:0", "localhost:1", "localhost:2", "nosuch.invalid",
          "--profile", "cpu", "--output", str(run), "--json", "--set", "bench.nproc=1",
-         "--set", "localize.seed=1", "--set", "localize.deviation_pct=90", "--set", "runtime.rendezvous_timeout_s=30"],
+         "--set", "localize.seed=1", "--set", "localize.deviation_pct=90", "--set", "runtime.rendezvous_timeout_s=15"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-3000:]
