@@ -3,7 +3,7 @@ the seeds' "+100-200 % from DeepSpeed ZeRO-3" (issue 13). A measuring tool, not 
 no adapter saved, no report.
 
 Run under torchrun on the lent GPU machine (carry .whl; `bash tools/device_zero3.sh` installs DeepSpeed from
-.whl/ds), with the same config and --set lines as the DDP and FSDP2 runs it is compared with:
+.whl-ds), with the same config and --set lines as the DDP and FSDP2 runs it is compared with:
 
   torchrun --standalone --nproc-per-node=2 tools/zero3_finetune.py configs/finetune/qwen2-7b-speed.yaml \
       --out zero3.json --set data.source=synthetic --set model.compile=false ...
