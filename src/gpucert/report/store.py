@@ -68,7 +68,7 @@ def claim_run_dir(output: Path | None, runs_dir: Path, host: str, started: datet
         except OSError as exc:
             raise ConfigError(f"--output {output}: cannot create it: {exc.strerror or exc}") from None
         try:
-            return _locked(output, missing, "--output")
+            return RunDir(output, missing, lock_dir(output, "--output"))
         except ConfigError:
             RunDir(output, missing, None).release()  # refused: leave no directory made for it
             raise
@@ -82,7 +82,7 @@ def claim_run_dir(output: Path | None, runs_dir: Path, host: str, started: datet
             continue
         except OSError as exc:
             raise ConfigError(f"runs_dir {runs_dir}: cannot create {path}: {exc.strerror or exc}") from None
-        return _locked(path, missing, "runs_dir")
+        return RunDir(path, missing, lock_dir(path, "runs_dir"))
     raise AssertionError("unreachable")
 
 
@@ -94,10 +94,6 @@ def _missing_dirs(path: Path) -> list[Path]:
             break
         missing.append(directory)
     return missing
-
-
-def _locked(path: Path, created: list[Path], what: str) -> RunDir:
-    return RunDir(path, created, lock_dir(path, what))
 
 
 # write_problem's answer when the nearest existing path is a file.
