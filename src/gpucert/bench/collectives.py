@@ -381,7 +381,7 @@ def _measure_op(
             call = make_call(op, inp, out, env)
             iters = _agreed_iters(op, size, call, cfg, env)
             replay = None
-            if _use_graph(cfg, env):
+            if _use_graph(cfg, env.device):
                 replay, iters = _graph_batch(op, size, call, iters, cfg["graph_calls"])
             timing = time_batches(call, env.device, warmup=0, iters=iters, repeats=cfg["repeats"], replay=replay)
             # Free the timed buffers before the check allocates its own (4 GiB messages on 80 GB GPUs).
@@ -402,7 +402,7 @@ def _agreed_iters(op: str, size: int, call: Callable[[int], object], cfg: dict[s
     against 35-45 us eager (lent 2xH200), so an eager probe would size graph batches 5-7 times too short.
     """
     probe = time_batches(call, env.device, warmup=cfg["warmup"], iters=PROBE_CALLS, repeats=PROBE_REPEATS)
-    if _use_graph(cfg, env):
+    if _use_graph(cfg, env.device):
         replay = _captured_batch(op, size, call, PROBE_CALLS)
         probe = time_batches(call, env.device, 0, PROBE_CALLS, PROBE_REPEATS, replay=replay)
         del replay
@@ -411,8 +411,9 @@ def _agreed_iters(op: str, size: int, call: Callable[[int], object], cfg: dict[s
     return iters_to_fill(float(slowest.item()), cfg["batch_ms"] / 1e3, cfg["max_iters"])
 
 
-def _use_graph(cfg: dict[str, Any], env: Scope) -> bool:
-    return bool(cfg.get("cuda_graph", False)) and env.device.type == "cuda"
+def _use_graph(cfg: dict[str, Any], device: torch.device) -> bool:
+    """cuda_graph applies on CUDA devices only (gloo on CPUs times eagerly)."""
+    return bool(cfg.get("cuda_graph", False)) and device.type == "cuda"
 
 
 def _timing_stream(device: torch.device) -> Any:
@@ -512,7 +513,7 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
             "batch_ms": cfg["batch_ms"],
             "repeats": cfg["repeats"],
             "warmup": cfg["warmup"],
-            "cuda_graph": cfg.get("cuda_graph", False) and env.device.type == "cuda",
+            "cuda_graph": _use_graph(cfg, env.device),
             "graph_calls": cfg.get("graph_calls"),
             "buffers": cfg.get("buffers", "torch"),
         },
