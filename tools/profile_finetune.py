@@ -4,20 +4,28 @@
       torchrun --standalone --nproc-per-node=1 tools/profile_finetune.py CONFIG --set ...
 
 PROFILE_STEP: profile that step (counted in this process) with torch.profiler and write the kernels sorted by
-device time, plus their share per kind (GEMM, attention, elementwise/fused, NCCL, other), to PROFILE_OUT.
+device time, plus their share per kind (GEMM, attention, elementwise/fused, NCCL, other), to PROFILE_OUT; then
+where the GPU sat idle inside the step: the step's wall time against the union of its kernels, each idle gap of
+more than GAP_US (default 50) microseconds named by the host code that launched the kernel after it (the
+innermost gpucert/transformers/peft frame and torch op), summed by that name, and the host's synchronisations.
 SDPA_BACKEND (flash | efficient | cudnn | math): leave only that SDPA backend enabled, to measure one
-attention kernel against another on the same step. Both are read here, never by gpucert itself.
+attention kernel against another on the same step. READ_AHEAD=0: every step reads its rows at its start, with
+the GPU idle, as the trainer did before it read them ahead (to measure that lever in one call). PROFILE_STACK=0:
+profile without Python stacks. All are read here, never by gpucert itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import gpucert.finetune.train as train_module
@@ -51,6 +59,106 @@ def write_profile(prof: Any, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+BUSY_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+SYNC_CALLS = re.compile(r"Synchronize|cudaMemcpy(?!.*Async)|cudaStreamWaitEvent", re.I)
+OUR_FRAMES = re.compile(r"gpucert|transformers|peft|torch/(nn|optim|autograd)/")
+STEP_MARK = "gpucert.train_step"
+
+
+def _intervals_union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+class _HostEvents:
+    """One thread's host events (sorted by start), searchable for those that contain a time."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.start = np.array([e["ts"] for e in events], dtype=np.float64)
+        self.end = self.start + np.array([e.get("dur", 0) for e in events], dtype=np.float64)
+
+    def enclosing(self, ts: float) -> list[dict[str, Any]]:
+        """Outermost first (sorted by start)."""
+        return [self.events[i] for i in np.nonzero((self.start <= ts) & (self.end >= ts))[0]]
+
+
+def idle_report(trace_path: Path, gap_us: float) -> list[str]:
+    """Where the GPU sat idle inside the profiled step (module docstring), from the profiler's chrome trace."""
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    mark = next((e for e in events if e.get("name") == STEP_MARK and e.get("cat") == "user_annotation"), None)
+    if mark is None:
+        return ["idle: no step annotation in the trace"]
+    t0, t1 = mark["ts"], mark["ts"] + mark["dur"]
+    gpu = sorted(
+        (e for e in events if e.get("cat") in BUSY_CATEGORIES and t0 <= e["ts"] <= t1 and "dur" in e),
+        key=lambda e: e["ts"],
+    )
+    host = sorted(
+        (e for e in events if e.get("cat") in ("cpu_op", "python_function", "user_annotation") and "dur" in e),
+        key=lambda e: e["ts"],
+    )
+    grouped: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for e in host:
+        grouped[e.get("tid")].append(e)
+    by_tid = {tid: _HostEvents(evs) for tid, evs in grouped.items()}
+    nothing = _HostEvents([])
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and isinstance(e.get("args"), dict) and "correlation" in e["args"]
+    }
+    busy = _intervals_union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    wall = t1 - t0
+    lines = [
+        "",
+        f"step wall {wall / 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms, idle {(wall - busy) / 1e3:.1f} ms "
+        f"({100 * (wall - busy) / wall:.1f} %)",
+    ]
+
+    def label(kernel: dict[str, Any] | None) -> str:
+        if kernel is None:
+            return "(after the last kernel: host work to the end of the step)"
+        launch = launches.get(kernel.get("args", {}).get("correlation"))
+        if launch is None:
+            return f"(no launch record) {kernel['name'][:60]}"
+        stack = by_tid.get(launch.get("tid"), nothing).enclosing(launch["ts"])
+        ours = [e["name"] for e in stack if e.get("cat") == "python_function" and OUR_FRAMES.search(e["name"])]
+        ops = [e["name"] for e in stack if e.get("cat") == "cpu_op"]
+        frame = re.sub(r"^.*/site-packages/", "", ours[-1]) if ours else "?"
+        return f"{frame} | {ops[0] if ops else launch['name']}"
+
+    gaps: dict[str, list[float]] = defaultdict(list)
+    end = t0
+    for k in gpu:
+        if k["ts"] - end > gap_us:
+            gaps[label(k)].append(k["ts"] - end)
+        end = max(end, k["ts"] + k["dur"])
+    if t1 - end > gap_us:
+        gaps[label(None)].append(t1 - end)
+    total = sum(sum(v) for v in gaps.values())
+    lines.append(f"idle gaps over {gap_us:.0f} us: {sum(len(v) for v in gaps.values())}, {total / 1e3:.1f} ms")
+    lines.append(f"{'ms':>8} {'gaps':>5} {'max ms':>7}  launched next by (innermost frame | outermost torch op)")
+    for name, v in sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:40]:
+        lines.append(f"{sum(v) / 1e3:8.2f} {len(v):5d} {max(v) / 1e3:7.2f}  {name[:150]}")
+    syncs: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "cuda_runtime" and t0 <= e.get("ts", -1) <= t1 and SYNC_CALLS.search(e.get("name", "")):
+            stack = by_tid.get(e.get("tid"), nothing).enclosing(e["ts"])
+            ours = [s["name"] for s in stack if s.get("cat") == "python_function" and OUR_FRAMES.search(s["name"])]
+            where = re.sub(r"^.*/site-packages/", "", ours[-1]) if ours else "?"
+            syncs[f"{e['name']} in {where}"].append(e.get("dur", 0))
+    lines += ["", f"host synchronisations in the step: {sum(len(v) for v in syncs.values())}"]
+    for name, v in sorted(syncs.items(), key=lambda kv: -sum(kv[1]))[:20]:
+        lines.append(f"{sum(v) / 1e3:8.2f} ms {len(v):5d}x  {name[:150]}")
+    return lines
+
+
 def choose_sdpa_backend(name: str) -> None:
     flags = {
         "flash": torch.backends.cuda.enable_flash_sdp,
@@ -74,14 +182,27 @@ def main() -> int:
 
     def step(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
+        if os.environ.get("READ_AHEAD") == "0":
+            # Each step reads its own rows at its start, as before the read-ahead: host None, read_ahead None.
+            args = (*args[:3], None, *args[4:9], None)
         if calls["n"] != at:
             return plain_step(*args, **kwargs)
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as prof:
-            stats = plain_step(*args, **kwargs)
+        # with_stack: the idle report names the Python frame that launched the kernel after each gap.
+        # PROFILE_STACK=0: no stacks (the host runs nearer its own speed; gaps are named by torch op only).
+        stack = os.environ.get("PROFILE_STACK", "1") != "0"
+        with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
+            with torch.profiler.record_function(STEP_MARK):
+                stats = plain_step(*args, **kwargs)
             torch.cuda.synchronize()
         if int(os.environ.get("RANK", "0")) == 0:
             write_profile(prof, out)
+            with tempfile.TemporaryDirectory() as tmp:
+                trace = Path(tmp) / "trace.json"
+                prof.export_chrome_trace(str(trace))
+                idle = idle_report(trace, float(os.environ.get("GAP_US", "50")))
+            with out.open("a") as f:
+                f.write("\n".join(idle) + "\n")
         return stats
 
     train_module.train_step = step  # type: ignore[assignment]
