@@ -9,6 +9,7 @@ import math
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -226,6 +227,30 @@ def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> No
     assert set(adapter) == set(checkpoint)
     assert all(torch.equal(adapter[k], checkpoint[k]) for k in checkpoint)
     assert any(v.abs().sum() > 0 for k, v in checkpoint.items() if "lora_B" in k)
+
+
+def test_each_step_gets_the_rows_the_previous_step_read_ahead(
+    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows are read one step ahead, behind the GPU work; across an epoch's end too, and never past the last step."""
+    calls: list[tuple[Any, list[list[int]], Any]] = []  # (host rows given, the step's rows, rows read ahead)
+    plain = train_module.train_step
+
+    def recording(*args: Any) -> Any:
+        stats, upcoming = plain(*args)
+        calls.append((args[3], args[4], args[9]))
+        if upcoming is not None:
+            assert upcoming.micro_ids == args[9]
+        return stats, upcoming
+
+    monkeypatch.setattr(train_module, "train_step", recording)
+    run_finetune(tiny_run(tmp_path, epochs=2.0, max_steps=44))  # 39 steps an epoch
+    assert len(calls) == 44 and calls[0][0] is None  # the first step reads its own rows
+    for (_, _, ahead), (host, ids, _) in itertools.pairwise(calls):
+        assert host is not None and host.micro_ids == ids == ahead
+    assert calls[-1][2] is None
+    rows = [i for _, ids, _ in calls for micro in ids for i in micro]
+    assert len(rows) > len(set(rows))  # rows came round again: the read-ahead crossed an epoch's end
 
 
 def test_saved_adapter_reloads_with_identical_outputs(tmp_path: Path, single_process: None) -> None:
