@@ -129,7 +129,9 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer) -> None:
     eager = loss_and_grads(TINY, tokenizer, batch)
     assert compiled[0] == pytest.approx(eager[0], rel=1e-5)
     for a, b in zip(compiled[1], eager[1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        # fp32 sums in another order (inductor's kernels, the fused q/k/v GEMMs): errors of about 5e-6 of a
+        # gradient's largest element, measured; a wrong gradient is off by its own size.
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5 * float(b.abs().max()))
 
 
 def test_flex_attention_is_refused_off_cuda(tokenizer) -> None:

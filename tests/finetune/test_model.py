@@ -165,4 +165,6 @@ def test_merged_model_gives_the_adapter_outputs(tokenizer, tmp_path: Path) -> No
         load_base_model(TINY, len(tokenizer), torch.device("cpu")), tmp_path / "adapter"
     )
     with torch.no_grad():
-        assert torch.equal(reloaded(input_ids=batch["input_ids"]).logits, expected)
+        # Not bit for bit: the training model runs q/k/v and gate/up as stacked GEMMs (fused.py), whose sums
+        # round in another order than the reloaded model's one-by-one GEMMs; a wrong adapter is off by far more.
+        torch.testing.assert_close(reloaded(input_ids=batch["input_ids"]).logits, expected, rtol=1e-4, atol=1e-5)

@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 
 from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.fp8 import check_fp8_device, convert_frozen_linears
+from gpucert.finetune.fused import fuse_projections
 from gpucert.finetune.hub import pretrained_source
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
@@ -55,6 +56,8 @@ class ModelInfo:
     head_dim: int
     hidden_size: int
     vocab_size: int
+    # model.fuse_projections: what was fused, and why any group was not (finetune/fused.py).
+    fused_projections: str = "off"
 
     def flop_counts(self) -> FlopCounts:
         return FlopCounts(
@@ -236,10 +239,15 @@ def load_model(
     with quiet_peft():
         model = get_peft_model(base, peft_config)
     params = list(model.named_parameters())
+    fused = "off"
+    if model_cfg.fuse_projections:
+        # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
+        fused = fuse_projections(base).summary()
     info = ModelInfo(
         total_params=sum(p.numel() for _, p in params),
         trainable_params=sum(p.numel() for _, p in params if p.requires_grad),
         lora_params=sum(p.numel() for name, p in params if "lora_" in name),
+        fused_projections=fused,
         **shape,
     )
     autocast_dtype = None

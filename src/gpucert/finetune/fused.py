@@ -1,0 +1,220 @@
+"""Projections that share an input run as one (`model.fuse_projections`): q/k/v, and the MLP's gate/up.
+
+A decoder layer feeds one tensor to q_proj, k_proj and v_proj, and another to gate_proj and up_proj. PEFT runs
+each of them on its own: a frozen GEMM and an adapter down-projection x @ A^T per projection, each reading x
+again, and in the backward one input-gradient GEMM per frozen weight and per adapter, every result a full-size
+tensor that is then summed. Here q/k/v's frozen weights are one matrix (rows stacked once, at load) and, without
+LoRA dropout, each group's A matrices one (stacked at every call: r x in, tiny): for q/k/v the forward reads x
+twice instead of six times and the backward writes two input-gradient tensors instead of six. gate/up share
+only their A (see GROUPS). With dropout each adapter keeps its own A and its own mask, as PEFT draws them, and
+only q/k/v's frozen matrix is shared. The adapters' up-projections B stay one per projection. The arithmetic of
+every output element is PEFT's; what it saves is memory traffic and kernel launches (docs/OPTIMIZATION.md).
+
+How it plugs in, so that HF's attention and MLP code stays as it is (generation with a KV cache included):
+each member keeps its place and its parameter names (checkpoints and saved adapters do not change), its class
+becomes a subclass of PEFT's `Linear` whose forward asks the group. The first member called computes every
+member's output and leaves the others' for them; a later member takes its output only if it is called with
+the very same input tensor, else it computes the group again (always right, only slower, for a model that calls
+its projections in another order). Where the frozen weights are stacked, the members' own are dropped: each
+`base_layer` becomes a `GroupSlice`, its rows of the group's matrix, so PEFT's own forward (disabled adapters,
+mixed batches) still works. FP8 (`model.precision: fp8`) converts the stacked matrix like any other frozen
+linear.
+
+Fused only where every member is a plain LoRA layer with one adapter, no DoRA or other variant, not merged,
+over an nn.Linear; other groups are left as they are and named, with the reason, in `fuse_projections`'s
+result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from peft.tuners.lora.layer import Linear as LoraLinear
+from torch import nn
+
+from gpucert.finetune.parallel import decoder_layers
+
+ADAPTER = "default"
+# (child of a decoder layer, its projections that take the same input in the order HF's code calls them, the
+# group's name: the one HF gives such stacked projections in models built with them, e.g. Phi-3, and whether the
+# frozen weights are stacked too). gate/up keep their own frozen GEMMs: stacked, the FP8 step's input gradient
+# of the pair is quantized over one 37,888-wide row, which took inductor an extra pass over it (17 ms a step,
+# 2 % slower, lent H100, docs/OPTIMIZATION.md); their A matrices are still one.
+GROUPS = (
+    ("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj", True),
+    ("mlp", ("gate_proj", "up_proj"), "gate_up_proj", False),
+)
+
+
+class GroupSlice(nn.Module):
+    """A fused member's `base_layer`: its rows of the group's frozen projection, no parameters of its own."""
+
+    group: FusedProjections
+
+    def __init__(self, group: FusedProjections, start: int, stop: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "group", group)  # not a submodule: the group has one owner, its layer's child
+        self.start, self.stop = start, stop
+        self.in_features, self.out_features = group.in_features, stop - start
+
+    @property
+    def weight(self) -> torch.Tensor:
+        weight = self.group.base_layer.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight[self.start : self.stop]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.base_layer(x)[..., self.start : self.stop]
+
+
+class FusedProjections(nn.Module):
+    """One group (module docstring): the stacked frozen projection `base_layer` and the members it serves."""
+
+    base_layer: nn.Module  # the stacked frozen projection: nn.Linear, or fp8.Fp8FrozenLinear once converted
+    members: tuple[Any, ...]  # PEFT LoRA Linear layers (FusedLoraLinear once fused)
+
+    def __init__(self, members: list[Any], stack: bool = True) -> None:
+        super().__init__()
+        bases: list[nn.Linear] = [m.base_layer for m in members]
+        object.__setattr__(self, "members", tuple(members))  # they stay where they are (their names unchanged)
+        # One A for the group only without dropout: PEFT draws an independent mask per projection.
+        self.shared_a = all(isinstance(m.lora_dropout[ADAPTER], nn.Identity) for m in members)
+        self.ranks = [m.r[ADAPTER] for m in members]
+        self.stacked = stack
+        # (input, outputs) of the last computation, until its last member has taken its output.
+        self.pending: tuple[torch.Tensor, list[torch.Tensor]] | None = None
+        if not stack:
+            return  # each member keeps its own base_layer
+        weight = torch.cat([b.weight.detach() for b in bases])
+        self.in_features = bases[0].in_features
+        self.sizes = [b.out_features for b in bases]
+        stacked = nn.Linear(
+            self.in_features, weight.shape[0], bias=any(b.bias is not None for b in bases), device="meta"
+        )
+        stacked.weight = nn.Parameter(weight, requires_grad=False)
+        if stacked.bias is not None:
+            zeros = [torch.zeros(b.out_features, dtype=weight.dtype, device=weight.device) for b in bases]
+            bias = torch.cat([b.bias.detach() if b.bias is not None else z for b, z in zip(bases, zeros, strict=True)])
+            stacked.bias = nn.Parameter(bias, requires_grad=False)
+        self.base_layer = stacked
+
+    def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every member's output for input x, as PEFT's forward computes each (base + B(A(x)) * scaling)."""
+        ys = self.base_layer(x).split(self.sizes, -1) if self.stacked else tuple(m.base_layer(x) for m in self.members)
+        xa = self.members[0]._cast_input_dtype(x, self.members[0].lora_A[ADAPTER].weight.dtype)
+        if self.shared_a:
+            a = torch.cat([m.lora_A[ADAPTER].weight for m in self.members])
+            hs = F.linear(xa, a).split(self.ranks, -1)
+        else:
+            hs = tuple(m.lora_A[ADAPTER](m.lora_dropout[ADAPTER](xa)) for m in self.members)
+        out = []
+        for i, m in enumerate(self.members):  # indexed, not zip(strict=...): this runs under torch.compile
+            out.append((ys[i] + m.lora_B[ADAPTER](hs[i]) * m.scaling[ADAPTER]).to(ys[i].dtype))
+        return out
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        pending = self.pending
+        if index > 0 and pending is not None and pending[0] is x:
+            if index == len(self.members) - 1:
+                self.pending = None
+            return pending[1][index]
+        outs = self.outputs(x)
+        self.pending = (x, outs) if index == 0 else None
+        return outs[index]
+
+
+class FusedLoraLinear(LoraLinear):
+    """PEFT's LoRA Linear whose forward is served by its group (instances are PEFT layers re-classed in place)."""
+
+    gpucert_group: FusedProjections
+    gpucert_index: int
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs or self.disable_adapters or self.merged:
+            return super().forward(x, *args, **kwargs)  # PEFT's path; base_layer (a GroupSlice) still computes
+        return self.gpucert_group.output(self.gpucert_index, x)
+
+
+def has_dropout(module: nn.Module) -> bool:
+    dropouts = getattr(module, "lora_dropout", None)
+    if not isinstance(dropouts, nn.ModuleDict) or ADAPTER not in dropouts:
+        return False
+    return not isinstance(dropouts[ADAPTER], nn.Identity)
+
+
+def fusable_problem(module: nn.Module) -> str | None:
+    """Why a projection cannot join a group, or None."""
+    if type(module) is not LoraLinear:
+        return f"{type(module).__name__}, not a PEFT LoRA Linear"
+    if list(module.lora_A) != [ADAPTER] or list(module.active_adapters) != [ADAPTER]:
+        return f"adapters {list(module.lora_A)}, expected one named {ADAPTER!r}"
+    if getattr(module, "lora_variant", {}) or module.use_dora.get(ADAPTER, False):
+        return "a LoRA variant (DoRA)"
+    if module.merged or module.disable_adapters:
+        return "merged or disabled"
+    if module.fan_in_fan_out or getattr(module, "lora_bias", {}).get(ADAPTER, False):
+        return "fan_in_fan_out or lora_bias"
+    if type(module.base_layer) is not nn.Linear:
+        return f"base layer {type(module.base_layer).__name__}, not nn.Linear"
+    return None
+
+
+@dataclass
+class Fusion:
+    """What fuse_projections did: the groups fused (qualified names) and why each other one was not."""
+
+    fused: list[str] = field(default_factory=list)
+    shared_a: int = 0
+    left: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: how many groups, with one A or not, and the reasons of those left (each reason once)."""
+        text = f"{len(self.fused)} groups fused ({self.shared_a} with one A matrix)"
+        reasons = sorted(set(self.left.values()))
+        if reasons:
+            text += f"; {len(self.left)} left as they are: " + " | ".join(reasons)
+        return text
+
+
+def fuse_projections(model: nn.Module) -> Fusion:
+    """Fuse the q/k/v and gate/up groups of every decoder layer of `model` (after PEFT wrapped it, before FP8
+    conversion and compiling), in place."""
+    names = {id(m): name for name, m in model.named_modules()}
+    done = Fusion()
+    for layer in decoder_layers(model):
+        for child, projections, group_name, stack in GROUPS:
+            parent = getattr(layer, child, None)
+            if parent is None or not all(hasattr(parent, p) for p in projections):
+                continue
+            members = [getattr(parent, p) for p in projections]
+            where = f"{names[id(parent)]}.{'/'.join(projections)}"
+            problems = {p: why for p, m in zip(projections, members, strict=True) if (why := fusable_problem(m))}
+            if len({m.in_features for m in members}) > 1:
+                problems["in_features"] = "members of different input sizes"
+            if len({m.base_layer.weight.dtype for m in members if hasattr(m, "base_layer")}) > 1:
+                problems["dtype"] = "members of different dtypes"
+            if hasattr(parent, group_name):
+                problems[group_name] = "the name is taken"
+            dropout = [p for p, m in zip(projections, members, strict=True) if has_dropout(m)]
+            if not stack and dropout:
+                problems["lora.dropout"] = "> 0: nothing to share (one mask per projection, frozen GEMMs kept apart)"
+            if problems:
+                done.left[where] = "; ".join(f"{p}: {why}" for p, why in problems.items())
+                continue
+            group = FusedProjections(members, stack)
+            parent.register_module(group_name, group)
+            start = 0
+            for index, member in enumerate(members):
+                stop = start + member.out_features
+                if stack:
+                    member.base_layer = GroupSlice(group, start, stop)  # the member's own weight is freed
+                member.__class__ = FusedLoraLinear
+                object.__setattr__(member, "gpucert_group", group)  # not a submodule (see GroupSlice)
+                member.gpucert_index = index
+                start = stop
+            done.fused.append(where)
+            done.shared_a += group.shared_a
+    return done

@@ -1,0 +1,187 @@
+"""Fused projections (`model.fuse_projections`, finetune/fused.py): q/k/v and gate/up as one frozen GEMM and one
+adapter down-projection give PEFT's outputs and gradients, on the three architectures the recipes train
+(Qwen2, Mistral, Llama), eager and compiled, with and without dropout, in FP8, and leave names, saved adapters
+and PEFT's other paths as they were."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2ForCausalLM
+
+from gpucert.finetune.fp8 import Fp8FrozenLinear, convert_frozen_linears
+from gpucert.finetune.fused import FusedLoraLinear, FusedProjections, GroupSlice, fuse_projections
+from gpucert.finetune.model import tiny_config
+from gpucert.finetune.parallel import decoder_layers
+
+VOCAB = 256
+SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+)
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def peft_model(arch: str = "qwen2", dropout: float = 0.0, targets: list[str] = TARGETS, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    if arch == "qwen2":
+        config = tiny_config(VOCAB)
+        config.intermediate_size = 176
+        base = Qwen2ForCausalLM(config)
+    elif arch == "mistral":
+        base = MistralForCausalLM(MistralConfig(**SHAPE))
+    else:
+        base = LlamaForCausalLM(LlamaConfig(**SHAPE))
+    model = get_peft_model(
+        base, PeftLoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, target_modules=targets, task_type="CAUSAL_LM")
+    )
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # B starts at zero: give the adapters something to add, so a wrong one shows
+            nn.init.normal_(p, std=0.1)
+    return model
+
+
+def loss_and_grads(model: nn.Module, seed: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(7))
+    torch.manual_seed(seed)  # the dropout masks
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids).logits
+    loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return logits.detach(), grads
+
+
+def assert_same_training(fused: nn.Module, plain: nn.Module) -> None:
+    logits, grads = loss_and_grads(fused)
+    ref_logits, ref_grads = loss_and_grads(plain)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and len(grads) == 2 * 7 * 2
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "llama"])
+def test_fused_groups_give_pefts_outputs_and_gradients(arch: str) -> None:
+    plain = peft_model(arch)
+    fused = copy.deepcopy(plain)
+    done = fuse_projections(fused)
+    assert len(done.fused) == 4 and done.shared_a == 4 and not done.left, done.summary()
+    assert_same_training(fused, plain)
+
+
+def test_names_parameters_and_the_saved_adapter_do_not_change(tmp_path) -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused)
+    trainable = {n for n, p in plain.named_parameters() if p.requires_grad}
+    assert {n for n, p in fused.named_parameters() if p.requires_grad} == trainable
+    # The same number of weights, each frozen matrix once: the members' own weights are gone, not kept twice.
+    assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in plain.parameters())
+    layer = decoder_layers(fused)[0]
+    assert isinstance(layer.self_attn.qkv_proj, FusedProjections) and isinstance(
+        layer.mlp.gate_up_proj, FusedProjections
+    )
+    assert list(layer.mlp.gate_up_proj.parameters()) == []  # gate and up keep their own frozen weights
+    assert type(layer.self_attn.q_proj) is FusedLoraLinear and isinstance(layer.self_attn.q_proj.base_layer, GroupSlice)
+    assert list(layer.self_attn.q_proj.base_layer.parameters()) == []
+    torch.testing.assert_close(
+        layer.self_attn.k_proj.base_layer.weight, decoder_layers(plain)[0].self_attn.k_proj.weight
+    )
+    fused.save_pretrained(str(tmp_path / "fused"))
+    plain.save_pretrained(str(tmp_path / "plain"))
+    from safetensors.torch import load_file
+
+    saved, ref = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("fused", "plain"))
+    assert saved.keys() == ref.keys() and all(torch.equal(saved[k], ref[k]) for k in saved)
+
+
+def test_with_dropout_only_the_frozen_matrix_is_shared_and_the_masks_are_pefts() -> None:
+    plain = peft_model(dropout=0.2)
+    fused = copy.deepcopy(plain)
+    done = fuse_projections(fused)
+    # q/k/v share their stacked frozen matrix; gate/up, which would share only their A, are left.
+    assert len(done.fused) == 2 and done.shared_a == 0 and len(done.left) == 2
+    assert "nothing to share" in done.summary()
+    plain.train()
+    fused.train()
+    # The same seed draws the same masks in the same order (q, k, v; gate, up), as PEFT's forward draws them.
+    assert_same_training(fused, plain)
+
+
+def test_it_compiles_into_one_graph_per_layer_with_the_eager_results() -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused)
+    for layer in decoder_layers(fused):
+        # fullgraph: the hand-over of outputs between members (a module attribute) must not break the graph.
+        layer.forward = torch.compile(layer.forward, backend="aot_eager", fullgraph=True)
+    assert_same_training(fused, plain)
+    assert all(layer.self_attn.qkv_proj.pending is None for layer in decoder_layers(fused))
+
+
+def test_a_member_called_out_of_order_or_on_another_input_computes_its_own_output() -> None:
+    fused = peft_model()
+    fuse_projections(fused)
+    plain = peft_model()  # the same seed: the same weights
+    attn, ref = decoder_layers(fused)[0].self_attn, decoder_layers(plain)[0].self_attn
+    x, other = torch.randn(3, 64), torch.randn(3, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn.k_proj(x), ref.k_proj(x))  # nothing pending: computed, not guessed
+        attn.q_proj(x)  # leaves k's and v's outputs for x
+        torch.testing.assert_close(attn.v_proj(other), ref.v_proj(other))  # another tensor: not x's output
+        torch.testing.assert_close(attn.k_proj(x), ref.k_proj(x))
+    # PEFT's own paths still work: with the adapters disabled the output is the frozen projection's alone.
+    with fused.disable_adapter(), torch.no_grad():
+        torch.testing.assert_close(attn.v_proj(x), ref.v_proj.base_layer(x))
+
+
+def test_fp8_converts_each_groups_stacked_matrix() -> None:
+    fused = peft_model()
+    fused.to(torch.bfloat16)
+    plain = copy.deepcopy(fused)
+    fuse_projections(fused)
+    done = convert_frozen_linears(fused)
+    convert_frozen_linears(plain)
+    names = {name.split("layers.")[1] for name in done.converted}
+    assert names == {
+        f"{i}.{p}"
+        for i in (0, 1)
+        for p in (
+            "self_attn.qkv_proj.base_layer",
+            "self_attn.o_proj.base_layer",
+            "mlp.gate_proj.base_layer",
+            "mlp.up_proj.base_layer",
+            "mlp.down_proj.base_layer",
+        )
+    }
+    stacked = decoder_layers(fused)[0].self_attn.qkv_proj.base_layer
+    assert isinstance(stacked, Fp8FrozenLinear) and stacked.out_features == 64 + 2 * 32 and stacked.bias is not None
+    # No bf16 copy of a converted weight is left anywhere in the layers.
+    assert not [
+        n for n, m in fused.named_modules() if type(m) is nn.Linear and not m.weight.requires_grad and "layers" in n
+    ]
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        found, expected = fused(input_ids=ids).logits.float(), plain(input_ids=ids).logits.float()
+    # The stacked matrix is quantized per output row as each member's was: the same FP8 values, bf16 rounding apart.
+    assert float((found - expected).norm() / expected.norm()) < 0.02
+
+
+def test_groups_that_cannot_fuse_are_left_with_the_reason() -> None:
+    model = peft_model(targets=["q_proj", "v_proj", "gate_proj", "up_proj"])  # k_proj has no adapter
+    done = fuse_projections(model)
+    assert len(done.fused) == 2 and len(done.left) == 2  # gate/up of both layers; q/k/v of neither
+    assert "k_proj: Linear, not a PEFT LoRA Linear" in done.summary()
+    assert all("self_attn" in where for where in done.left)
