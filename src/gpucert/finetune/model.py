@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
@@ -264,6 +265,9 @@ def load_model(
     # After counting: a deferred head's weight is no longer a parameter.
     head_weight = defer_head(base) if model_cfg.fused_loss else None
     if model_cfg.compile:
+        # A process-wide inductor setting, read when the layers are first compiled (at the first step); the
+        # trainer's process compiles nothing else. Triton kernels only: CPU code is not tuned.
+        inductor_config.coordinate_descent_tuning = model_cfg.compile_tuning
         for layer in decoder_layers(base):
             layer.compile()
     plan = ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None, head_weight)
