@@ -60,7 +60,8 @@ def write_profile(prof: Any, path: Path) -> None:
 
 
 BUSY_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
-SYNC_CALLS = re.compile(r"Synchronize|cudaMemcpy(?!.*Async)|cudaStreamWaitEvent", re.I)
+# Calls that make the host wait for the GPU (cudaStreamWaitEvent makes a stream wait, not the host).
+SYNC_CALLS = re.compile(r"Synchronize|cudaMemcpy(?!.*Async)", re.I)
 OUR_FRAMES = re.compile(r"gpucert|transformers|peft|torch/(nn|optim|autograd)/")
 STEP_MARK = "gpucert.train_step"
 

@@ -15,7 +15,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2ForCausalLM
 
 from gpucert.finetune.fp8 import Fp8FrozenLinear, convert_frozen_linears
-from gpucert.finetune.fused import FusedLoraLinear, FusedProjections, GroupSlice, fuse_projections
+from gpucert.finetune.fused import FusedLoraLinear, FusedProjections, GroupSlice, clear_pending, fuse_projections
 from gpucert.finetune.model import tiny_config
 from gpucert.finetune.parallel import decoder_layers
 
@@ -128,7 +128,10 @@ def test_it_compiles_into_one_graph_per_layer_with_the_eager_results() -> None:
         # fullgraph: the hand-over of outputs between members (a module attribute) must not break the graph.
         layer.forward = torch.compile(layer.forward, backend="aot_eager", fullgraph=True)
     assert_same_training(fused, plain)
-    assert all(layer.self_attn.qkv_proj.pending is None for layer in decoder_layers(fused))
+    assert all(
+        layer.self_attn.qkv_proj.pending is None and layer.mlp.gate_up_proj.pending is None
+        for layer in decoder_layers(fused)
+    )
 
 
 def test_a_member_called_out_of_order_or_on_another_input_computes_its_own_output() -> None:
@@ -185,3 +188,24 @@ def test_groups_that_cannot_fuse_are_left_with_the_reason() -> None:
     assert len(done.fused) == 2 and len(done.left) == 2  # gate/up of both layers; q/k/v of neither
     assert "k_proj: Linear, not a PEFT LoRA Linear" in done.summary()
     assert all("self_attn" in where for where in done.left)
+
+
+def test_outputs_left_by_a_failed_forward_can_be_dropped_and_merging_is_refused() -> None:
+    fused = peft_model()
+    fuse_projections(fused)
+    attn = decoder_layers(fused)[0].self_attn
+    with torch.no_grad():
+        attn.q_proj(torch.randn(3, 64))  # as if the forward had failed before k and v
+    assert attn.qkv_proj.pending is not None
+    clear_pending(fused)
+    assert attn.qkv_proj.pending is None
+    with pytest.raises(ValueError, match=r"model\.fuse_projections=false"):
+        attn.q_proj.merge()
+
+
+def test_an_architecture_not_known_to_call_its_projections_in_order_is_left() -> None:
+    model = peft_model()
+    for layer in decoder_layers(model):
+        layer.self_attn.__class__ = type("OtherAttention", (type(layer.self_attn),), {})
+    done = fuse_projections(model)
+    assert len(done.fused) == 2 and "OtherAttention, not one of" in done.summary()

@@ -7,22 +7,27 @@ tensor that is then summed. Here q/k/v's frozen weights are one matrix (rows sta
 LoRA dropout, each group's A matrices one (stacked at every call: r x in, tiny): for q/k/v the forward reads x
 twice instead of six times and the backward writes two input-gradient tensors instead of six. gate/up share
 only their A (see GROUPS). With dropout each adapter keeps its own A and its own mask, as PEFT draws them, and
-only q/k/v's frozen matrix is shared. The adapters' up-projections B stay one per projection. The arithmetic of
-every output element is PEFT's; what it saves is memory traffic and kernel launches (docs/OPTIMIZATION.md).
+only q/k/v's frozen matrix is shared. The adapters' up-projections B stay one per projection. Every output is
+PEFT's formula, not bit for bit (the stacked GEMMs sum in another order: about 5e-6 of a gradient's largest
+element in fp32); what it saves is memory traffic and kernel launches (docs/OPTIMIZATION.md).
 
 How it plugs in, so that HF's attention and MLP code stays as it is (generation with a KV cache included):
 each member keeps its place and its parameter names (checkpoints and saved adapters do not change), its class
 becomes a subclass of PEFT's `Linear` whose forward asks the group. The first member called computes every
 member's output and leaves the others' for them; a later member takes its output only if it is called with
 the very same input tensor, else it computes the group again (always right, only slower, for a model that calls
-its projections in another order). Where the frozen weights are stacked, the members' own are dropped: each
-`base_layer` becomes a `GroupSlice`, its rows of the group's matrix, so PEFT's own forward (disabled adapters,
-mixed batches) still works. FP8 (`model.precision: fp8`) converts the stacked matrix like any other frozen
-linear.
+its projections in another order). Outputs left by a forward that failed half-way are replaced at the next
+forward, or dropped by `clear_pending` (the trainer calls it when a step runs out of memory). Where the frozen
+weights are stacked, the
+members' own are dropped: each `base_layer` becomes a `GroupSlice`, its rows of the group's matrix, so PEFT's
+own forward (disabled adapters, mixed batches) still works; merging an adapter into a fused layer is refused
+(gpucert merges into a freshly loaded base). FP8 (`model.precision: fp8`) converts the stacked matrix like any
+other frozen linear.
 
-Fused only where every member is a plain LoRA layer with one adapter, no DoRA or other variant, not merged,
-over an nn.Linear; other groups are left as they are and named, with the reason, in `fuse_projections`'s
-result.
+Fused only in the architectures whose attention and MLP code is known to call every member, in order, on one
+tensor (Qwen2, Mistral, Llama: `ARCHITECTURES`), and where every member is a plain LoRA layer with one adapter,
+no DoRA or other variant, not merged, over an nn.Linear; other groups are left as they are and named, with the
+reason, in `fuse_projections`'s result.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ GROUPS = (
     ("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj", True),
     ("mlp", ("gate_proj", "up_proj"), "gate_up_proj", False),
 )
+# HF classes (the architecture's name + Attention / MLP) whose forward calls q, k, v (gate, up) in that order on
+# one tensor, every layer: what the hand-over assumes to be fast, and the tests check for each.
+ARCHITECTURES = ("Qwen2", "Mistral", "Llama")
 
 
 class GroupSlice(nn.Module):
@@ -137,6 +145,13 @@ class FusedLoraLinear(LoraLinear):
             return super().forward(x, *args, **kwargs)  # PEFT's path; base_layer (a GroupSlice) still computes
         return self.gpucert_group.output(self.gpucert_index, x)
 
+    def merge(self, *args: Any, **kwargs: Any) -> None:
+        # A GroupSlice's weight is a view computed on each access (FP8: quantized): PEFT's merge would be lost.
+        raise ValueError(
+            "a fused projection cannot merge its adapter in place: load the model with model.fuse_projections=false "
+            "to merge, or merge the saved adapter into a freshly loaded base (gpucert finetune does)"
+        )
+
 
 def has_dropout(module: nn.Module) -> bool:
     dropouts = getattr(module, "lora_dropout", None)
@@ -189,6 +204,7 @@ def fuse_projections(model: nn.Module) -> Fusion:
             parent = getattr(layer, child, None)
             if parent is None or not all(hasattr(parent, p) for p in projections):
                 continue
+            known = {f"{arch}{'Attention' if child == 'self_attn' else 'MLP'}" for arch in ARCHITECTURES}
             members = [getattr(parent, p) for p in projections]
             where = f"{names[id(parent)]}.{'/'.join(projections)}"
             problems = {p: why for p, m in zip(projections, members, strict=True) if (why := fusable_problem(m))}
@@ -196,6 +212,8 @@ def fuse_projections(model: nn.Module) -> Fusion:
                 problems["in_features"] = "members of different input sizes"
             if len({m.base_layer.weight.dtype for m in members if hasattr(m, "base_layer")}) > 1:
                 problems["dtype"] = "members of different dtypes"
+            if type(parent).__name__ not in known:
+                problems[child] = f"{type(parent).__name__}, not one of {', '.join(sorted(known))}"
             if hasattr(parent, group_name):
                 problems[group_name] = "the name is taken"
             dropout = [p for p, m in zip(projections, members, strict=True) if has_dropout(m)]
@@ -218,3 +236,10 @@ def fuse_projections(model: nn.Module) -> Fusion:
             done.fused.append(where)
             done.shared_a += group.shared_a
     return done
+
+
+def clear_pending(model: nn.Module) -> None:
+    """Drop the outputs a forward that failed half-way left with its groups (they hold its activations)."""
+    for module in model.modules():
+        if isinstance(module, FusedProjections):
+            module.pending = None

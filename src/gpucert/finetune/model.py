@@ -12,6 +12,7 @@ local cache when the hub cannot be reached.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -240,17 +241,17 @@ def load_model(
     with quiet_peft():
         model = get_peft_model(base, peft_config)
     params = list(model.named_parameters())
+    counts = dict(
+        total_params=sum(p.numel() for _, p in params),
+        trainable_params=sum(p.numel() for _, p in params if p.requires_grad),
+        lora_params=sum(p.numel() for name, p in params if "lora_" in name),
+    )
+    del params  # it would keep each fused member's own weight alive beside the stacked copy until load_model returns
     fused = "off"
     if model_cfg.fuse_projections:
         # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
         fused = fuse_projections(base).summary()
-    info = ModelInfo(
-        total_params=sum(p.numel() for _, p in params),
-        trainable_params=sum(p.numel() for _, p in params if p.requires_grad),
-        lora_params=sum(p.numel() for name, p in params if "lora_" in name),
-        fused_projections=fused,
-        **shape,
-    )
+    info = ModelInfo(**counts, fused_projections=fused, **shape)
     autocast_dtype = None
     if model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16):
         # PEFT keeps adapters in fp32 and casts each adapter's input to fp32: an fp32 copy of every projection
@@ -265,9 +266,11 @@ def load_model(
     # After counting: a deferred head's weight is no longer a parameter.
     head_weight = defer_head(base) if model_cfg.fused_loss else None
     if model_cfg.compile:
-        # A process-wide inductor setting, read when the layers are first compiled (at the first step); the
-        # trainer's process compiles nothing else. Triton kernels only: CPU code is not tuned.
-        inductor_config.coordinate_descent_tuning = model_cfg.compile_tuning
+        # A process-wide inductor setting, read when the layers are first compiled (at the first step): it tunes
+        # the fused loss's compiled chunk too, as it did when measured. Triton kernels only: CPU code is not
+        # tuned. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, wins.
+        if "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in os.environ:
+            inductor_config.coordinate_descent_tuning = model_cfg.compile_tuning
         for layer in decoder_layers(base):
             layer.compile()
     plan = ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None, head_weight)

@@ -67,6 +67,7 @@ from gpucert.finetune.checkpoint import (
     save_checkpoint,
 )
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.fused import clear_pending
 from gpucert.finetune.hub import check_model_source
 from gpucert.finetune.memory_plan import Plan, fixed_micro_batch, plan_for_run
 from gpucert.finetune.model import (
@@ -191,13 +192,11 @@ class HostBatch:
     effective: int
     doc_sq: int
     doc_len: int
-    read_s: float
 
 
 def read_host_batch(
     micro_ids: list[list[int]], dataset: Dataset, pad_id: int, pad_to: int | None, pin: bool
 ) -> HostBatch:
-    started = time.perf_counter()
     micro_rows = [[dataset[i] for i in ids] for ids in micro_ids]
     micro = [collate(rows, pad_id, pad_to) for rows in micro_rows]
     if pin:
@@ -213,7 +212,6 @@ def read_host_batch(
         effective=sum(len(row["input_ids"]) for rows in micro_rows for row in rows),
         doc_sq=sum(s * s for d in docs for s in d),
         doc_len=sum(s for d in docs for s in d),
-        read_s=time.perf_counter() - started,
     )
 
 
@@ -448,6 +446,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
         f"{len(data.train):,} train / {len(data.eval):,} eval rows; {total_steps} steps of {global_batch} rows "
         f"({per_epoch} per epoch) on {rt.world_size} x {rt.device.type}, parallel {mode}"
     )
+    log(f"fused projections (model.fuse_projections): {info.fused_projections}")
 
     oom: str | None = None
     steps_this_process = 0
@@ -502,6 +501,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             raise  # the other ranks are inside a collective: the job ends, naming this rank
         oom = str(exc).splitlines()[0]
         log(f"out of memory at step {state.step + 1}: {oom}")
+        clear_pending(model)  # the failed forward's activations, before the adapter is saved and the run summarised
 
     adapter_dir = run_dir / "adapter"
     if oom is None:
