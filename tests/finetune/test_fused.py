@@ -12,7 +12,14 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from gpucert.finetune.fp8 import Fp8FrozenLinear, convert_frozen_linears
 from gpucert.finetune.fused import FusedLoraLinear, FusedProjections, GroupSlice, clear_pending, fuse_projections
@@ -20,25 +27,20 @@ from gpucert.finetune.model import tiny_config
 from gpucert.finetune.parallel import decoder_layers
 
 VOCAB = 256
-SHAPE = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=176,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    initializer_range=0.1,
-    tie_word_embeddings=False,
-)
+# The tiny Qwen2's shape for all three architectures; 176 intermediate (a multiple of 16) so FP8 converts the MLP.
+SHAPE = {
+    **{k: getattr(tiny_config(VOCAB), k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads")},
+    **{k: getattr(tiny_config(VOCAB), k) for k in ("num_key_value_heads", "initializer_range", "tie_word_embeddings")},
+    "vocab_size": VOCAB,
+    "intermediate_size": 176,
+}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def peft_model(arch: str = "qwen2", dropout: float = 0.0, targets: list[str] = TARGETS, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     if arch == "qwen2":
-        config = tiny_config(VOCAB)
-        config.intermediate_size = 176
-        base = Qwen2ForCausalLM(config)
+        base = Qwen2ForCausalLM(Qwen2Config(**SHAPE))
     elif arch == "mistral":
         base = MistralForCausalLM(MistralConfig(**SHAPE))
     else:
