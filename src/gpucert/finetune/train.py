@@ -260,7 +260,7 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     # Everything above is queued on the GPU and nothing below waits for it until the loss is read: the next
     # step's rows are read now, behind the backward, instead of at the next step's start with the GPU idle
-    # (4-5 ms a step of a 7B model on the lent H100, 1.2 % of an FP8 step).
+    # (4-5 ms a step of a 7B model: +1.4 % FP8, +0.9 % bf16 on the lent H100, docs/OPTIMIZATION.md).
     upcoming = read_host_batch(read_ahead, dataset, pad_id, pad_to, pin) if read_ahead is not None else None
     totals = all_reduce_sum(
         [float(loss_sum), host.padded, host.effective, host.doc_sq, host.doc_len],
