@@ -89,6 +89,12 @@ class _HostEvents:
         return [self.events[i] for i in np.nonzero((self.start <= ts) & (self.end >= ts))[0]]
 
 
+def _our_frame(stack: list[dict[str, Any]]) -> str:
+    """The innermost gpucert/transformers/peft/torch.nn frame of a host stack, without its site-packages prefix."""
+    ours = [e["name"] for e in stack if e.get("cat") == "python_function" and OUR_FRAMES.search(e["name"])]
+    return re.sub(r"^.*/site-packages/", "", ours[-1]) if ours else "?"
+
+
 def idle_report(trace_path: Path, gap_us: float) -> list[str]:
     """Where the GPU sat idle inside the profiled step (module docstring), from the profiler's chrome trace."""
     events = json.loads(trace_path.read_text())["traceEvents"]
@@ -129,10 +135,8 @@ def idle_report(trace_path: Path, gap_us: float) -> list[str]:
         if launch is None:
             return f"(no launch record) {kernel['name'][:60]}"
         stack = by_tid.get(launch.get("tid"), nothing).enclosing(launch["ts"])
-        ours = [e["name"] for e in stack if e.get("cat") == "python_function" and OUR_FRAMES.search(e["name"])]
         ops = [e["name"] for e in stack if e.get("cat") == "cpu_op"]
-        frame = re.sub(r"^.*/site-packages/", "", ours[-1]) if ours else "?"
-        return f"{frame} | {ops[0] if ops else launch['name']}"
+        return f"{_our_frame(stack)} | {ops[0] if ops else launch['name']}"
 
     gaps: dict[str, list[float]] = defaultdict(list)
     end = t0
@@ -150,9 +154,7 @@ def idle_report(trace_path: Path, gap_us: float) -> list[str]:
     syncs: dict[str, list[float]] = defaultdict(list)
     for e in events:
         if e.get("cat") == "cuda_runtime" and t0 <= e.get("ts", -1) <= t1 and SYNC_CALLS.search(e.get("name", "")):
-            stack = by_tid.get(e.get("tid"), nothing).enclosing(e["ts"])
-            ours = [s["name"] for s in stack if s.get("cat") == "python_function" and OUR_FRAMES.search(s["name"])]
-            where = re.sub(r"^.*/site-packages/", "", ours[-1]) if ours else "?"
+            where = _our_frame(by_tid.get(e.get("tid"), nothing).enclosing(e["ts"]))
             syncs[f"{e['name']} in {where}"].append(e.get("dur", 0))
     lines += ["", f"host synchronisations in the step: {sum(len(v) for v in syncs.values())}"]
     for name, v in sorted(syncs.items(), key=lambda kv: -sum(kv[1]))[:20]:

@@ -97,8 +97,9 @@ class ModelConfig:
     # matmuls run on the FP8 tensor cores (finetune/fp8.py); needs dtype bf16 and a GPU of compute capability
     # >= 8.9, checked when the model loads. "bf16": the weights as loaded. Adapters stay fp32 either way.
     precision: str = "bf16"
-    # Projections that share an input run as one: q/k/v and gate/up each a single frozen GEMM, and without LoRA
-    # dropout a single adapter down-projection (finetune/fused.py). Same arithmetic, less memory traffic.
+    # Projections that share an input run as one (finetune/fused.py): q/k/v a single stacked frozen GEMM, and
+    # without LoRA dropout q/k/v and gate/up each a single adapter down-projection. PEFT's formula (not bit for
+    # bit: sums in another order), less memory traffic.
     fuse_projections: bool = True
 
     def problems(self) -> list[str]:

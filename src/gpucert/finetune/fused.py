@@ -89,7 +89,7 @@ class FusedProjections(nn.Module):
         bases: list[nn.Linear] = [m.base_layer for m in members]
         object.__setattr__(self, "members", tuple(members))  # they stay where they are (their names unchanged)
         # One A for the group only without dropout: PEFT draws an independent mask per projection.
-        self.shared_a = all(isinstance(m.lora_dropout[ADAPTER], nn.Identity) for m in members)
+        self.shared_a = not any(has_dropout(m) for m in members)
         self.ranks = [m.r[ADAPTER] for m in members]
         self.stacked = stack
         # (input, outputs) of the last computation, until its last member has taken its output.
@@ -216,8 +216,7 @@ def fuse_projections(model: nn.Module) -> Fusion:
                 problems[child] = f"{type(parent).__name__}, not one of {', '.join(sorted(known))}"
             if hasattr(parent, group_name):
                 problems[group_name] = "the name is taken"
-            dropout = [p for p, m in zip(projections, members, strict=True) if has_dropout(m)]
-            if not stack and dropout:
+            if not stack and any(has_dropout(m) for m in members):
                 problems["lora.dropout"] = "> 0: nothing to share (one mask per projection, frozen GEMMs kept apart)"
             if problems:
                 done.left[where] = "; ".join(f"{p}: {why}" for p, why in problems.items())

@@ -174,10 +174,14 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def batch_to(
     rows: list[dict[str, Any]], pad_id: int, device: torch.device, pad_to: int | None = None
 ) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in collate(rows, pad_id, pad_to).items()}
+    return to_device(collate(rows, pad_id, pad_to), device)
 
 
 @dataclass
@@ -238,7 +242,7 @@ def train_step(
         host = read_host_batch(micro_ids, dataset, pad_id, pad_to, pin)
     if host.micro_ids != micro_ids:  # the loop read ahead the wrong rows: exact resume would be lost
         raise RuntimeError(f"rank {rt.rank}: rows read ahead {host.micro_ids} are not this step's {micro_ids}")
-    batches = [{k: v.to(rt.device, non_blocking=True) for k, v in b.items()} for b in host.micro]
+    batches = [to_device(b, rt.device) for b in host.micro]
     data_s = time.perf_counter() - started
     # The divisor of every micro-step's loss: all supervised tokens of the global batch, known before any backward.
     global_supervised = max(all_reduce_sum([host.supervised], rt.device)[0], 1.0)
