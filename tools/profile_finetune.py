@@ -11,8 +11,7 @@ innermost gpucert/transformers/peft frame and torch op), summed by that name, an
 SDPA_BACKEND (flash | efficient | cudnn | math): leave only that SDPA backend enabled, to measure one
 attention kernel against another on the same step. READ_AHEAD=0: every step reads its rows at its start, with
 the GPU idle, as the trainer did before it read them ahead (to measure that lever in one call). PROFILE_STACK=0:
-profile without Python stacks. FP8_ROW_KERNEL=0: FP8 runs quantize the MLP's long rows inside the compiled
-SwiGLU kernels, as before finetune/fp8_rows.py. All are read here, never by gpucert itself.
+profile without Python stacks. All are read here, never by gpucert itself.
 """
 
 from __future__ import annotations
@@ -177,10 +176,6 @@ def choose_sdpa_backend(name: str) -> None:
 
 
 def main() -> int:
-    if os.environ.get("FP8_ROW_KERNEL") == "0":
-        from gpucert.finetune import fp8
-
-        fp8.ROW_KERNEL_MIN_COLS = None
     if os.environ.get("SDPA_BACKEND"):
         choose_sdpa_backend(os.environ["SDPA_BACKEND"])
     at = int(os.environ.get("PROFILE_STEP", "0"))

@@ -110,60 +110,6 @@ def test_forward_and_input_gradient_match_bf16_on_the_gpu(out_features: int, in_
     )
 
 
-@pytest.mark.parametrize("cols", [8192, 18944, 40000], ids=str)
-def test_row_kernel_quantizes_as_quantize_rows(cols: int) -> None:
-    """fp8_rows' Triton kernel (long rows, one pass in registers up to 32,768 and a looped two-pass above) gives
-    quantize_rows' float8 bytes and scales bit for bit: rows spanning 12 orders of magnitude, an all-zero row, a
-    row whose amax / 448 is a power of two, a row whose amax is the largest bf16, and rows with a stride."""
-    from gpucert.finetune.fp8 import quantize_rows
-    from gpucert.finetune.fp8_rows import quantize_rows_fp8
-
-    torch.manual_seed(0)
-    wide = torch.randn(12, cols + 64, device="cuda") * torch.logspace(-6, 6, 12, device="cuda")[:, None]
-    wide[2] = 0
-    wide[3, 7] = 448 * 2.0**-4
-    wide[4, 11] = -torch.finfo(torch.bfloat16).max
-    for x in (wide.to(torch.bfloat16)[:, :cols], wide.to(torch.float16).nan_to_num()[:, 64:]):
-        assert x.stride(0) == cols + 64
-        q, scale = quantize_rows_fp8(x)
-        q_ref, scale_ref = quantize_rows(x)
-        assert torch.equal(scale, scale_ref), (scale.flatten(), scale_ref.flatten())
-        differ = (q.view(torch.uint8) != q_ref.view(torch.uint8)).nonzero()
-        assert len(differ) == 0, f"{len(differ)} bytes differ, first at (row, col) {differ[0].tolist()}"
-
-
-def test_swiglu_quantize_time_fused_against_row_kernel() -> None:
-    """Shown, not judged: silu(gate) * up at 8,192 x 18,944 and its row-wise quantization, compiled as one fused
-    kernel (inductor's looped reduction) against a compiled elementwise kernel and fp8_rows' kernel after it."""
-    from gpucert.finetune import fp8
-
-    gate, up = (torch.randn(8192, 18944, device="cuda").to(torch.bfloat16) for _ in range(2))
-
-    def swiglu_quantized(g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        h = F.silu(g) * u
-        return (h, *fp8.quantize_activation_rows(h))
-
-    saved = fp8.ROW_KERNEL_MIN_COLS
-    try:
-        for name, min_cols in (("fused", None), ("row kernel", 8192)):
-            fp8.ROW_KERNEL_MIN_COLS = min_cols
-            fp8._load_row_kernel()
-            fn = torch.compile(swiglu_quantized, fullgraph=True, dynamic=False)
-            times = []
-            for i in range(25):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(gate, up)
-                end.record()
-                torch.cuda.synchronize()
-                if i >= 5:
-                    times.append(start.elapsed_time(end))
-            torch._dynamo.reset()
-            print(f"\nswiglu + quantize, {name}: {sorted(times)[10]:.3f} ms")
-    finally:
-        fp8.ROW_KERNEL_MIN_COLS = saved
-
-
 def test_fp8_gemm_time_against_bf16() -> None:
     """Shown, not judged: the forward GEMM of Qwen2-7B's up projection at 8,192 tokens, bf16 against FP8 with
     its quantization of x, median of 20 after 5 warm-up calls (CUDA events)."""

@@ -49,11 +49,6 @@ MIN_CAPABILITY = (8, 9)
 # loss 7.0894 vs 7.1071 bf16), docs/OPTIMIZATION.md.
 FAST_ACCUM_FORWARD = True
 FAST_ACCUM_BACKWARD = True
-# Rows at least this long are quantized by fp8_rows' Triton kernel on CUDA, out of the compiled producer's
-# reach: the MLP's 18,944-wide rows, whose fused SwiGLU-and-quantize kernels read their inputs twice (fp8_rows'
-# docstring). Shorter rows (3,584-4,608 on Qwen2-7B) fit one pass of the fused kernel, which is then better than
-# an extra write and read. None: never (tools/profile_finetune.py's FP8_ROW_KERNEL=0, to measure it).
-ROW_KERNEL_MIN_COLS: int | None = 8192
 
 
 def power_of_two_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -72,38 +67,6 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-# fp8_rows.quantize_rows_fp8 once a layer has been converted on a machine with triton, else None. Loaded then,
-# eagerly, not inside the compiled forward (an import there would break dynamo's graph) nor at import (triton
-# takes a while to import, and CPU builds of torch lack it).
-_row_kernel: Any = None
-
-
-def _load_row_kernel() -> None:
-    global _row_kernel
-    if _row_kernel is None:
-        try:
-            from gpucert.finetune.fp8_rows import quantize_rows_fp8
-        except ImportError:
-            return
-        _row_kernel = quantize_rows_fp8
-
-
-def quantize_activation_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_rows for a GEMM operand computed every step: long CUDA rows through fp8_rows' kernel (same
-    result, bit for bit, for 16-bit rows), the rest through quantize_rows (which compiled code fuses into its
-    producer)."""
-    if (
-        _row_kernel is not None
-        and ROW_KERNEL_MIN_COLS is not None
-        and t.is_cuda
-        and t.dtype in (torch.bfloat16, torch.float16)
-        and t.shape[-1] >= ROW_KERNEL_MIN_COLS
-        and t.stride(-1) == 1
-    ):
-        return _row_kernel(t)
-    return quantize_rows(t)
-
-
 class _Fp8FrozenMatmul(torch.autograd.Function):
     """y = x @ W^T + b with x quantized per row; backward: dx = dy @ W with dy quantized per row. One FP8 GEMM
     each way, nothing saved but the weight's backward layout (frozen parameters, not activations)."""
@@ -120,7 +83,7 @@ class _Fp8FrozenMatmul(torch.autograd.Function):
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        xq, x_scale = quantize_activation_rows(x2)
+        xq, x_scale = quantize_rows(x2)
         # weight [N, K] row-major: weight.t() is the column-major [K, N] operand; weight_scale is [1, N].
         y = torch._scaled_mm(
             xq,
@@ -142,7 +105,7 @@ class _Fp8FrozenMatmul(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None, None, None
         weight_t, weight_t_scale = ctx.saved_tensors
-        dyq, dy_scale = quantize_activation_rows(grad_y.reshape(-1, grad_y.shape[-1]))
+        dyq, dy_scale = quantize_rows(grad_y.reshape(-1, grad_y.shape[-1]))
         # weight_t [K, N] row-major: weight_t.t() is W as the column-major [N, K] operand; its scale is [1, K].
         dx = torch._scaled_mm(
             dyq,
@@ -187,8 +150,6 @@ class Fp8FrozenLinear(nn.Module):
         problem = shape_problem(linear)
         if problem:
             raise ValueError(problem)
-        if linear.weight.is_cuda:
-            _load_row_kernel()
         w = linear.weight.detach()
         weight, row_scale = quantize_rows(w)
         # Per input column k: quantize W^T by rows, which is W by columns.
