@@ -13,9 +13,7 @@ attention kernel against another on the same step. READ_AHEAD=0: every step read
 the GPU idle, as the trainer did before it read them ahead (to measure that lever in one call). PROFILE_STACK=0:
 profile without Python stacks. TORCHINDUCTOR_CUDAGRAPHS=1 (inductor's own switch for CUDA graphs over the
 compiled layers): each step is first marked as a new iteration of inductor's cudagraph trees, which they need to
-know when last step's graph outputs may be overwritten. STEP_SYNC=1: wait for each step's GPU work as it is
-queued, as the trainer did before it read a step's statistics only once the next step was queued (to measure
-that lever in one call). All are read here, never by gpucert itself.
+know when last step's graph outputs may be overwritten. All are read here, never by gpucert itself.
 """
 
 from __future__ import annotations
@@ -195,18 +193,11 @@ def main() -> int:
             # Each step reads its own rows at its start, as before the read-ahead: host None, read_ahead None.
             args = (*args[:3], None, *args[4:9], None)
         if calls["n"] != at:
-            queued = plain_step(*args, **kwargs)
-            if os.environ.get("STEP_SYNC") == "1":
-                torch.cuda.synchronize()
-            return queued
+            return plain_step(*args, **kwargs)
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         # with_stack: the idle report names the Python frame that launched the kernel after each gap.
         # PROFILE_STACK=0: no stacks (the host runs nearer its own speed; gaps are named by torch op only).
         stack = os.environ.get("PROFILE_STACK", "1") != "0"
-        # The trainer queues a step while the previous one still runs on the GPU; the profiled step starts on an
-        # idle GPU instead, so that its trace holds its own kernels only (its idle report then counts the
-        # launch of its first kernels, which the other steps hide behind their predecessor).
-        torch.cuda.synchronize()
         with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
             with torch.profiler.record_function(STEP_MARK):
                 stats = plain_step(*args, **kwargs)

@@ -253,46 +253,6 @@ def test_each_step_gets_the_rows_the_previous_step_read_ahead(
     assert len(rows) > len(set(rows))  # rows came round again: the read-ahead crossed an epoch's end
 
 
-def test_a_step_is_read_after_the_next_is_queued_and_before_an_evaluation_or_checkpoint(
-    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The loop never waits for a step's GPU work before the next step is queued (the GPU would drain while the
-    host prints a loss): step k is read after step k+1 is queued, except where an evaluation or a checkpoint
-    follows step k, which read it first. Every step is read once, in order, and lands in the metrics."""
-    events: list[str] = []
-    plain_step, plain_resolve = train_module.train_step, train_module.resolve
-    plain_evaluate = train_module.evaluate_loss
-    queued: dict[int, int] = {}
-
-    def step(*args: Any) -> Any:
-        pending, upcoming = plain_step(*args)
-        queued[id(pending)] = len(queued) + 1
-        events.append(f"queue {queued[id(pending)]}")
-        return pending, upcoming
-
-    def resolve(pending: Any) -> Any:
-        events.append(f"read {queued[id(pending)]}")
-        return plain_resolve(pending)
-
-    def evaluate(*args: Any) -> Any:
-        events.append("evaluate")
-        return plain_evaluate(*args)
-
-    monkeypatch.setattr(train_module, "train_step", step)
-    monkeypatch.setattr(train_module, "resolve", resolve)
-    monkeypatch.setattr(train_module, "evaluate_loss", evaluate)
-    cfg = tiny_run(tmp_path, max_steps=7)
-    cfg = replace(cfg, train=replace(cfg.train, eval_every=3, save_every=5, final_loss_max=20.0))
-    metrics = run_finetune(cfg)
-    assert events == [
-        *["queue 1", "queue 2", "read 1", "queue 3", "read 2", "read 3", "evaluate"],
-        *["queue 4", "queue 5", "read 4", "read 5"],  # step 5 saves a checkpoint
-        *["queue 6", "read 6", "evaluate", "queue 7", "read 7", "evaluate"],
-    ], events
-    assert [r["step"] for r in metrics["step_log"]] == list(range(1, 8))
-    assert all(r["step_time_s"] > 0 and math.isfinite(r["loss"]) for r in metrics["step_log"])
-
-
 def test_saved_adapter_reloads_with_identical_outputs(tmp_path: Path, single_process: None) -> None:
     rt = start_runtime()
     try:

@@ -174,55 +174,6 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-@dataclass
-class PendingStep:
-    """A step whose GPU work may still be running: its statistics are read (`resolve`) once the next step is
-    queued, so that the GPU never drains between steps while the host waits for a loss to print. Reading them
-    waits for this step's work only (an event recorded after it), not for the step queued behind it."""
-
-    values: torch.Tensor  # fp64 [loss sum over ranks, grad norm, then (more than one rank) the counts over ranks]
-    done: Any  # torch.cuda.Event recorded after `values` was copied to the host (timing on); None off CUDA
-    began: Any  # torch.cuda.Event recorded as the step's work began; None off CUDA
-    counts: list[float]  # this rank's [supervised, padded, effective, doc_sq, doc_len] (one rank: the totals)
-    lr: float
-    data_s: float
-    host_time_s: float  # off CUDA, where the work ran as it was issued: the step's time
-
-
-def resolve(pending: PendingStep) -> StepStats:
-    """The step's statistics, waiting for its own GPU work. On CUDA its time is the GPU's, from the event recorded
-    as the step began to the one after its last work: the step's kernels and any time the GPU sat idle inside
-    it waiting for the host, but not the work queued before it (the previous step, an evaluation)."""
-    if pending.done is not None:
-        pending.done.synchronize()
-        time_s = pending.began.elapsed_time(pending.done) / 1000.0
-    else:
-        time_s = pending.host_time_s
-    values = pending.values.tolist()
-    supervised, padded, effective, doc_sq, doc_len = values[2:] if len(values) > 2 else pending.counts
-    supervised = max(supervised, 1.0)
-    return StepStats(
-        loss=values[0] / supervised,
-        grad_norm=values[1],
-        lr=pending.lr,
-        time_s=time_s,
-        padded=int(padded),
-        effective=int(effective),
-        supervised=int(supervised),
-        doc_sq=int(doc_sq),
-        doc_len=int(doc_len),
-        data_s=pending.data_s,
-    )
-
-
-def timing_event(device: torch.device) -> Any:
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -279,13 +230,12 @@ def train_step(
     rt: Runtime,
     pad_id: int,
     read_ahead: list[list[int]] | None = None,
-) -> tuple[PendingStep, HostBatch | None]:
-    """Queue one optimizer step over this rank's micro-batches (row indices into `dataset`) and return without
-    waiting for the GPU: its statistics come from `resolve`. `host` is this step's rows when the previous step read
-    them ahead (else they are read here); `read_ahead` names the next step's, which are read and collated once
-    this step's work is queued on the GPU (host work the GPU does not wait for) and returned."""
+) -> tuple[StepStats, HostBatch | None]:
+    """One optimizer step over this rank's micro-batches (row indices into `dataset`), timed from the data to the
+    last statistic. `host` is this step's rows when the previous step read them ahead (else they are read here);
+    `read_ahead` names the next step's, which are read and collated once this step's work is queued on the GPU
+    (host work the GPU does not wait for) and returned with the statistics."""
     started = time.perf_counter()
-    began = timing_event(rt.device)
     pad_to = forward_plan(model).pad_to
     pin = rt.device.type == "cuda"
     if host is None:
@@ -294,24 +244,14 @@ def train_step(
         raise RuntimeError(f"rank {rt.rank}: rows read ahead {host.micro_ids} are not this step's {micro_ids}")
     batches = [to_device(b, rt.device) for b in host.micro]
     data_s = time.perf_counter() - started
-    counts = [float(n) for n in (host.supervised, host.padded, host.effective, host.doc_sq, host.doc_len)]
     # The divisor of every micro-step's loss: all supervised tokens of the global batch, known before any backward.
-    # Over ranks it stays on the device (an all-reduce the host does not wait for); one rank has it on the host.
-    totals: torch.Tensor | None = None
-    divisor: torch.Tensor | float = max(counts[0], 1.0)
-    if rt.world_size > 1:
-        # float64 keeps token counts exact far beyond any run's size; pinned, so the copy does not wait either.
-        staged = torch.tensor(counts, dtype=torch.float64, pin_memory=pin)
-        totals = staged.to(rt.device, non_blocking=True)
-        dist.all_reduce(totals)
-        # fp32, as the host's Python float was: an integer count below 2**24 is exact, the division the same.
-        divisor = totals[0].clamp(min=1.0).float()
+    global_supervised = max(all_reduce_sum([host.supervised], rt.device)[0], 1.0)
     loss_sum = torch.zeros((), device=rt.device)
     for i, batch in enumerate(batches):
         with gradient_sync(model, enabled=i == len(batches) - 1):
             token_loss_sum, _ = forward_loss(model, batch, cfg.model.attn_implementation)
             # DDP and FSDP2 average gradients over ranks; x world turns that average back into the global sum.
-            (token_loss_sum * rt.world_size / divisor).backward()
+            (token_loss_sum * rt.world_size / global_supervised).backward()
         loss_sum += token_loss_sum.detach()
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
@@ -322,22 +262,27 @@ def train_step(
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    loss_total = loss_sum.double()
-    if rt.world_size > 1:
-        dist.all_reduce(loss_total)
-    values = torch.stack([loss_total, grad_norm.detach().double()])
-    if totals is not None:
-        values = torch.cat([values, totals])
-    done = None
-    if pin:
-        values = values.to("cpu", non_blocking=True)  # into pinned memory, behind the step's work
-        done = timing_event(rt.device)
-    # Everything above is queued on the GPU and nothing here waits for it: the next step's rows are read now,
-    # behind the backward, instead of at the next step's start with the GPU idle (4-5 ms a step of a 7B model:
-    # +1.4 % FP8, +0.9 % bf16 on the lent H100, docs/OPTIMIZATION.md).
+    # Everything above is queued on the GPU and nothing below waits for it until the loss is read: the next
+    # step's rows are read now, behind the backward, instead of at the next step's start with the GPU idle
+    # (4-5 ms a step of a 7B model: +1.4 % FP8, +0.9 % bf16 on the lent H100, docs/OPTIMIZATION.md).
     upcoming = read_host_batch(read_ahead, dataset, pad_id, pad_to, pin) if read_ahead is not None else None
-    pending = PendingStep(values, done, began, counts, lr, data_s, time.perf_counter() - started)
-    return pending, upcoming
+    totals = all_reduce_sum(
+        [float(loss_sum), host.padded, host.effective, host.doc_sq, host.doc_len],
+        rt.device,
+    )
+    stats = StepStats(
+        loss=totals[0] / global_supervised,
+        grad_norm=float(grad_norm),
+        lr=lr,
+        time_s=time.perf_counter() - started,
+        padded=int(totals[1]),
+        effective=int(totals[2]),
+        supervised=int(global_supervised),
+        doc_sq=int(totals[3]),
+        doc_len=int(totals[4]),
+        data_s=data_s,
+    )
+    return stats, upcoming
 
 
 @torch.no_grad()
@@ -524,21 +469,6 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             return (epoch + 1, 0) if index + global_batch > per_epoch * global_batch else (epoch, index)
 
         host: HostBatch | None = None
-        pending: tuple[PendingStep, int, int] | None = None  # (a step queued but not read, its number, its nth)
-
-        def finish() -> None:
-            """Read the pending step's statistics (waiting for its GPU work only) and record them."""
-            nonlocal pending
-            if pending is None:
-                return
-            queued, number, nth = pending
-            pending = None
-            record = step_record(number, resolve(queued), counts, rt, peak_tflops, nth)
-            state.loss_history.append(record["loss"])
-            state.step_log.append(record)
-            if number % tc.log_every == 0 or number == total_steps:
-                log.step(record, total_steps)
-
         while state.step < total_steps:
             rt.set_phase(f"step {state.step + 1}")
             state.epoch, state.index = position(state.epoch, state.index)
@@ -547,36 +477,33 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             read_ahead = None
             if state.step + 1 < total_steps:
                 read_ahead = micro_ids_at(*position(state.epoch, state.index + global_batch))
-            queued, host = train_step(
+            stats, host = train_step(
                 model, optimizer, scheduler, host, micro_ids, data.train, cfg, rt, pad_id, read_ahead
             )
             run.trained = True  # from now on a failure leaves the run directory in place
-            # The previous step is read only now, with this one queued behind it: the GPU never waits for the log.
-            finish()
             state.step += 1
             state.index += global_batch
             steps_this_process += 1
-            pending = (queued, state.step, steps_this_process)
+            record = step_record(state.step, stats, counts, rt, peak_tflops, steps_this_process)
+            state.loss_history.append(stats.loss)
+            state.step_log.append(record)
+            if state.step % tc.log_every == 0 or state.step == total_steps:
+                log.step(record, total_steps)
 
             last = state.step == total_steps
-            evaluate = len(data.eval) and (state.step % tc.eval_every == 0 or last)
-            save = state.step % tc.save_every == 0 or last
-            if evaluate or save:
-                finish()  # a checkpoint holds every step's record; an evaluation's log line follows its step's
-            if evaluate:
+            if len(data.eval) and (state.step % tc.eval_every == 0 or last):
                 rt.set_phase(f"evaluation at step {state.step}")
                 result = {"step": state.step, **evaluate_loss(model, data.eval, cfg, rt, pad_id)}
                 state.eval_losses.append(result)
                 log.scalar("eval/loss", result["loss"], state.step)
                 log(f"step {state.step}: eval loss {result['loss']:.4f} over {result['tokens']:,} tokens")
-            if save:
+            if state.step % tc.save_every == 0 or last:
                 rt.set_phase(f"checkpoint step {state.step}")
                 save_checkpoint(run_dir, model, optimizer, scheduler, state, rt, tc.keep_checkpoints)
     except torch.cuda.OutOfMemoryError as exc:
         if rt.world_size > 1:
             raise  # the other ranks are inside a collective: the job ends, naming this rank
         oom = str(exc).splitlines()[0]
-        finish()  # the step before the one that ran out of memory completed: its record is kept
         log(f"out of memory at step {state.step + 1}: {oom}")
         clear_pending(model)  # the failed forward's activations, before the adapter is saved and the run summarised
 
