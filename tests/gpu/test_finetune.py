@@ -103,7 +103,9 @@ def packed_loss_and_grads(cfg: Any) -> tuple[float, list[torch.Tensor]]:
 
 
 @pytest.mark.parametrize(
-    "change", [{"attn_implementation": "flex_attention"}, {"compile": True}, {"fused_loss": False}], ids=str
+    "change",
+    [{"attn_implementation": "flex_attention"}, {"compile": True}, {"fused_loss": False}, {"fuse_projections": False}],
+    ids=str,
 )
 def test_speed_options_keep_the_packed_loss(change: dict[str, Any]) -> None:
     from dataclasses import replace
