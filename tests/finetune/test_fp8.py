@@ -6,6 +6,7 @@ numerics on the GPU's kernels and holds a training run in FP8 to the same run in
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -250,6 +251,94 @@ def test_fp8_trains_the_adapters_like_bf16_on_one_batch(tokenizer) -> None:
     assert fp8_loss == pytest.approx(bf16_loss, rel=0.01)
     assert all(grad is not None and bool(grad.any()) for grad in fp8_grads)
     assert rel_error(torch.cat([g.flatten() for g in fp8_grads]), torch.cat([g.flatten() for g in bf16_grads])) < 0.2
+
+
+# --- The head in FP8 (model.fp8_head) -------------------------------------------------------------------------
+
+
+def test_the_logits_gradient_is_quantized_with_its_exact_row_maximum() -> None:
+    """The fp8 chunk's scale per row comes from 1 - p_t summed as the other probabilities: it must equal the
+    power-of-two scale of the row's true amax of |softmax - one_hot|, also where p_t is within 1e-9 of 1 (1 - p_t
+    subtracted in fp32 would give 0 there, and drop the target's entry) and where the target is not the most
+    likely token."""
+    from gpucert.finetune.fp8 import power_of_two_scale
+    from gpucert.finetune.loss import _chunk_loss_and_fp8_grad
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 4096, generator=g) * torch.tensor([0.1, 1.0, 3.0, 10.0, 1.0])[:, None]
+    targets = torch.randint(0, 4096, (5,), generator=g)
+    logits[4, targets[4]] = 30.0  # p_t = 1 - ~4e-10
+    logits = logits.to(torch.bfloat16)
+    loss, grad_q, scale = _chunk_loss_and_fp8_grad(logits, targets, torch.float32)
+    x = logits.double()
+    exact = (torch.softmax(x, dim=-1) - F.one_hot(targets, 4096).double()).float()
+    assert torch.equal(scale, power_of_two_scale(exact.abs().amax(dim=1, keepdim=True)))
+    assert grad_q.dtype == FP8 and bool((grad_q.float().abs().amax(dim=1) > FP8_MAX / 2).all())
+    assert rel_error(grad_q.float() * scale, exact) < 0.04
+    assert float(loss) == pytest.approx(float(F.cross_entropy(x, targets, reduction="sum")), rel=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [7, 1024])
+def test_the_fp8_head_gives_the_loss_and_gradient_of_the_bf16_head(chunk: int) -> None:
+    """The fused loss with the head's two matmuls in FP8 against the exact (fp32) head: loss within 0.5 %,
+    the hidden states' gradient within 6 % (the GPU test's tolerances; on the CPU 0.05 % and 3.8 % at a logit
+    spread of 3). Only labelled positions get a gradient. A head quantized with its scales doubled fails."""
+    from gpucert.finetune.loss import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    vocab, width = 4096, 256
+    weight = (torch.randn(vocab, width, generator=g) * 3 / width**0.5).to(torch.bfloat16)
+    hidden = torch.randn(2, 40, width, generator=g).to(torch.bfloat16)
+    labels = torch.randint(0, vocab, (2, 40), generator=g)
+    labels[0, :10] = -100
+    ref_hidden = hidden.float().requires_grad_()
+    ref = linear_cross_entropy(ref_hidden, weight.float(), labels, chunk=chunk)
+    ref.backward()
+    head = Fp8FrozenLinear.from_weight(weight)
+    for sabotage in (False, True):
+        if sabotage:
+            head.weight_scale.data *= 2
+        h = hidden.clone().requires_grad_()
+        loss = linear_cross_entropy(h, head, labels, chunk=chunk)
+        loss.backward()
+        assert h.grad is not None and torch.all(h.grad[0, :9] == 0) and torch.all(h.grad[:, -1] == 0)
+        close = abs(float(loss) / float(ref) - 1) < 0.005 and rel_error(h.grad, ref_hidden.grad) < 0.06
+        assert close != sabotage, (float(loss), float(ref), rel_error(h.grad, ref_hidden.grad))
+
+
+def test_load_model_puts_the_head_in_fp8_and_frees_its_bf16_weight(
+    tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the tiny model with a 4,096-entry vocabulary (the tokenizer's 2,195 is no multiple of 16: that head
+    stays bf16, with a warning)."""
+    from tests.gpu.test_finetune_fp8 import aligned_tiny_model
+
+    monkeypatch.setattr(model_module, "check_fp8_device", lambda device: None)
+    aligned = replace(TINY_BF16, name=str(aligned_tiny_model(tmp_path)), random_init=True)
+    torch.manual_seed(0)
+    model, _ = load_model(aligned, LORA, tokenizer, torch.device("cpu"))
+    head = forward_plan(model).head_weight
+    assert isinstance(head, Fp8FrozenLinear) and head.weight.shape == (4096, 64)
+    # Nothing in the model holds the head's bf16 weight any more (the DeferredHead took its place).
+    same_shape = [n for n, p in model.named_parameters() if p.shape == (4096, 64)]
+    assert same_shape == ["base_model.model.model.embed_tokens.weight"]
+    model, _ = load_model(replace(aligned, fp8_head=False), LORA, tokenizer, torch.device("cpu"))
+    head = forward_plan(model).head_weight
+    assert isinstance(head, torch.Tensor) and head.dtype == torch.bfloat16
+    with pytest.warns(UserWarning, match=r"the lm_head stays bf16: 64 -> 2195 features, not multiples of 16"):
+        model, _ = load_model(TINY_BF16, LORA, tokenizer, torch.device("cpu"))
+    assert isinstance(forward_plan(model).head_weight, torch.Tensor)
+
+
+def test_a_head_tied_to_the_embeddings_stays_bf16_with_a_warning() -> None:
+    from gpucert.finetune.fp8 import head_to_fp8
+
+    embeddings = torch.randn(64, 32).to(torch.bfloat16)
+    with pytest.warns(UserWarning, match="model.fp8_head: the lm_head stays bf16: it is tied to the input embeddings"):
+        assert head_to_fp8(embeddings, embeddings) is None
+    with pytest.warns(UserWarning, match=r"the lm_head stays bf16: 32 -> 72 features, not multiples of 16"):
+        assert head_to_fp8(torch.randn(72, 32).to(torch.bfloat16), embeddings) is None
+    assert isinstance(head_to_fp8(torch.randn(64, 32).to(torch.bfloat16), embeddings), Fp8FrozenLinear)
 
 
 # --- Refusals --------------------------------------------------------------------------------------------------

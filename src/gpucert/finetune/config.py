@@ -97,6 +97,9 @@ class ModelConfig:
     # matmuls run on the FP8 tensor cores (finetune/fp8.py); needs dtype bf16 and a GPU of compute capability
     # >= 8.9, checked when the model loads. "bf16": the weights as loaded. Adapters stay fp32 either way.
     precision: str = "bf16"
+    # With precision fp8 and the fused loss: the frozen lm_head's two matmuls (logits, and the hidden states'
+    # gradient) in FP8 as well (loss.py); false keeps the head bf16. A head tied to the embeddings stays bf16.
+    fp8_head: bool = True
     # Projections that share an input run as one (finetune/fused.py): q/k/v a single stacked frozen GEMM, and
     # without LoRA dropout q/k/v and gate/up each a single adapter down-projection. PEFT's formula (not bit for
     # bit: sums in another order), less memory traffic.

@@ -18,9 +18,12 @@ What is quantized how (the row-wise recipe of torchao's float8 training, `Float8
 - all three in e4m3 (3 mantissa bits): per-row scales give dy the range e5m2 would, and `_scaled_mm`'s
   row-wise kernels take e4m3 operands only.
 
-No weight gradient is ever computed. The matmuls accumulate in fp32 inside cuBLAS/CUTLASS; the forward uses
-fast accumulation and dx does not (torchao's defaults). Both in- and out-features must be multiples of 16
-(`_scaled_mm`); other layers keep their bf16 nn.Linear and are named in a warning.
+No weight gradient is ever computed. The matmuls accumulate in fp32 inside cuBLAS/CUTLASS, with fast
+accumulation both ways (measured below). Both in- and out-features must be multiples of 16 (`_scaled_mm`);
+other layers keep their bf16 nn.Linear and are named in a warning.
+
+The frozen lm_head can run in FP8 too (`model.fp8_head`, `head_to_fp8`): the fused loss (loss.py) then takes
+its two layouts instead of the bf16 weight.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ MIN_CAPABILITY = (8, 9)
 # loss 7.0894 vs 7.1071 bf16), docs/OPTIMIZATION.md.
 FAST_ACCUM_FORWARD = True
 FAST_ACCUM_BACKWARD = True
+# The head's input gradient sums over the whole vocabulary (152,064 products a value on Qwen2-7B, 8 times the
+# decoder layers' longest inner dimension): there the tensor cores' partial sums are promoted to fp32 as they go
+# (no fast accumulation), as DeepSeek-V3 does for long inner dimensions.
+FAST_ACCUM_HEAD_BACKWARD = False
 
 
 def power_of_two_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -147,14 +154,17 @@ class Fp8FrozenLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Fp8FrozenLinear:
-        problem = shape_problem(linear)
+        problem = shape_problem(linear.weight)
         if problem:
             raise ValueError(problem)
-        w = linear.weight.detach()
+        bias = linear.bias.detach() if linear.bias is not None else None
+        return cls.from_weight(linear.weight.detach(), bias)
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, bias: torch.Tensor | None = None) -> Fp8FrozenLinear:
         weight, row_scale = quantize_rows(w)
         # Per input column k: quantize W^T by rows, which is W by columns.
         weight_t, col_scale = quantize_rows(w.t())
-        bias = linear.bias.detach() if linear.bias is not None else None
         return cls(weight, row_scale.t().contiguous(), weight_t.contiguous(), col_scale.t().contiguous(), bias, w.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,9 +176,9 @@ class Fp8FrozenLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp8"
 
 
-def shape_problem(linear: nn.Linear) -> str | None:
-    """Why `_scaled_mm` cannot take this layer's weight, or None."""
-    out_features, in_features = linear.weight.shape
+def shape_problem(weight: torch.Tensor) -> str | None:
+    """Why `_scaled_mm` cannot take this weight [out_features, in_features], or None."""
+    out_features, in_features = weight.shape
     if in_features % ALIGNMENT or out_features % ALIGNMENT:
         return f"{in_features} -> {out_features} features, not multiples of {ALIGNMENT} as torch._scaled_mm needs"
     return None
@@ -215,7 +225,7 @@ def convert_frozen_linears(model: nn.Module, skip: Collection[str] = ()) -> Conv
                 if set(name.split(".")) & set(skip):
                     done.skipped[name] = "asked to skip"
                     continue
-                problem = shape_problem(child)
+                problem = shape_problem(child.weight)
                 if problem:
                     done.skipped[name] = problem
                     continue
@@ -230,6 +240,20 @@ def convert_frozen_linears(model: nn.Module, skip: Collection[str] = ()) -> Conv
     if done.skipped:
         warnings.warn(f"model.precision fp8: left in bf16: {done.summary()}", stacklevel=2)
     return done
+
+
+def head_to_fp8(weight: torch.Tensor, embeddings: torch.Tensor | None) -> Fp8FrozenLinear | None:
+    """The fused loss's frozen head weight [vocab, hidden] in FP8 (both layouts), or None where it stays bf16,
+    with a warning saying why: a head tied to the input embeddings (their lookup reads the same bf16 weight, so
+    the float8 copies would add its bytes instead of replacing them) or a shape `_scaled_mm` cannot take."""
+    if embeddings is not None and weight.data_ptr() == embeddings.data_ptr():
+        why = "it is tied to the input embeddings"
+    else:
+        why = shape_problem(weight) or ""
+    if why:
+        warnings.warn(f"model.fp8_head: the lm_head stays bf16: {why}", stacklevel=2)
+        return None
+    return Fp8FrozenLinear.from_weight(weight)
 
 
 def _head_and_embedding_weights(model: nn.Module) -> list[torch.Tensor]:

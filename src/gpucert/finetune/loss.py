@@ -8,6 +8,11 @@ backward is that gradient, the size of the hidden states; peak extra memory is o
 
 The arithmetic is the plain path's: logits from a matmul in the model's dtype, then the softmax in fp32 (float64
 stays float64, for tests). The head's weight is frozen (LoRA never trains it here), so no weight gradient is made.
+
+With `model.precision: fp8` and `model.fp8_head` the head's two matmuls run on the FP8 tensor cores
+(fp8.Fp8FrozenLinear's layouts and row-wise recipe): the hidden states quantized per token, and the logits'
+gradient per row straight out of the compiled softmax kernel, whose row maximum |softmax - one_hot| = 1 - p_t
+is known without a pass of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from gpucert.finetune.fp8 import (
+    FAST_ACCUM_FORWARD,
+    FAST_ACCUM_HEAD_BACKWARD,
+    FP8,
+    FP8_MAX,
+    Fp8FrozenLinear,
+    power_of_two_scale,
+    quantize_rows,
+)
 
 IGNORE_INDEX = -100
 # Tokens per chunk: 1024 x 152k fp32 logits is 0.6 GB, and a 1024-row matmul still runs at full speed.
@@ -43,31 +58,95 @@ def _chunk_loss_and_grad(
 _compiled_chunk = torch.compile(_chunk_loss_and_grad, dynamic=True)
 
 
+def _chunk_loss_and_fp8_grad(
+    logits: torch.Tensor, targets: torch.Tensor, accumulate: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Σ lse - logit_t, softmax - one_hot(t) quantized per row to e4m3, the rows' scales [rows, 1] fp32).
+
+    A row's largest |softmax - one_hot| is the target's, 1 - p_t, and 1 - p_t = Σ_{i≠t} p_i bounds every other
+    entry: summed in the same pass as the softmax's denominator (not 1 - p_t subtracted, which loses everything
+    when p_t nears 1), it gives the row's scale without an amax pass over the 152k-wide row.
+    """
+    x = logits.to(accumulate)
+    top = x.amax(dim=-1, keepdim=True)
+    e = torch.exp(x - top)
+    vocab = torch.arange(x.shape[-1], device=x.device)
+    hit = vocab[None, :] == targets[:, None]
+    total = e.sum(dim=-1, keepdim=True)
+    others = torch.where(hit, 0.0, e).sum(dim=-1, keepdim=True)
+    loss = (top + torch.log(total) - x.gather(1, targets[:, None])).sum()
+    rest = others / total
+    scale = power_of_two_scale(rest)
+    # The target's entry is -(1 - p_t) from the same sum: p_t - 1 would round to 0 in fp32 once p_t > 1 - 6e-8.
+    grad = torch.where(hit, -rest, e / total) / scale
+    return loss, grad.clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+_compiled_fp8_chunk = torch.compile(_chunk_loss_and_fp8_grad, dynamic=True)
+_compiled_quantize_rows = torch.compile(quantize_rows, dynamic=True)
+
+
 def _loss_only(logits: torch.Tensor, targets: torch.Tensor, accumulate: torch.dtype) -> torch.Tensor:
     x = logits.to(accumulate)
     return (torch.logsumexp(x, dim=-1) - x.gather(1, targets[:, None]).squeeze(1)).sum()
 
 
+def _fp8_chunks(
+    hidden: torch.Tensor, head: Fp8FrozenLinear, targets: torch.Tensor, chunk: int, grad_hidden: torch.Tensor | None
+) -> torch.Tensor:
+    """The fp32 loss over `hidden`'s rows, writing grad_hidden (when given) chunk by chunk: both matmuls FP8."""
+    loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    hq, h_scale = (_compiled_quantize_rows if hidden.is_cuda else quantize_rows)(hidden)
+    chunk_fn = _compiled_fp8_chunk if hidden.is_cuda else _chunk_loss_and_fp8_grad
+    for start in range(0, hidden.shape[0], chunk):
+        rows, t = slice(start, start + chunk), targets[start : start + chunk]
+        logits = torch._scaled_mm(
+            hq[rows],
+            head.weight.t(),
+            scale_a=h_scale[rows],
+            scale_b=head.weight_scale,
+            out_dtype=head.out_dtype,
+            use_fast_accum=FAST_ACCUM_FORWARD,
+        )
+        if grad_hidden is None:
+            loss += _loss_only(logits, t, torch.float32)
+            continue
+        part, grad_q, grad_scale = chunk_fn(logits, t, torch.float32)
+        loss += part
+        grad_hidden[rows] = torch._scaled_mm(
+            grad_q,
+            head.weight_t.t(),
+            scale_a=grad_scale,
+            scale_b=head.weight_t_scale,
+            out_dtype=head.out_dtype,
+            use_fast_accum=FAST_ACCUM_HEAD_BACKWARD,
+        )
+    return loss
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
+        ctx: Any, hidden: torch.Tensor, head: torch.Tensor | Fp8FrozenLinear, targets: torch.Tensor, chunk: int
     ) -> torch.Tensor:
         want_grad = ctx.needs_input_grad[0]
         accumulate = torch.promote_types(hidden.dtype, torch.float32)
-        loss = torch.zeros((), dtype=accumulate, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if want_grad else None
-        chunk_fn = _compiled_chunk if hidden.is_cuda else _chunk_loss_and_grad
-        for start in range(0, hidden.shape[0], chunk):
-            h, t = hidden[start : start + chunk], targets[start : start + chunk]
-            logits = h @ weight.t()
-            if grad_hidden is None:
-                loss += _loss_only(logits, t, accumulate)
-                continue
-            part, grad_logits = chunk_fn(logits, t, accumulate)
-            loss += part
-            # The gradient in the model's dtype before its matmul, as the plain path's autograd does.
-            grad_hidden[start : start + chunk] = grad_logits @ weight
+        if isinstance(head, Fp8FrozenLinear):
+            loss = _fp8_chunks(hidden, head, targets, chunk, grad_hidden)
+        else:
+            loss = torch.zeros((), dtype=accumulate, device=hidden.device)
+            chunk_fn = _compiled_chunk if hidden.is_cuda else _chunk_loss_and_grad
+            for start in range(0, hidden.shape[0], chunk):
+                h, t = hidden[start : start + chunk], targets[start : start + chunk]
+                logits = h @ head.t()
+                if grad_hidden is None:
+                    loss += _loss_only(logits, t, accumulate)
+                    continue
+                part, grad_logits = chunk_fn(logits, t, accumulate)
+                loss += part
+                # The gradient in the model's dtype before its matmul, as the plain path's autograd does.
+                grad_hidden[start : start + chunk] = grad_logits @ head
         ctx.save_for_backward(grad_hidden if grad_hidden is not None else hidden.new_empty(0))
         return loss
 
@@ -80,14 +159,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK_TOKENS
+    hidden: torch.Tensor, weight: torch.Tensor | Fp8FrozenLinear, labels: torch.Tensor, chunk: int = CHUNK_TOKENS
 ) -> torch.Tensor:
     """Σ cross-entropy(hidden[i] @ weight.T, labels[i+1]) over positions whose next label is not IGNORE_INDEX.
 
-    hidden [b, s, d] (the final norm's output), weight [V, d] (lm_head, frozen), labels [b, s] unshifted: the
-    label of position t is predicted from position t-1, as in a causal LM's loss.
+    hidden [b, s, d] (the final norm's output), weight [V, d] (lm_head, frozen; or the head in FP8, its
+    Fp8FrozenLinear), labels [b, s] unshifted: the label of position t is predicted from position t-1, as in a
+    causal LM's loss.
     """
-    if weight.requires_grad:
+    if isinstance(weight, torch.Tensor) and weight.requires_grad:
         raise ValueError("linear_cross_entropy: expected a frozen lm_head weight; a trained head needs the plain loss")
     states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     targets = labels[:, 1:].reshape(-1)

@@ -29,7 +29,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from gpucert.finetune.config import LoraConfig, ModelConfig
-from gpucert.finetune.fp8 import check_fp8_device, convert_frozen_linears
+from gpucert.finetune.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.fused import fuse_projections
 from gpucert.finetune.hub import pretrained_source
 from gpucert.finetune.loss import linear_cross_entropy
@@ -81,9 +81,10 @@ class ForwardPlan:
     autocast_dtype: torch.dtype | None = None
     # Pad every batch to this length (compiled layers keep static shapes); None: to the longest row.
     pad_to: int | None = None
-    # lm_head's frozen weight when the loss is fused (the model then returns hidden states); None: plain head.
-    # A plain tensor, not a parameter: neither DDP nor FSDP2 sees it, so FSDP2 does not shard it.
-    head_weight: torch.Tensor | None = None
+    # lm_head's frozen weight when the loss is fused (the model then returns hidden states), or its FP8 layouts
+    # (model.fp8_head); None: plain head. Plain tensors, not parameters: neither DDP nor FSDP2 sees them, so
+    # FSDP2 does not shard them.
+    head_weight: torch.Tensor | Fp8FrozenLinear | None = None
 
 
 class DeferredHead(nn.Module):
@@ -264,7 +265,11 @@ def load_model(
     if model_cfg.precision == "fp8":
         convert_frozen_linears(base)  # after counting (an Fp8FrozenLinear is no nn.Linear), before compiling
     # After counting: a deferred head's weight is no longer a parameter.
-    head_weight = defer_head(base) if model_cfg.fused_loss else None
+    head_weight: torch.Tensor | Fp8FrozenLinear | None = defer_head(base) if model_cfg.fused_loss else None
+    if isinstance(head_weight, torch.Tensor) and model_cfg.precision == "fp8" and model_cfg.fp8_head:
+        embeddings: Any = base.get_input_embeddings()
+        # The bf16 weight is freed once converted: the DeferredHead took the head's place in the model.
+        head_weight = head_to_fp8(head_weight, embeddings.weight) or head_weight
     if model_cfg.compile:
         # A process-wide inductor setting, read when the layers are first compiled (at the first step): it tunes
         # the fused loss's compiled chunk too, as it did when measured. Triton kernels only: CPU code is not
