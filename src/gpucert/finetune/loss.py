@@ -17,7 +17,6 @@ is known without a pass of its own.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -83,24 +82,6 @@ def _chunk_loss_and_fp8_grad(
     return loss, grad.clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-def _chunk_loss_and_fp8_grad_lse(
-    logits: torch.Tensor, targets: torch.Tensor, accumulate: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """EXPERIMENT (plan h100-head-lse.txt): 1 - p_t from logsumexp (one online pass) instead of a second sum."""
-    x = logits.to(accumulate)
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    x_t = x.gather(1, targets[:, None])
-    loss = (lse - x_t).sum()
-    rest = -torch.expm1(x_t - lse)
-    scale = power_of_two_scale(rest)
-    vocab = torch.arange(x.shape[-1], device=x.device)
-    hit = vocab[None, :] == targets[:, None]
-    grad = torch.where(hit, -rest, torch.exp(x - lse)) / scale
-    return loss, grad.clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
-if os.environ.get("GPUCERT_EXPERIMENT_HEAD_LSE") == "1":
-    _chunk_loss_and_fp8_grad = _chunk_loss_and_fp8_grad_lse  # noqa: F811
 _compiled_fp8_chunk = torch.compile(_chunk_loss_and_fp8_grad, dynamic=True)
 _compiled_quantize_rows = torch.compile(quantize_rows, dynamic=True)
 
