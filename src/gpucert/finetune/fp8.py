@@ -3,7 +3,7 @@
 LoRA never trains the base weights, so they can be quantized once: each frozen nn.Linear of the decoder layers
 becomes an `Fp8FrozenLinear` whose weight is float8_e4m3fn, and its matmuls run on the FP8 tensor cores through
 `torch._scaled_mm` (about twice the bf16 rate on an H100; the frozen weights' GEMMs are 70 % of a 7B step,
-docs/OPTIMIZATION.md). The adapters, norms, attention and the head stay in bf16/fp32.
+docs/OPTIMIZATION.md). The adapters, norms, attention and embeddings stay in bf16/fp32; the head, see below.
 
 What is quantized how (the row-wise recipe of torchao's float8 training, `Float8LinearRecipeName.ROWWISE`):
 
@@ -210,7 +210,7 @@ def _within_layer(name: str) -> str:
 def convert_frozen_linears(model: nn.Module, skip: Collection[str] = ()) -> Conversion:
     """Replace every frozen nn.Linear inside the decoder layers by an Fp8FrozenLinear, in place: the
     `base_layer` of each PEFT LoRA layer and any projection without an adapter. The LoRA matrices (trained), the
-    head (the fused loss reads its bf16 weight) and the embeddings (a lookup) are never touched; a module whose
+    head (the fused loss takes it, `head_to_fp8`) and the embeddings (a lookup) are never touched; a module whose
     name has a part in `skip` (e.g. "down_proj") stays bf16. Layers whose shape `_scaled_mm` cannot take stay
     bf16 and are named in a warning; a model where nothing converts is refused (ConfigError)."""
     kept = {id(p) for p in _head_and_embedding_weights(model)}
