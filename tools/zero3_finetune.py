@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     data = prepare_dataset(cfg, tokenizer)
-    model, info = load_model(cfg.model, cfg.lora, tokenizer, device, cfg.data.max_length)
+    model, info = load_model(cfg.model, cfg.lora, tokenizer, device, cfg.data.max_length, sharded=True)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=tc.lr, betas=ADAM_BETAS, weight_decay=tc.weight_decay, fused=cuda or None

@@ -6,6 +6,7 @@ and PEFT's other paths as they were."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -211,3 +212,86 @@ def test_an_architecture_not_known_to_call_its_projections_in_order_is_left() ->
         layer.self_attn.__class__ = type("OtherAttention", (type(layer.self_attn),), {})
     done = fuse_projections(model)
     assert len(done.fused) == 2 and "OtherAttention, not one of" in done.summary()
+
+
+# --- Adapters inside the frozen GEMM (model.adapters_in_gemm) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "llama"])
+def test_adapters_in_the_frozen_gemm_give_pefts_outputs_and_gradients(arch: str) -> None:
+    plain = peft_model(arch)
+    fused = copy.deepcopy(plain)
+    done = fuse_projections(fused, adapters_in_gemm=True)
+    assert done.in_gemm == 4 and "4 with the adapters in the frozen GEMM" in done.summary()
+    assert_same_training(fused, plain)
+
+
+def test_the_extended_matrices_hold_the_frozen_weights_once_and_follow_b_after_a_step() -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused, adapters_in_gemm=True)
+    attn, mlp = decoder_layers(fused)[0].self_attn, decoder_layers(fused)[0].mlp
+    # q/k/v: one matrix [64 + 32 + 32, 64 + 3 x 8]; gate and up: one each [176, 64 + 2 x 8]. The frozen weights are
+    # views of them, so nothing is kept twice and the parameter count is unchanged.
+    assert [tuple(e.shape) for e in attn.qkv_proj.extended] == [(128, 88)]
+    assert [tuple(e.shape) for e in mlp.gate_up_proj.extended] == [(176, 80), (176, 80)]
+    assert attn.qkv_proj.base_layer.weight.data_ptr() == attn.qkv_proj.extended[0].data_ptr()
+    assert mlp.up_proj.base_layer.weight.data_ptr() == mlp.gate_up_proj.extended[1].data_ptr()
+    assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in plain.parameters())
+    # An optimizer step changes B; the next forward must see the new B (the pre-hook refreshes the columns).
+    for model in (fused, plain):
+        loss_and_grads(model)
+        torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5).step()
+    assert_same_training(fused, plain)
+    # The up projection's block of gate's matrix stays zero: gate never adds up's adapter.
+    assert not bool(mlp.gate_up_proj.extended[0][:, 64 + 8 :].any())
+    with fused.disable_adapter(), torch.no_grad():
+        x = torch.randn(3, 64)
+        torch.testing.assert_close(attn.k_proj(x), decoder_layers(plain)[0].self_attn.k_proj.base_layer(x))
+
+
+def test_adapters_in_the_gemm_compile_into_one_graph_per_layer() -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused, adapters_in_gemm=True)
+    for layer in decoder_layers(fused):
+        layer.forward = torch.compile(layer.forward, backend="aot_eager", fullgraph=True)
+    assert_same_training(fused, plain)
+
+
+def test_with_dropout_no_adapter_goes_into_the_gemm() -> None:
+    fused = peft_model(dropout=0.2)
+    done = fuse_projections(fused, adapters_in_gemm=True)
+    assert done.in_gemm == 0 and "with the adapters" not in done.summary()
+
+
+def test_load_model_puts_adapters_in_the_gemm_only_where_they_compute_in_its_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bf16 weights with adapters under autocast: yes. fp32 (no autocast), FP8 frozen weights, weights FSDP2 will
+    shard, LoRA dropout, or the switch off: no."""
+    import gpucert.finetune.model as model_module
+    from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
+    from gpucert.finetune.model import load_model
+    from gpucert.finetune.tokenizer import load_tokenizer
+
+    monkeypatch.setattr(model_module, "check_fp8_device", lambda device: None)
+    tokenizer = load_tokenizer(ModelConfig(name="tiny"), DataConfig())
+    lora = LoraConfig(r=8, alpha=16, dropout=0.0)
+    bf16 = ModelConfig(name="tiny", dtype="bf16")
+    cases = [
+        (bf16, lora, False, "4 with the adapters in the frozen GEMM"),
+        (ModelConfig(name="tiny", dtype="fp32"), lora, False, None),
+        (ModelConfig(name="tiny", dtype="bf16", precision="fp8"), lora, False, None),
+        (bf16, lora, True, None),
+        (bf16, LoraConfig(r=8, alpha=16, dropout=0.1), False, None),
+        (ModelConfig(name="tiny", dtype="bf16", adapters_in_gemm=False), lora, False, None),
+    ]
+    for model_cfg, lora_cfg, sharded, expected in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # FP8 names the tiny MLP's 172 features it leaves in bf16
+            _, info = load_model(model_cfg, lora_cfg, tokenizer, torch.device("cpu"), sharded=sharded)
+        if expected:
+            assert expected in info.fused_projections, info.fused_projections
+        else:
+            assert "in the frozen GEMM" not in info.fused_projections, (model_cfg, lora_cfg, sharded)

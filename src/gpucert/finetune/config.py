@@ -104,6 +104,9 @@ class ModelConfig:
     # without LoRA dropout q/k/v and gate/up each a single adapter down-projection. PEFT's formula (not bit for
     # bit: sums in another order), less memory traffic.
     fuse_projections: bool = True
+    # With fused projections, bf16 and no LoRA dropout: each group's adapters computed inside its frozen GEMM
+    # ([x | xA] @ [W | s B]^T, finetune/fused.py), not as separate products added after it. Off under FSDP2 and FP8.
+    adapters_in_gemm: bool = True
 
     def problems(self) -> list[str]:
         return [

@@ -24,6 +24,14 @@ own forward (disabled adapters, mixed batches) still works; merging an adapter i
 (gpucert merges into a freshly loaded base). FP8 (`model.precision: fp8`) converts the stacked matrix like any
 other frozen linear.
 
+Adapters inside the frozen GEMM (`model.adapters_in_gemm`, bf16 with one A per group, not FSDP2): each frozen
+matrix W of a group is kept as [W | s B] with the group's r_total extra columns (each member's scaled B in its
+own block, zeros elsewhere), and the GEMM takes [x | x A^T]: one GEMM gives base + adapter, so no adapter output
+(8,192 x 18,944 for gate and up) is written and read back, and its input-gradient GEMM gives dx and d(xA) at
+once; only dB = s dy^T (xA) reads dy again (`_AdapterInGemm`). The extra columns are refreshed from B, scaled
+and cast to bf16, before every forward of the model (a forward pre-hook, outside the compiled layers), so a
+step's forward and backward see the B the optimizer left. Measured on the lent H100 (docs/OPTIMIZATION.md).
+
 Fused only in the architectures whose attention and MLP code is known to call every member, in order, on one
 tensor (Qwen2, Mistral, Llama: `ARCHITECTURES`), and where every member is a plain LoRA layer with one adapter,
 no DoRA or other variant, not merged, over an nn.Linear; other groups are left as they are and named, with the
@@ -78,6 +86,42 @@ class GroupSlice(nn.Module):
         return self.group.base_layer(x)[..., self.start : self.stop]
 
 
+class _AdapterInGemm(torch.autograd.Function):
+    """y = [x | xa] @ W_ext^T + bias, where W_ext = [W | blocks of s_i B_i] (module docstring). Backward: one
+    GEMM for dx and d(xa) (W_ext's extra columns hold s_i B_i, so their share of dy @ W_ext is d(xa)), and
+    dB_i = s_i dy_i^T xa_i for each member's rows of y; the frozen W gets no gradient."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        xa: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        blocks: tuple[tuple[int, int, int, int, float], ...],
+        *bs: torch.Tensor,
+    ) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        xa2 = xa.reshape(-1, xa.shape[-1]).to(x.dtype)
+        y = F.linear(torch.cat([x2, xa2], dim=1), weight, bias)
+        ctx.save_for_backward(xa2, weight)
+        ctx.blocks, ctx.x_shape, ctx.xa_dtype, ctx.b_dtypes = blocks, x.shape, xa.dtype, [b.dtype for b in bs]
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        xa2, weight = ctx.saved_tensors
+        dy = grad_y.reshape(-1, grad_y.shape[-1]).to(weight.dtype)
+        dx_ext = dy @ weight
+        width = ctx.x_shape[-1]
+        dx = dx_ext[:, :width].reshape(ctx.x_shape)
+        dxa = dx_ext[:, width:].to(ctx.xa_dtype)
+        dbs = []
+        for (row0, row1, col0, col1, scale), dtype in zip(ctx.blocks, ctx.b_dtypes, strict=True):
+            dbs.append(((dy[:, row0:row1].t() @ xa2[:, col0:col1]) * scale).to(dtype))
+        return (dx, dxa.reshape(*ctx.x_shape[:-1], -1), None, None, None, *dbs)
+
+
 class FusedProjections(nn.Module):
     """One group (module docstring): the stacked frozen projection `base_layer` and the members it serves."""
 
@@ -94,6 +138,11 @@ class FusedProjections(nn.Module):
         self.stacked = stack
         # (input, outputs) of the last computation, until its last member has taken its output.
         self.pending: tuple[torch.Tensor, list[torch.Tensor]] | None = None
+        # With adapters in the GEMM: each frozen matrix extended by the group's adapter columns (plain tensors,
+        # not parameters: the frozen weight is a view of them), and where each member's B sits in them.
+        self.extended: list[torch.Tensor] = []
+        self.blocks: list[tuple[tuple[int, int, int, int, float], ...]] = []  # (rows of y, columns of xa, s)
+        self.block_members: list[list[int]] = []  # the member whose B fills each block
         if not stack:
             return  # each member keeps its own base_layer
         weight = torch.cat([b.weight.detach() for b in bases])
@@ -109,8 +158,48 @@ class FusedProjections(nn.Module):
             stacked.bias = nn.Parameter(bias, requires_grad=False)
         self.base_layer = stacked
 
+    def extend(self) -> None:
+        """Keep every frozen matrix of the group with the adapters' columns (module docstring), in place: the
+        frozen weights become views of the extended matrices, so memory grows by r_total columns only."""
+        offsets = [sum(self.ranks[:i]) for i in range(len(self.ranks))]
+        bases: list[Any] = [self.base_layer] if self.stacked else [m.base_layer for m in self.members]
+        rows = [sum(self.sizes[:i]) for i in range(len(self.sizes))] if self.stacked else []
+        for j, base in enumerate(bases):
+            weight = base.weight.detach()
+            out_features, width = weight.shape
+            extended = torch.zeros(out_features, width + sum(self.ranks), dtype=weight.dtype, device=weight.device)
+            extended[:, :width] = weight
+            base.weight = nn.Parameter(extended[:, :width], requires_grad=False)
+            self.extended.append(extended)
+            members = list(range(len(self.members))) if self.stacked else [j]
+            self.block_members.append(members)
+            self.blocks.append(
+                tuple(
+                    (
+                        rows[i] if self.stacked else 0,
+                        (rows[i] + self.sizes[i]) if self.stacked else out_features,
+                        offsets[i],
+                        offsets[i] + self.ranks[i],
+                        float(self.members[i].scaling[ADAPTER]),
+                    )
+                    for i in members
+                )
+            )
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy each member's B, scaled, into its block of the extended matrices (before every forward)."""
+        for j, extended in enumerate(self.extended):
+            width = extended.shape[1] - sum(self.ranks)
+            for i, (row0, row1, col0, col1, scale) in zip(self.block_members[j], self.blocks[j], strict=True):
+                b = self.members[i].lora_B[ADAPTER].weight
+                extended[row0:row1, width + col0 : width + col1].copy_(b * scale)
+
     def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every member's output for input x, as PEFT's forward computes each (base + B(A(x)) * scaling)."""
+        if self.extended:
+            return self._outputs_in_gemm(x)
         ys = self.base_layer(x).split(self.sizes, -1) if self.stacked else tuple(m.base_layer(x) for m in self.members)
         xa = self.members[0]._cast_input_dtype(x, self.members[0].lora_A[ADAPTER].weight.dtype)
         if self.shared_a:
@@ -122,6 +211,17 @@ class FusedProjections(nn.Module):
         for i, m in enumerate(self.members):  # indexed, not zip(strict=...): this runs under torch.compile
             out.append((ys[i] + m.lora_B[ADAPTER](hs[i]) * m.scaling[ADAPTER]).to(ys[i].dtype))
         return out
+
+    def _outputs_in_gemm(self, x: torch.Tensor) -> list[torch.Tensor]:
+        a = torch.cat([m.lora_A[ADAPTER].weight for m in self.members])
+        xa = F.linear(x, a)  # under autocast: bf16, as the adapters' products are in the plain path
+        bases = [self.base_layer] if self.stacked else [m.base_layer for m in self.members]
+        outs: list[torch.Tensor] = []
+        for j in range(len(bases)):
+            bs = [self.members[i].lora_B[ADAPTER].weight for i in self.block_members[j]]
+            y = _AdapterInGemm.apply(x, xa, self.extended[j], bases[j].bias, self.blocks[j], *bs)
+            outs.extend(y.split(self.sizes, -1) if self.stacked else [y])
+        return outs
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         pending = self.pending
@@ -183,22 +283,28 @@ class Fusion:
 
     fused: list[str] = field(default_factory=list)
     shared_a: int = 0
+    in_gemm: int = 0
     left: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line: how many groups, with one A or not, and the reasons of those left (each reason once)."""
-        text = f"{len(self.fused)} groups fused ({self.shared_a} with one A matrix)"
+        text = f"{len(self.fused)} groups fused ({self.shared_a} with one A matrix"
+        text += f", {self.in_gemm} with the adapters in the frozen GEMM)" if self.in_gemm else ")"
         reasons = sorted(set(self.left.values()))
         if reasons:
             text += f"; {len(self.left)} left as they are: " + " | ".join(reasons)
         return text
 
 
-def fuse_projections(model: nn.Module) -> Fusion:
+def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion:
     """Fuse the q/k/v and gate/up groups of every decoder layer of `model` (after PEFT wrapped it, before FP8
-    conversion and compiling), in place."""
+    conversion and compiling), in place. `adapters_in_gemm`: groups with one A also carry their adapters in the
+    frozen GEMM (module docstring; only for bf16/fp16 frozen weights whose adapters compute under autocast, and
+    not under FSDP2, which would shard the frozen views: the caller decides), refreshed by a forward pre-hook on
+    `model`."""
     names = {id(m): name for name, m in model.named_modules()}
     done = Fusion()
+    extended: list[FusedProjections] = []  # groups with their adapters in the frozen GEMM
     for layer in decoder_layers(model):
         for child, projections, group_name, stack in GROUPS:
             parent = getattr(layer, child, None)
@@ -234,7 +340,22 @@ def fuse_projections(model: nn.Module) -> Fusion:
                 start = stop
             done.fused.append(where)
             done.shared_a += group.shared_a
+            if adapters_in_gemm and group.shared_a:
+                group.extend()
+                extended.append(group)
+    done.in_gemm = len(extended)
+    if extended:
+        # Outside the compiled layers, once per forward of the whole model: B changes only at optimizer steps.
+        model.register_forward_pre_hook(refresh_adapters_in_gemm)
     return done
+
+
+def refresh_adapters_in_gemm(model: nn.Module, *_: Any) -> None:
+    """Copy every group's B into its frozen GEMM's extra columns (a forward pre-hook; found by walking the model,
+    not remembered, so a copied model refreshes its own groups)."""
+    for module in model.modules():
+        if isinstance(module, FusedProjections) and module.extended:
+            module.refresh()
 
 
 def clear_pending(model: nn.Module) -> None:

@@ -204,10 +204,16 @@ def defer_head(base: PreTrainedModel) -> torch.Tensor | None:
 
 
 def load_model(
-    model_cfg: ModelConfig, lora_cfg: LoraConfig, tokenizer: Any, device: torch.device, max_length: int | None = None
+    model_cfg: ModelConfig,
+    lora_cfg: LoraConfig,
+    tokenizer: Any,
+    device: torch.device,
+    max_length: int | None = None,
+    sharded: bool = False,
 ) -> tuple[PeftModel, ModelInfo]:
     """The base model with LoRA adapters on lora_cfg.target_modules, and its counts. `max_length` is the row
-    length batches are padded to when the layers are compiled.
+    length batches are padded to when the layers are compiled; `sharded`: FSDP2 or ZeRO-3 will shard the frozen
+    weights (no adapters in the frozen GEMM then).
 
     Call after seeding: the adapters' A matrices take their random init from the global generator, and FSDP2
     relies on every rank building the same ones.
@@ -248,13 +254,17 @@ def load_model(
         lora_params=sum(p.numel() for name, p in params if "lora_" in name),
     )
     del params  # it would keep each fused member's own weight alive beside the stacked copy until load_model returns
+    autocast = model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16)
     fused = "off"
     if model_cfg.fuse_projections:
         # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
-        fused = fuse_projections(base).summary()
+        # Adapters ride in the frozen GEMM only where that GEMM is bf16/fp16 and the adapters compute in its dtype,
+        # and where no one shards the frozen weights.
+        in_gemm = model_cfg.adapters_in_gemm and autocast and model_cfg.precision != "fp8" and not sharded
+        fused = fuse_projections(base, adapters_in_gemm=in_gemm).summary()
     info = ModelInfo(**counts, fused_projections=fused, **shape)
     autocast_dtype = None
-    if model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16):
+    if autocast:
         # PEFT keeps adapters in fp32 and casts each adapter's input to fp32: an fp32 copy of every projection
         # input, and fp32 matmuls. Under autocast the input stays bf16 and the matmul casts the small adapter
         # weights instead; the weights, their gradients and the optimizer stay fp32.

@@ -419,7 +419,9 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
     warmup_steps = math.ceil(tc.warmup_ratio * total_steps)
 
     rt.set_phase("model load")
-    peft_model, info = load_model(cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length)
+    peft_model, info = load_model(
+        cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length, sharded=mode == "fsdp2"
+    )
     model = wrap(peft_model, rt, mode)
     model.train()
     counts = info.flop_counts()
