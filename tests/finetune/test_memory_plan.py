@@ -55,6 +55,8 @@ MEASURED = [
     ("r16 micro-batch 3", R16, 3, "none", 68.0),
     ("r16 micro-batch 4, full checkpointing", R16, 4, "full", 23.2),
     ("r16 fp8 micro-batch 2", dataclasses.replace(R16, precision="fp8"), 2, "none", 50.0),
+    # 2026-11-23: the adapters in the frozen GEMMs (model.adapters_in_gemm, plan h100-in-gemm.txt).
+    ("r16 micro-batch 2, adapters in the GEMM", dataclasses.replace(R16, adapters_in_gemm=True), 2, "none", 53.3),
     ("r16 fp8 micro-batch 3", dataclasses.replace(R16, precision="fp8"), 3, "none", 67.6),
     ("r64 micro-batch 2", dataclasses.replace(R16, lora_r=64), 2, "none", 52.5),
     ("r64 dropout 0.05 micro-batch 2", R64_DROPOUT, 2, "none", 67.2),

@@ -220,7 +220,9 @@ class FusedProjections(nn.Module):
         for j in range(len(bases)):
             bs = [self.members[i].lora_B[ADAPTER].weight for i in self.block_members[j]]
             y = _AdapterInGemm.apply(x, xa, self.extended[j], bases[j].bias, self.blocks[j], *bs)
-            outs.extend(y.split(self.sizes, -1) if self.stacked else [y])
+            # Each member's output its own tensor, as the plain path's adds make them: a view would keep the whole
+            # stacked output alive for as long as any member's is kept (attention keeps v: 75 MB for 8 a layer).
+            outs.extend([part.contiguous() for part in y.split(self.sizes, -1)] if self.stacked else [y])
         return outs
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
