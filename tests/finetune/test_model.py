@@ -90,7 +90,7 @@ def test_random_init_from_a_config_only_directory(tokenizer, tmp_path: Path) -> 
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
     cfg = ModelConfig(name=str(tmp_path), random_init=True, dtype="bf16")
     _, info = load_model(cfg, LORA, tokenizer, torch.device("cpu"))
-    _, tiny_info = load_model(TINY, LORA, tokenizer, torch.device("cpu"))
+    _, tiny_info = load_model(replace(TINY, dtype="bf16"), LORA, tokenizer, torch.device("cpu"))
     assert info == tiny_info
     assert json.loads((tmp_path / "config.json").read_text())["hidden_size"] == 64
 

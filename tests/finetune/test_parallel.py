@@ -178,3 +178,23 @@ def test_two_nodes_train_like_one_process(config: Path, one_process: dict[str, A
     assert found["parallel"] == "ddp"
     assert_same_training(found, one_process, rel=1e-4)
     assert_same_adapter(run_dir, config.parent / "one")
+
+
+def test_ddp_with_the_adapters_in_the_gemm_matches_one_process(config: Path) -> None:
+    """bf16 weights with the adapters in the frozen GEMMs (model.adapters_in_gemm: the frozen weights are views of
+    the extended matrices, which DDP broadcasts at wrap; B refreshed into them at every forward): 2 processes
+    follow 1 within bf16 noise, and the adapters do ride in the GEMMs."""
+    bf16 = ["model.dtype=bf16"]
+    run_one = config.parent / "one-bf16"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+            mp.setenv(name, value)
+        mp.delenv("MASTER_PORT", raising=False)
+        argv = [str(config), "--output-dir", str(run_one), "--set", "train.grad_accum=4", "--set", bf16[0]]
+        assert main(argv) == 0
+    one = metrics(run_one)
+    found = torchrun(config, config.parent / "ddp-bf16", "train.parallel=ddp", *bf16)
+    for m in (one, found):
+        assert "with the adapters in the frozen GEMM" in m["model"]["fused_projections"], m["model"]
+    assert found["loss_history"] == pytest.approx(one["loss_history"], rel=2e-2)
+    assert found["loss_history"][-1] < found["loss_history"][0] - 0.3

@@ -313,7 +313,7 @@ def test_an_error_names_the_rank_and_phase_then_exits_3(
 def test_ctrl_c_prints_one_line_and_exits_130(
     tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def interrupted(*_: object) -> None:
+    def interrupted(*_: object, **__: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train_module, "load_model", interrupted)
