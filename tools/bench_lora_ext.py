@@ -1,4 +1,4 @@
-"""Issue 13 lever, measured before it is built: the adapters' B product riding in the frozen GEMM (bf16).
+"""Issue 13 lever, measured before it was built (now `model.adapters_in_gemm`): the adapters in the frozen GEMM.
 
 One Qwen2-7B MLP input side at 8,192 tokens (gate and up: 3,584 -> 18,944, LoRA r16 with one shared A, as
 `model.fuse_projections` runs them), silu(gate) * up, forward and backward, compiled, two ways:
