@@ -295,6 +295,21 @@ class EvalConfig:
         ]
 
 
+def adapters_in_gemm_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
+    """Whether load_model puts the adapters in the frozen GEMMs (finetune/fused.py): fused groups with one A (no
+    LoRA dropout), frozen weights in bf16/fp16 whose adapters compute in that dtype (autocast), not FP8, and not
+    sharded (FSDP2 or ZeRO-3 would shard the frozen views). The memory plan asks before the model exists."""
+    return (
+        model.fuse_projections
+        and model.adapters_in_gemm
+        and model.autocast
+        and model.dtype in ("bf16", "fp16")
+        and model.precision != "fp8"
+        and not sharded
+        and lora.dropout == 0
+    )
+
+
 @dataclass(frozen=True)
 class FinetuneConfig:
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -158,13 +158,16 @@ class FusedProjections(nn.Module):
             stacked.bias = nn.Parameter(bias, requires_grad=False)
         self.base_layer = stacked
 
+    def frozen_layers(self) -> list[Any]:
+        """The group's frozen projections: its stacked one, or each member's own."""
+        return [self.base_layer] if self.stacked else [m.base_layer for m in self.members]
+
     def extend(self) -> None:
         """Keep every frozen matrix of the group with the adapters' columns (module docstring), in place: the
         frozen weights become views of the extended matrices, so memory grows by r_total columns only."""
         offsets = [sum(self.ranks[:i]) for i in range(len(self.ranks))]
-        bases: list[Any] = [self.base_layer] if self.stacked else [m.base_layer for m in self.members]
         rows = [sum(self.sizes[:i]) for i in range(len(self.sizes))] if self.stacked else []
-        for j, base in enumerate(bases):
+        for j, base in enumerate(self.frozen_layers()):
             weight = base.weight.detach()
             out_features, width = weight.shape
             extended = torch.zeros(out_features, width + sum(self.ranks), dtype=weight.dtype, device=weight.device)
@@ -215,11 +218,10 @@ class FusedProjections(nn.Module):
     def _outputs_in_gemm(self, x: torch.Tensor) -> list[torch.Tensor]:
         a = torch.cat([m.lora_A[ADAPTER].weight for m in self.members])
         xa = F.linear(x, a)  # under autocast: bf16, as the adapters' products are in the plain path
-        bases = [self.base_layer] if self.stacked else [m.base_layer for m in self.members]
         outs: list[torch.Tensor] = []
-        for j in range(len(bases)):
+        for j, base in enumerate(self.frozen_layers()):
             bs = [self.members[i].lora_B[ADAPTER].weight for i in self.block_members[j]]
-            y = _AdapterInGemm.apply(x, xa, self.extended[j], bases[j].bias, self.blocks[j], *bs)
+            y = _AdapterInGemm.apply(x, xa, self.extended[j], base.bias, self.blocks[j], *bs)
             # Each member's output its own tensor, as the plain path's adds make them: a view would keep the whole
             # stacked output alive for as long as any member's is kept (attention keeps v: 75 MB for 8 a layer).
             outs.extend([part.contiguous() for part in y.split(self.sizes, -1)] if self.stacked else [y])

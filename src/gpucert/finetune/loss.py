@@ -17,6 +17,7 @@ is known without a pass of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -91,16 +92,26 @@ def _loss_only(logits: torch.Tensor, targets: torch.Tensor, accumulate: torch.dt
     return (torch.logsumexp(x, dim=-1) - x.gather(1, targets[:, None]).squeeze(1)).sum()
 
 
-def _fp8_chunks(
-    hidden: torch.Tensor, head: Fp8FrozenLinear, targets: torch.Tensor, chunk: int, grad_hidden: torch.Tensor | None
-) -> torch.Tensor:
-    """The fp32 loss over `hidden`'s rows, writing grad_hidden (when given) chunk by chunk: both matmuls FP8."""
-    loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+def _head_matmuls(
+    hidden: torch.Tensor, head: torch.Tensor | Fp8FrozenLinear
+) -> tuple[Callable[[slice], torch.Tensor], Callable[..., tuple[torch.Tensor, ...]], Callable[..., torch.Tensor]]:
+    """(the logits of a slice of hidden's rows; the chunk function, returning the loss and the logits' gradient;
+    the hidden states' gradient from that gradient) for the head in the model's dtype or in FP8."""
+    if not isinstance(head, Fp8FrozenLinear):
+
+        def logits(rows: slice) -> torch.Tensor:
+            return hidden[rows] @ head.t()
+
+        def grad_input(grad_logits: torch.Tensor) -> torch.Tensor:
+            # The gradient in the model's dtype before its matmul, as the plain path's autograd does.
+            return grad_logits @ head
+
+        return logits, _compiled_chunk if hidden.is_cuda else _chunk_loss_and_grad, grad_input
+
     hq, h_scale = (_compiled_quantize_rows if hidden.is_cuda else quantize_rows)(hidden)
-    chunk_fn = _compiled_fp8_chunk if hidden.is_cuda else _chunk_loss_and_fp8_grad
-    for start in range(0, hidden.shape[0], chunk):
-        rows, t = slice(start, start + chunk), targets[start : start + chunk]
-        logits = torch._scaled_mm(
+
+    def fp8_logits(rows: slice) -> torch.Tensor:
+        return torch._scaled_mm(
             hq[rows],
             head.weight.t(),
             scale_a=h_scale[rows],
@@ -108,12 +119,9 @@ def _fp8_chunks(
             out_dtype=head.out_dtype,
             use_fast_accum=FAST_ACCUM_FORWARD,
         )
-        if grad_hidden is None:
-            loss += _loss_only(logits, t, torch.float32)
-            continue
-        part, grad_q, grad_scale = chunk_fn(logits, t, torch.float32)
-        loss += part
-        grad_hidden[rows] = torch._scaled_mm(
+
+    def fp8_grad_input(grad_q: torch.Tensor, grad_scale: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(
             grad_q,
             head.weight_t.t(),
             scale_a=grad_scale,
@@ -121,7 +129,8 @@ def _fp8_chunks(
             out_dtype=head.out_dtype,
             use_fast_accum=FAST_ACCUM_HEAD_BACKWARD,
         )
-    return loss
+
+    return fp8_logits, _compiled_fp8_chunk if hidden.is_cuda else _chunk_loss_and_fp8_grad, fp8_grad_input
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -131,22 +140,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         want_grad = ctx.needs_input_grad[0]
         accumulate = torch.promote_types(hidden.dtype, torch.float32)
+        loss = torch.zeros((), dtype=accumulate, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if want_grad else None
-        if isinstance(head, Fp8FrozenLinear):
-            loss = _fp8_chunks(hidden, head, targets, chunk, grad_hidden)
-        else:
-            loss = torch.zeros((), dtype=accumulate, device=hidden.device)
-            chunk_fn = _compiled_chunk if hidden.is_cuda else _chunk_loss_and_grad
-            for start in range(0, hidden.shape[0], chunk):
-                h, t = hidden[start : start + chunk], targets[start : start + chunk]
-                logits = h @ head.t()
-                if grad_hidden is None:
-                    loss += _loss_only(logits, t, accumulate)
-                    continue
-                part, grad_logits = chunk_fn(logits, t, accumulate)
-                loss += part
-                # The gradient in the model's dtype before its matmul, as the plain path's autograd does.
-                grad_hidden[start : start + chunk] = grad_logits @ head
+        logits_of, chunk_fn, grad_input = _head_matmuls(hidden, head)
+        for start in range(0, hidden.shape[0], chunk):
+            rows, t = slice(start, start + chunk), targets[start : start + chunk]
+            logits = logits_of(rows)
+            if grad_hidden is None:
+                loss += _loss_only(logits, t, accumulate)
+                continue
+            part, *grad_logits = chunk_fn(logits, t, accumulate)
+            loss += part
+            grad_hidden[rows] = grad_input(*grad_logits)
         ctx.save_for_backward(grad_hidden if grad_hidden is not None else hidden.new_empty(0))
         return loss
 

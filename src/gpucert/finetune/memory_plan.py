@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.config import FinetuneConfig, TrainConfig
+from gpucert.finetune.config import FinetuneConfig, TrainConfig, adapters_in_gemm_applies
 from gpucert.finetune.loss import CHUNK_TOKENS
 
 GIB = 1 << 30
@@ -169,21 +169,7 @@ def workload_from_config(cfg: FinetuneConfig, shape: ModelShape, parallel: str, 
         fused_loss=cfg.model.fused_loss,
         parallel=parallel,
         world=world,
-        adapters_in_gemm=adapters_in_gemm_applies(cfg, parallel),
-    )
-
-
-def adapters_in_gemm_applies(cfg: FinetuneConfig, parallel: str) -> bool:
-    """Whether load_model will put the adapters in the frozen GEMMs (its conditions, before the model exists)."""
-    m = cfg.model
-    return (
-        m.fuse_projections
-        and m.adapters_in_gemm
-        and m.autocast
-        and m.dtype in ("bf16", "fp16")
-        and m.precision != "fp8"
-        and parallel != "fsdp2"
-        and cfg.lora.dropout == 0
+        adapters_in_gemm=adapters_in_gemm_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
     )
 
 

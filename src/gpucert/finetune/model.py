@@ -28,7 +28,7 @@ from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from gpucert.finetune.config import LoraConfig, ModelConfig
+from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies
 from gpucert.finetune.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.fused import fuse_projections
 from gpucert.finetune.hub import pretrained_source
@@ -254,17 +254,14 @@ def load_model(
         lora_params=sum(p.numel() for name, p in params if "lora_" in name),
     )
     del params  # it would keep each fused member's own weight alive beside the stacked copy until load_model returns
-    autocast = model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16)
     fused = "off"
     if model_cfg.fuse_projections:
         # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
-        # Adapters ride in the frozen GEMM only where that GEMM is bf16/fp16 and the adapters compute in its dtype,
-        # and where no one shards the frozen weights.
-        in_gemm = model_cfg.adapters_in_gemm and autocast and model_cfg.precision != "fp8" and not sharded
+        in_gemm = adapters_in_gemm_applies(model_cfg, lora_cfg, sharded)
         fused = fuse_projections(base, adapters_in_gemm=in_gemm).summary()
     info = ModelInfo(**counts, fused_projections=fused, **shape)
     autocast_dtype = None
-    if autocast:
+    if model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16):
         # PEFT keeps adapters in fp32 and casts each adapter's input to fp32: an fp32 copy of every projection
         # input, and fp32 matmuls. Under autocast the input stays bf16 and the matmul casts the small adapter
         # weights instead; the weights, their gradients and the optimizer stay fp32.
