@@ -11,7 +11,8 @@ innermost gpucert/transformers/peft frame and torch op), summed by that name, an
 SDPA_BACKEND (flash | efficient | cudnn | math): leave only that SDPA backend enabled, to measure one
 attention kernel against another on the same step. READ_AHEAD=0: every step reads its rows at its start, with
 the GPU idle, as the trainer did before it read them ahead (to measure that lever in one call). PROFILE_STACK=0:
-profile without Python stacks. TORCHINDUCTOR_CUDAGRAPHS=1 (inductor's own switch for CUDA graphs over the
+profile without Python stacks. PROFILE_SHAPES=1: record the ops' input shapes and add a table of each matmul
+shape's device time and TFLOP/s. TORCHINDUCTOR_CUDAGRAPHS=1 (inductor's own switch for CUDA graphs over the
 compiled layers): each step is first marked as a new iteration of inductor's cudagraph trees, which they need to
 know when last step's graph outputs may be overwritten. All are read here, never by gpucert itself.
 """
@@ -58,7 +59,28 @@ def write_profile(prof: Any, path: Path) -> None:
     for e in sorted(events, key=lambda e: -e.device_time_total)[:60]:
         share = 100 * e.device_time_total / total
         lines.append(f"{e.device_time_total / 1e3:9.2f} {share:5.1f} {e.count:6d}  {e.key[:160]}")
+    if os.environ.get("PROFILE_SHAPES") == "1":
+        lines += ["", *gemm_shapes(prof)]
     path.write_text("\n".join(lines) + "\n")
+
+
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm"}
+
+
+def gemm_shapes(prof: Any) -> list[str]:
+    """Each matmul op by its input shapes: device time, calls and the TFLOP/s it reached (2 M N K per call)."""
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        if e.key not in MATMULS or e.device_time_total <= 0:
+            continue
+        shapes = [s for s in e.input_shapes if s]
+        a, b = shapes[1:3] if e.key == "aten::addmm" else shapes[:2]  # addmm: (bias, mat1, mat2[, out])
+        flops = 2.0 * a[-2] * a[-1] * b[-1] * (a[0] if e.key == "aten::bmm" else 1) * e.count
+        rows.append((e.device_time_total, e.key, e.count, shapes, flops / (e.device_time_total * 1e-6) / 1e12))
+    lines = [f"{'ms':>9} {'calls':>6} {'TFLOP/s':>8}  op, input shapes (by device time)"]
+    for t, key, n, shapes, tflops in sorted(rows, key=lambda r: -r[0]):
+        lines.append(f"{t / 1e3:9.2f} {n:6d} {tflops:8.0f}  {key} {shapes}")
+    return lines
 
 
 BUSY_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -198,7 +220,8 @@ def main() -> int:
         # with_stack: the idle report names the Python frame that launched the kernel after each gap.
         # PROFILE_STACK=0: no stacks (the host runs nearer its own speed; gaps are named by torch op only).
         stack = os.environ.get("PROFILE_STACK", "1") != "0"
-        with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
+        shapes = os.environ.get("PROFILE_SHAPES") == "1"
+        with torch.profiler.profile(activities=activities, with_stack=stack, record_shapes=shapes) as prof:
             with torch.profiler.record_function(STEP_MARK):
                 stats = plain_step(*args, **kwargs)
             torch.cuda.synchronize()

@@ -23,7 +23,14 @@ from transformers import (
 )
 
 from gpucert.finetune.fp8 import Fp8FrozenLinear, convert_frozen_linears
-from gpucert.finetune.fused import FusedLoraLinear, FusedProjections, GroupSlice, clear_pending, fuse_projections
+from gpucert.finetune.fused import (
+    AInGemmLoraLinear,
+    FusedLoraLinear,
+    FusedProjections,
+    GroupSlice,
+    clear_pending,
+    fuse_projections,
+)
 from gpucert.finetune.model import tiny_config
 from gpucert.finetune.parallel import decoder_layers
 
@@ -223,6 +230,8 @@ def test_adapters_in_the_frozen_gemm_give_pefts_outputs_and_gradients(arch: str)
     fused = copy.deepcopy(plain)
     done = fuse_projections(fused, adapters_in_gemm=True)
     assert done.in_gemm == 4 and "4 with the adapters in the frozen GEMM" in done.summary()
+    assert done.a_in_gemm == 4 and "4 single projections with their A in the frozen GEMM" in done.summary()
+    assert type(decoder_layers(fused)[1].mlp.down_proj) is AInGemmLoraLinear
     assert_same_training(fused, plain)
 
 
@@ -237,12 +246,17 @@ def test_the_extended_matrices_hold_the_frozen_weights_once_and_follow_b_after_a
     assert [tuple(e.shape) for e in mlp.gate_up_proj.extended] == [(176, 80), (176, 80)]
     assert attn.qkv_proj.base_layer.weight.data_ptr() == attn.qkv_proj.extended[0].data_ptr()
     assert mlp.up_proj.base_layer.weight.data_ptr() == mlp.gate_up_proj.extended[1].data_ptr()
+    # down_proj and o_proj: [W; A], W's rows then A's 8 (unscaled: A's product is the GEMM's extra output).
+    assert tuple(mlp.down_proj.gpucert_extended.shape) == (64 + 8, 176)
+    assert mlp.down_proj.base_layer.weight.data_ptr() == mlp.down_proj.gpucert_extended.data_ptr()
+    torch.testing.assert_close(mlp.down_proj.gpucert_extended[64:], mlp.down_proj.lora_A["default"].weight)
     assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in plain.parameters())
-    # An optimizer step changes B; the next forward must see the new B (the pre-hook refreshes the columns).
+    # An optimizer step changes A and B; the next forward must see them (the pre-hook refreshes the columns).
     for model in (fused, plain):
         loss_and_grads(model)
         torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5).step()
     assert_same_training(fused, plain)
+    torch.testing.assert_close(mlp.down_proj.gpucert_extended[64:], mlp.down_proj.lora_A["default"].weight)
     # The up projection's block of gate's matrix stays zero: gate never adds up's adapter.
     assert not bool(mlp.gate_up_proj.extended[0][:, 64 + 8 :].any())
     with fused.disable_adapter(), torch.no_grad():
@@ -262,7 +276,22 @@ def test_adapters_in_the_gemm_compile_into_one_graph_per_layer() -> None:
 def test_with_dropout_no_adapter_goes_into_the_gemm() -> None:
     fused = peft_model(dropout=0.2)
     done = fuse_projections(fused, adapters_in_gemm=True)
-    assert done.in_gemm == 0 and "with the adapters" not in done.summary()
+    assert done.in_gemm == 0 and done.a_in_gemm == 0 and "in the frozen GEMM" not in done.summary()
+
+
+def test_a_projection_with_its_a_in_the_gemm_refuses_to_merge_and_keeps_pefts_other_paths() -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused, adapters_in_gemm=True)
+    down = decoder_layers(fused)[0].mlp.down_proj
+    with pytest.raises(ValueError, match=r"model\.adapters_in_gemm=false"):
+        down.merge()
+    x = torch.randn(3, 176)
+    with fused.disable_adapter(), torch.no_grad():
+        torch.testing.assert_close(down(x), decoder_layers(plain)[0].mlp.down_proj.base_layer(x))
+    # Only the adapter's own parameters get gradients; W, a view of the extended matrix, stays frozen.
+    down(x.requires_grad_()).sum().backward()
+    assert down.base_layer.weight.grad is None and down.lora_A["default"].weight.grad is not None
 
 
 def test_load_model_puts_adapters_in_the_gemm_only_where_they_compute_in_its_dtype(

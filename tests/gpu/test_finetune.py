@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,6 @@ def packed_loss_and_grads(cfg: Any) -> tuple[float, list[torch.Tensor]]:
     ids=str,
 )
 def test_speed_options_keep_the_packed_loss(change: dict[str, Any]) -> None:
-    from dataclasses import replace
-
     from gpucert.finetune.config import ModelConfig
 
     reference_cfg = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
@@ -192,3 +191,56 @@ def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16() -> None:
     (grad_plain,) = torch.autograd.grad(plain, hidden)
     torch.testing.assert_close(fused.float(), plain, rtol=1e-5, atol=0)
     torch.testing.assert_close(grad_fused.float(), grad_plain.float(), rtol=2e-2, atol=1e-3)
+
+
+def test_the_adapters_in_the_gemm_train_as_the_plain_path_in_bf16() -> None:
+    """bf16 with the adapters in the frozen GEMMs (q/k/v and gate/up's B, o_proj and down_proj's A) against the
+    same model with separate adapter products: the loss and every adapter gradient agree to bf16 rounding."""
+    from gpucert.finetune.config import ModelConfig
+
+    cfg = ModelConfig(name="tiny", dtype="bf16", attn_implementation="sdpa", compile=True)
+    plain = packed_loss_and_grads(replace(cfg, adapters_in_gemm=False))
+    in_gemm = packed_loss_and_grads(cfg)
+    assert in_gemm[0] == pytest.approx(plain[0], rel=2e-3)
+    for a, b in zip(in_gemm[1], plain[1], strict=True):
+        assert float((a - b).norm() / b.norm()) < 2e-2
+
+
+def test_the_refresh_graph_follows_a_and_b_and_is_captured_again_when_one_moves() -> None:
+    """The copies of A and B into the extended matrices replay as one CUDA graph: after an in-place change the
+    next forward sees the new values; after a parameter's storage moved, the graph is captured again."""
+    from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
+    from gpucert.finetune.fused import _REFRESHERS, AInGemmLoraLinear, FusedProjections
+    from gpucert.finetune.model import load_model
+    from gpucert.finetune.tokenizer import load_tokenizer
+
+    cfg = ModelConfig(name="tiny", dtype="bf16", attn_implementation="sdpa", compile=False)
+    tokenizer = load_tokenizer(cfg, DataConfig())
+    model, info = load_model(cfg, LoraConfig(r=8, alpha=16, dropout=0.0), tokenizer, torch.device("cuda"), 256)
+    assert "single projections with their A in the frozen GEMM" in info.fused_projections
+    ids = torch.randint(3, 200, (2, 64), device="cuda")
+    groups = [m for m in model.modules() if isinstance(m, FusedProjections) and m.extended]
+    singles = [m for m in model.modules() if isinstance(m, AInGemmLoraLinear)]
+
+    def check() -> None:
+        for group in groups:
+            for dst, src, scale in group.refresh_items():
+                torch.testing.assert_close(dst, (src * scale).to(dst.dtype), rtol=0, atol=0)
+        for single in singles:
+            a = single.lora_A["default"].weight
+            torch.testing.assert_close(single.gpucert_extended[-a.shape[0] :], a.to(torch.bfloat16), rtol=0, atol=0)
+
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        model(input_ids=ids)
+        graph = next(r.graph for m, r in _REFRESHERS.items() if any(x is m for x in model.modules()))
+        assert graph is not None
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p))  # in place, as the optimizer writes
+        model(input_ids=ids)
+        check()
+        moved = singles[0].lora_A["default"].weight
+        moved.data = moved.data.clone() + 1.0  # new storage: the old graph would read the old one
+        model(input_ids=ids)
+        check()
+        assert next(r.graph for m, r in _REFRESHERS.items() if any(x is m for x in model.modules())) is not graph

@@ -105,7 +105,8 @@ class ModelConfig:
     # bit: sums in another order), less memory traffic.
     fuse_projections: bool = True
     # With fused projections, bf16 and no LoRA dropout: each group's adapters computed inside its frozen GEMM
-    # ([x | xA] @ [W | s B]^T, finetune/fused.py), not as separate products added after it. Off under FSDP2 and FP8.
+    # ([x | xA] @ [W | s B]^T, finetune/fused.py), not as separate products added after it, and o_proj's and
+    # down_proj's A as extra rows of theirs (x @ [W; A]^T). Off under FSDP2 and FP8.
     adapters_in_gemm: bool = True
 
     def problems(self) -> list[str]:

@@ -40,6 +40,8 @@ reason, in `fuse_projections`'s result.
 
 from __future__ import annotations
 
+import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,9 @@ from torch import nn
 from gpucert.finetune.parallel import decoder_layers
 
 ADAPTER = "default"
+# MEASUREMENT ONLY (round six A/B, removed after): the previous forms of the two levers.
+_NO_A_IN_GEMM = os.environ.get("GPUCERT_NO_A_IN_GEMM") == "1"
+_REFRESH_EAGER = os.environ.get("GPUCERT_REFRESH_EAGER") == "1"
 # (child of a decoder layer, its projections that take the same input in the order HF's code calls them, the
 # group's name: the one HF gives such stacked projections in models built with them, e.g. Phi-3, and whether the
 # frozen weights are stacked too). gate/up keep their own frozen GEMMs: stacked, the FP8 step's input gradient
@@ -63,6 +68,10 @@ GROUPS = (
 # HF classes (the architecture's name + Attention / MLP) whose forward calls q, k, v (gate, up) in that order on
 # one tensor, every layer: what the hand-over assumes to be fast, and the tests check for each.
 ARCHITECTURES = ("Qwen2", "Mistral", "Llama")
+# The projections outside the groups, each with its A in its own frozen GEMM (`_AInGemm`) when the groups carry
+# their adapters in theirs: down_proj's input is 18,944 wide on Qwen2-7B, so x A^T's read of it and d(xA) A's
+# write of a gradient that size are what this saves.
+SINGLES = (("self_attn", "o_proj"), ("mlp", "down_proj"))
 
 
 class GroupSlice(nn.Module):
@@ -112,14 +121,58 @@ class _AdapterInGemm(torch.autograd.Function):
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         xa2, weight = ctx.saved_tensors
         dy = grad_y.reshape(-1, grad_y.shape[-1]).to(weight.dtype)
-        dx_ext = dy @ weight
         width = ctx.x_shape[-1]
-        dx = dx_ext[:, :width].reshape(ctx.x_shape)
-        dxa = dx_ext[:, width:].to(ctx.xa_dtype)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx_ext = dy @ weight
+            dx = dx_ext[:, :width].reshape(ctx.x_shape)
+            dxa = dx_ext[:, width:].to(ctx.xa_dtype)
+        else:  # the first layer's q/k/v: its input (the embeddings, frozen) needs no gradient, only d(xa) does
+            dxa = (dy @ weight[:, width:]).to(ctx.xa_dtype)
         dbs = []
         for (row0, row1, col0, col1, scale), dtype in zip(ctx.blocks, ctx.b_dtypes, strict=True):
             dbs.append(((dy[:, row0:row1].t() @ xa2[:, col0:col1]) * scale).to(dtype))
         return (dx, dxa.reshape(*ctx.x_shape[:-1], -1), None, None, None, *dbs)
+
+
+class _AInGemm(torch.autograd.Function):
+    """One projection whose adapter's A rides in its frozen GEMM as extra rows: z = x @ [W; A]^T gives the base
+    output and xA at once, y = z[:, :out] + bias + s (xA) B^T. Backward: d(xA) = s dy B, then one GEMM
+    [dy | d(xA)] @ [W; A] gives dx with the adapter's share in it; dA = d(xA)^T x and dB = s dy^T (xA). Against
+    PEFT's path it saves the read of x by x @ A^T and, in the backward, the write and read of d(xA) @ A: both
+    tensors of x's size (8,192 x 18,944 for down_proj)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1]).to(weight.dtype)
+        out = b.shape[0]
+        z = x2 @ weight.t()
+        xa = z[:, out:]
+        y = z[:, :out] if bias is None else z[:, :out] + bias
+        y = y + (xa @ b.to(weight.dtype).t()) * scale
+        ctx.save_for_backward(x2, xa, weight, b)
+        ctx.x_shape, ctx.x_dtype, ctx.a_dtype, ctx.scale = x.shape, x.dtype, a.dtype, scale
+        return y.reshape(*x.shape[:-1], out)
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x2, xa, weight, b = ctx.saved_tensors
+        dy = grad_y.reshape(-1, grad_y.shape[-1]).to(weight.dtype)
+        dxa = (dy @ b.to(weight.dtype)) * ctx.scale
+        db = ((dy.t() @ xa) * ctx.scale).to(b.dtype)
+        da = (dxa.t() @ x2).to(ctx.a_dtype)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = (torch.cat([dy, dxa], dim=1) @ weight).reshape(ctx.x_shape).to(ctx.x_dtype)
+        return dx, None, None, da, db, None
 
 
 class FusedProjections(nn.Module):
@@ -190,14 +243,19 @@ class FusedProjections(nn.Module):
             )
         self.refresh()
 
-    @torch.no_grad()
-    def refresh(self) -> None:
-        """Copy each member's B, scaled, into its block of the extended matrices (before every forward)."""
+    def refresh_items(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        """(block of an extended matrix, the member's B, its scale) for each member's B (`refresh`)."""
+        items = []
         for j, extended in enumerate(self.extended):
             width = extended.shape[1] - sum(self.ranks)
             for i, (row0, row1, col0, col1, scale) in zip(self.block_members[j], self.blocks[j], strict=True):
                 b = self.members[i].lora_B[ADAPTER].weight
-                extended[row0:row1, width + col0 : width + col1].copy_(b * scale)
+                items.append((extended[row0:row1, width + col0 : width + col1], b, scale))
+        return items
+
+    def refresh(self) -> None:
+        """Copy each member's B, scaled, into its block of the extended matrices."""
+        _copy_scaled(self.refresh_items())
 
     def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every member's output for input x, as PEFT's forward computes each (base + B(A(x)) * scaling)."""
@@ -257,6 +315,52 @@ class FusedLoraLinear(LoraLinear):
         )
 
 
+class AInGemmLoraLinear(LoraLinear):
+    """PEFT's LoRA Linear (re-classed in place) whose A rides in its frozen GEMM (`_AInGemm`): its base layer's
+    weight is the first rows of `gpucert_extended`, [W; A], whose last r rows are refreshed from A, cast to the
+    frozen dtype, before every forward of the model."""
+
+    gpucert_extended: torch.Tensor
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs or self.disable_adapters or self.merged:
+            return super().forward(x, *args, **kwargs)  # PEFT's path: base_layer's weight is W itself
+        a, b = _adapter_weight(self, "lora_A"), _adapter_weight(self, "lora_B")
+        return _AInGemm.apply(x, self.gpucert_extended, self.base_layer.bias, a, b, float(self.scaling[ADAPTER]))
+
+    def refresh_items(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        a = _adapter_weight(self, "lora_A")
+        return [(self.gpucert_extended[-a.shape[0] :], a, 1.0)]
+
+    def merge(self, *args: Any, **kwargs: Any) -> None:
+        # PEFT's merge may give the base layer a new weight tensor; the extended matrix would then be stale.
+        raise ValueError(
+            "a projection with its adapter in the frozen GEMM cannot merge in place: load the model with "
+            "model.adapters_in_gemm=false to merge, or merge the saved adapter into a freshly loaded base "
+            "(gpucert finetune does)"
+        )
+
+
+def _adapter_weight(module: nn.Module, name: str) -> torch.Tensor:
+    weight = getattr(module, name)[ADAPTER].weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
+def put_a_in_gemm(module: Any) -> None:
+    """Re-class one plain LoRA projection (no dropout) as an AInGemmLoraLinear: its frozen weight becomes a view
+    of [W; A], so memory grows by A's r rows only."""
+    base = module.base_layer
+    weight = base.weight.detach()
+    a = _adapter_weight(module, "lora_A")
+    extended = torch.empty(weight.shape[0] + a.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
+    extended[: weight.shape[0]] = weight
+    base.weight = nn.Parameter(extended[: weight.shape[0]], requires_grad=False)
+    module.__class__ = AInGemmLoraLinear
+    object.__setattr__(module, "gpucert_extended", extended)  # a plain tensor, not a buffer: W is the parameter
+    _copy_scaled(module.refresh_items())
+
+
 def has_dropout(module: nn.Module) -> bool:
     dropouts = getattr(module, "lora_dropout", None)
     if not isinstance(dropouts, nn.ModuleDict) or ADAPTER not in dropouts:
@@ -288,12 +392,15 @@ class Fusion:
     fused: list[str] = field(default_factory=list)
     shared_a: int = 0
     in_gemm: int = 0
+    a_in_gemm: int = 0  # single projections (o_proj, down_proj) with their A in the frozen GEMM
     left: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line: how many groups, with one A or not, and the reasons of those left (each reason once)."""
         text = f"{len(self.fused)} groups fused ({self.shared_a} with one A matrix"
         text += f", {self.in_gemm} with the adapters in the frozen GEMM)" if self.in_gemm else ")"
+        if self.a_in_gemm:
+            text += f", {self.a_in_gemm} single projections with their A in the frozen GEMM"
         reasons = sorted(set(self.left.values()))
         if reasons:
             text += f"; {len(self.left)} left as they are: " + " | ".join(reasons)
@@ -308,7 +415,6 @@ def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion
     `model`."""
     names = {id(m): name for name, m in model.named_modules()}
     done = Fusion()
-    extended: list[FusedProjections] = []  # groups with their adapters in the frozen GEMM
     for layer in decoder_layers(model):
         for child, projections, group_name, stack in GROUPS:
             parent = getattr(layer, child, None)
@@ -346,20 +452,78 @@ def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion
             done.shared_a += group.shared_a
             if adapters_in_gemm and group.shared_a:
                 group.extend()
-                extended.append(group)
-    done.in_gemm = len(extended)
-    if extended:
-        # Outside the compiled layers, once per forward of the whole model: B changes only at optimizer steps.
+                done.in_gemm += 1
+        if (
+            adapters_in_gemm
+            and not _NO_A_IN_GEMM
+            and type(layer).__name__.removesuffix("DecoderLayer") in ARCHITECTURES
+        ):
+            for child, projection in SINGLES:
+                module = getattr(getattr(layer, child, None), projection, None)
+                if module is not None and fusable_problem(module) is None and not has_dropout(module):
+                    put_a_in_gemm(module)
+                    done.a_in_gemm += 1
+    if done.in_gemm or done.a_in_gemm:
+        # Outside the compiled layers, once per forward of the whole model: A and B change only at optimizer steps.
         model.register_forward_pre_hook(refresh_adapters_in_gemm)
     return done
 
 
+class _Refresher:
+    """The copies of A and B into the extended matrices for one model, replayed as one CUDA graph: as ~140 small
+    eager kernels (Qwen2-7B) each launched by the host, the GPU sat idle between them at every step's start
+    (12.8 ms of a 497 ms bf16 step, lent H100, docs/OPTIMIZATION.md). The graph is captured again whenever a
+    tensor it reads or writes has moved (its address changed, e.g. after .to()); on the CPU the copies run eagerly.
+    A parameter replaced by another object would not be seen: the optimizer and load_state_dict write in place."""
+
+    def __init__(self, items: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        self.items = items
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.addresses: tuple[int, ...] = ()
+
+    @torch.no_grad()
+    def run(self) -> None:
+        if (
+            _REFRESH_EAGER
+            or not self.items
+            or self.items[0][0].device.type != "cuda"
+            or torch.cuda.is_current_stream_capturing()
+        ):
+            _copy_scaled(self.items)
+            return
+        addresses = tuple(t.data_ptr() for dst, src, _ in self.items for t in (dst, src))
+        if self.graph is None or addresses != self.addresses:
+            _copy_scaled(self.items)  # also the warm-up a capture wants
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                _copy_scaled(self.items)
+            self.addresses = addresses
+        self.graph.replay()
+
+
+# One refresher per model, found by walking it once; a copied model (another object) walks its own.
+_REFRESHERS: weakref.WeakKeyDictionary[nn.Module, _Refresher] = weakref.WeakKeyDictionary()
+
+
 def refresh_adapters_in_gemm(model: nn.Module, *_: Any) -> None:
-    """Copy every group's B into its frozen GEMM's extra columns (a forward pre-hook; found by walking the model,
-    not remembered, so a copied model refreshes its own groups)."""
-    for module in model.modules():
-        if isinstance(module, FusedProjections) and module.extended:
-            module.refresh()
+    """Copy every group's B and every single projection's A into the extra columns and rows of their frozen
+    matrices (a forward pre-hook on the model)."""
+    refresher = _REFRESHERS.get(model)
+    if refresher is None:
+        items = [
+            item
+            for m in model.modules()
+            if isinstance(m, FusedProjections | AInGemmLoraLinear)
+            for item in m.refresh_items()
+        ]
+        refresher = _REFRESHERS[model] = _Refresher(items)
+    refresher.run()
+
+
+def _copy_scaled(items: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+    with torch.no_grad():
+        for dst, src, scale in items:
+            torch.mul(src, scale, out=dst)  # one kernel: scaled in the source's dtype, cast as it is stored
 
 
 def clear_pending(model: nn.Module) -> None:
