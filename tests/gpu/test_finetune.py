@@ -194,16 +194,24 @@ def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16() -> None:
 
 
 def test_the_adapters_in_the_gemm_train_as_the_plain_path_in_bf16() -> None:
-    """bf16 with the adapters in the frozen GEMMs (q/k/v and gate/up's B, o_proj and down_proj's A) against the
-    same model with separate adapter products: the loss and every adapter gradient agree to bf16 rounding."""
+    """bf16 with the adapters in the frozen GEMMs (q/k/v and gate/up's B, o_proj and down_proj's A), compiled,
+    against the same model with separate adapter products: each is compared with fp32, and the GEMM path's loss
+    and every adapter gradient must be as close to it as the plain bf16 path's (within 1.5 x, or 1e-3)."""
     from gpucert.finetune.config import ModelConfig
 
     cfg = ModelConfig(name="tiny", dtype="bf16", attn_implementation="sdpa", compile=True)
+    reference = packed_loss_and_grads(replace(cfg, dtype="fp32", compile=False))
     plain = packed_loss_and_grads(replace(cfg, adapters_in_gemm=False))
     in_gemm = packed_loss_and_grads(cfg)
-    assert in_gemm[0] == pytest.approx(plain[0], rel=2e-3)
-    for a, b in zip(in_gemm[1], plain[1], strict=True):
-        assert float((a - b).norm() / b.norm()) < 2e-2
+    loss_off = [abs(found[0] - reference[0]) / abs(reference[0]) for found in (plain, in_gemm)]
+    print(f"loss off fp32: plain bf16 {loss_off[0]:.2e}, in the GEMM {loss_off[1]:.2e}")
+    assert loss_off[1] <= 1.5 * loss_off[0] + 1e-3
+    worst = 0.0
+    for index, (p, g, r) in enumerate(zip(plain[1], in_gemm[1], reference[1], strict=True)):
+        off = [float((x - r).norm() / r.norm()) for x in (p, g)]
+        worst = max(worst, off[1])
+        assert off[1] <= 1.5 * off[0] + 1e-3, (index, off)
+    print(f"worst adapter gradient off fp32 in the GEMM: {worst:.2%}")
 
 
 def test_the_refresh_graph_follows_a_and_b_and_is_captured_again_when_one_moves() -> None:

@@ -155,7 +155,7 @@ class _AInGemm(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1]).to(weight.dtype)
         out = b.shape[0]
         z = x2 @ weight.t()
-        xa = z[:, out:]
+        xa = z[:, out:].contiguous()  # kept for dB: as a view it kept all of z (+3.1 GiB at 2 x 4096, lent H100)
         y = z[:, :out] if bias is None else z[:, :out] + bias
         y = y + (xa @ b.to(weight.dtype).t()) * scale
         ctx.save_for_backward(x2, xa, weight, b)
