@@ -30,7 +30,10 @@ own block, zeros elsewhere), and the GEMM takes [x | x A^T]: one GEMM gives base
 (8,192 x 18,944 for gate and up) is written and read back, and its input-gradient GEMM gives dx and d(xA) at
 once; only dB = s dy^T (xA) reads dy again (`_AdapterInGemm`). The extra columns are refreshed from B, scaled
 and cast to bf16, before every forward of the model (a forward pre-hook, outside the compiled layers), so a
-step's forward and backward see the B the optimizer left. Measured on the lent H100 (docs/OPTIMIZATION.md).
+step's forward and backward see the B the optimizer left. The projections outside the groups (o_proj, down_proj:
+`SINGLES`) carry their A the other way, as extra rows: x @ [W; A]^T gives the base output and xA at once, and
+the backward's [dy | d(xA)] @ [W; A] gives dx with the adapter's share (`_AInGemm`). Measured on the lent H100
+(docs/OPTIMIZATION.md).
 
 Fused only in the architectures whose attention and MLP code is known to call every member, in order, on one
 tensor (Qwen2, Mistral, Llama: `ARCHITECTURES`), and where every member is a plain LoRA layer with one adapter,
@@ -40,8 +43,6 @@ reason, in `fuse_projections`'s result.
 
 from __future__ import annotations
 
-import os
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +54,6 @@ from torch import nn
 from gpucert.finetune.parallel import decoder_layers
 
 ADAPTER = "default"
-# MEASUREMENT ONLY (round six A/B, removed after): the previous forms of the two levers.
-_NO_A_IN_GEMM = os.environ.get("GPUCERT_NO_A_IN_GEMM") == "1"
-_REFRESH_EAGER = os.environ.get("GPUCERT_REFRESH_EAGER") == "1"
 # (child of a decoder layer, its projections that take the same input in the order HF's code calls them, the
 # group's name: the one HF gives such stacked projections in models built with them, e.g. Phi-3, and whether the
 # frozen weights are stacked too). gate/up keep their own frozen GEMMs: stacked, the FP8 step's input gradient
@@ -453,11 +451,7 @@ def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion
             if adapters_in_gemm and group.shared_a:
                 group.extend()
                 done.in_gemm += 1
-        if (
-            adapters_in_gemm
-            and not _NO_A_IN_GEMM
-            and type(layer).__name__.removesuffix("DecoderLayer") in ARCHITECTURES
-        ):
+        if adapters_in_gemm and type(layer).__name__.removesuffix("DecoderLayer") in ARCHITECTURES:
             for child, projection in SINGLES:
                 module = getattr(getattr(layer, child, None), projection, None)
                 if module is not None and fusable_problem(module) is None and not has_dropout(module):
@@ -469,55 +463,19 @@ def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion
     return done
 
 
-class _Refresher:
-    """The copies of A and B into the extended matrices for one model, replayed as one CUDA graph: as ~140 small
-    eager kernels (Qwen2-7B) each launched by the host, the GPU sat idle between them at every step's start
-    (12.8 ms of a 497 ms bf16 step, lent H100, docs/OPTIMIZATION.md). The graph is captured again whenever a
-    tensor it reads or writes has moved (its address changed, e.g. after .to()); on the CPU the copies run eagerly.
-    A parameter replaced by another object would not be seen: the optimizer and load_state_dict write in place."""
-
-    def __init__(self, items: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
-        self.items = items
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.addresses: tuple[int, ...] = ()
-
-    @torch.no_grad()
-    def run(self) -> None:
-        if (
-            _REFRESH_EAGER
-            or not self.items
-            or self.items[0][0].device.type != "cuda"
-            or torch.cuda.is_current_stream_capturing()
-        ):
-            _copy_scaled(self.items)
-            return
-        addresses = tuple(t.data_ptr() for dst, src, _ in self.items for t in (dst, src))
-        if self.graph is None or addresses != self.addresses:
-            _copy_scaled(self.items)  # also the warm-up a capture wants
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                _copy_scaled(self.items)
-            self.addresses = addresses
-        self.graph.replay()
-
-
-# One refresher per model, found by walking it once; a copied model (another object) walks its own.
-_REFRESHERS: weakref.WeakKeyDictionary[nn.Module, _Refresher] = weakref.WeakKeyDictionary()
-
-
 def refresh_adapters_in_gemm(model: nn.Module, *_: Any) -> None:
     """Copy every group's B and every single projection's A into the extra columns and rows of their frozen
-    matrices (a forward pre-hook on the model)."""
-    refresher = _REFRESHERS.get(model)
-    if refresher is None:
-        items = [
+    matrices (a forward pre-hook; found by walking the model, not remembered, so a copied model refreshes its own).
+    One small kernel each (196 for Qwen2-7B): replayed as one CUDA graph instead, a step ran 0.1-0.2 % faster,
+    inside the noise (lent H100, docs/OPTIMIZATION.md), so they stay eager."""
+    _copy_scaled(
+        [
             item
             for m in model.modules()
             if isinstance(m, FusedProjections | AInGemmLoraLinear)
             for item in m.refresh_items()
         ]
-        refresher = _REFRESHERS[model] = _Refresher(items)
-    refresher.run()
+    )
 
 
 def _copy_scaled(items: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
