@@ -466,7 +466,7 @@ def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion
 def refresh_adapters_in_gemm(model: nn.Module, *_: Any) -> None:
     """Copy every group's B and every single projection's A into the extra columns and rows of their frozen
     matrices (a forward pre-hook; found by walking the model, not remembered, so a copied model refreshes its own).
-    One small kernel each (196 for Qwen2-7B): replayed as one CUDA graph instead, a step ran 0.1-0.2 % faster,
+    One small kernel each (196 for Qwen2-7B): replayed as one CUDA graph instead, a step ran 0.0-0.3 % faster,
     inside the noise (lent H100, docs/OPTIMIZATION.md), so they stay eager."""
     _copy_scaled(
         [
