@@ -30,6 +30,9 @@ def test_accept_on_two_slurm_nodes_writes_one_report_naming_both(slurm_cluster: 
     done = launch(
         slurm_cluster, "accept", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu", "--nproc", "1",
         "--output", str(run), "--follow-timeout", "200",
+        # The benchmarks this test does not look at (the two-agent accept in tests/runtime runs them all): the
+        # suite must stay under 15 minutes on CI's 2 cores.
+        "--skip", "burn,p2p,train",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "COMPLETED" in done.stderr and "verdict PASS" in done.stderr
