@@ -239,10 +239,11 @@ class FusedProjections(nn.Module):
                     for i in members
                 )
             )
-        self.refresh()
+        _copy_scaled(self.refresh_items())
 
     def refresh_items(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-        """(block of an extended matrix, the member's B, its scale) for each member's B (`refresh`)."""
+        """(block of an extended matrix, the member's B, its scale) for each member's B, copied in by
+        `refresh_adapters_in_gemm` before every forward."""
         items = []
         for j, extended in enumerate(self.extended):
             width = extended.shape[1] - sum(self.ranks)
@@ -250,10 +251,6 @@ class FusedProjections(nn.Module):
                 b = self.members[i].lora_B[ADAPTER].weight
                 items.append((extended[row0:row1, width + col0 : width + col1], b, scale))
         return items
-
-    def refresh(self) -> None:
-        """Copy each member's B, scaled, into its block of the extended matrices."""
-        _copy_scaled(self.refresh_items())
 
     def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every member's output for input x, as PEFT's forward computes each (base + B(A(x)) * scaling)."""

@@ -149,7 +149,8 @@ class Workload:
     # "none", "ddp" or "fsdp2" over `world` processes.
     parallel: str = "none"
     world: int = 1
-    # model.adapters_in_gemm in effect (fused.py): q/k/v and gate/up each compute from [x | xA].
+    # model.adapters_in_gemm in effect (fused.py): q/k/v and gate/up each compute from [x | xA]. o_proj's and
+    # down_proj's A rows keep nothing more (peak unchanged at 51.5 GiB, lent H100, plan h100-bf16-round6c.txt).
     adapters_in_gemm: bool = False
 
     def lora_params(self) -> int:
