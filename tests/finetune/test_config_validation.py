@@ -38,7 +38,8 @@ BAD_VALUES = [
     ("model.dtype=bfloat16", "model.dtype must be one of bf16, fp16, fp32, found 'bfloat16'"),
     (
         "model.attn_implementation=flash",
-        "model.attn_implementation must be one of sdpa, flex_attention, eager, flash_attention_2, found 'flash'",
+        "model.attn_implementation must be one of sdpa, flex_attention, eager, flash_attention_2, flash_attention_3, "
+        "found 'flash'",
     ),
     ("lora.r=0", "lora.r must be >= 1, found 0"),
     ("lora.alpha=0", "lora.alpha must be > 0, found 0"),

@@ -137,3 +137,45 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer) -> None:
 def test_flex_attention_is_refused_off_cuda(tokenizer) -> None:
     with pytest.raises(ValueError, match="flex_attention trains on CUDA GPUs only"):
         load_model(replace(TINY, attn_implementation="flex_attention"), LORA, tokenizer, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("attn", ["flash_attention_2", "flash_attention_3"])
+def test_flash_attention_is_refused_off_cuda_before_the_model_is_built(attn: str, tokenizer) -> None:
+    with pytest.raises(ValueError, match=f"model.attn_implementation: {attn} runs on CUDA GPUs only, this is cpu"):
+        load_model(replace(TINY, attn_implementation=attn), LORA, tokenizer, torch.device("cpu"))
+
+
+def varlen_stand_in(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Flash attention's varlen path as plain torch (this CPU has no flash attention): causal attention inside
+    each document of the rows laid end to end, whose boundaries it must be given, as the real kernels must."""
+    cu = kwargs["cu_seq_lens_q"]
+    b, heads, s, d = query.shape
+    q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (query, key, value))
+    out = torch.empty_like(q)
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        ks, vs = (t.repeat_interleave(heads // t.shape[0], 0) for t in (ks, vs))
+        out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling).transpose(0, 1)
+    return out.reshape(b, s, heads, d), None
+
+
+def test_packed_rows_reach_flash_attention_as_documents(tokenizer, monkeypatch) -> None:
+    # Two packed rows: transformers finds documents from position_ids for one row only, so forward_loss must pass
+    # their boundaries; without them the stand-in fails, and the real kernels would attend across documents.
+    from transformers import AttentionInterface
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "gpucert_varlen_stand_in", varlen_stand_in)
+    batch = batch_for(len(tokenizer))
+    masked = loss_and_grads(TINY, tokenizer, batch)  # SDPA with the block-causal mask
+    torch.manual_seed(0)
+    model, _ = load_model(TINY, LORA, tokenizer, torch.device("cpu"))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    model.get_base_model().config._attn_implementation = "gpucert_varlen_stand_in"
+    loss, n = forward_loss(model, batch, "flash_attention_3")
+    (loss / n).backward()
+    assert float(loss.detach()) == pytest.approx(masked[0], rel=1e-6)
+    for a, b in zip([p.grad for p in model.parameters() if p.requires_grad], masked[1], strict=True):
+        # fp32 sums in another order (each document apart): ~5e-6 of the largest element, measured.
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5 * float(b.abs().max()))

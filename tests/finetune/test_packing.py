@@ -16,6 +16,7 @@ from gpucert.finetune.packing import (
     best_fit_decreasing,
     block_causal_mask,
     collate,
+    flash_documents,
     pack,
 )
 from gpucert.finetune.sample_data import generate_rows
@@ -93,6 +94,16 @@ def test_block_causal_mask() -> None:
     bias = additive_mask(mask, torch.float32)
     assert bias[0, 0, 3, 0] == torch.finfo(torch.float32).min and bias[0, 0, 4, 3] == 0
     assert attention_mask_for(torch.tensor([[0, 1]]), "flash_attention_2", torch.bfloat16) is None
+    assert attention_mask_for(torch.tensor([[0, 1, 0]]), "flash_attention_3", torch.bfloat16) is None
+
+
+def test_flash_attention_gets_each_document_of_the_rows_laid_end_to_end() -> None:
+    # Row 0 packs documents of 3 and 2 tokens, row 1 one of 4 and its padding (a document of its own).
+    documents = flash_documents(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 0]]))
+    assert documents["cu_seq_lens_q"].tolist() == [0, 3, 5, 9, 10] and documents["cu_seq_lens_q"].dtype == torch.int32
+    assert documents["cu_seq_lens_k"] is documents["cu_seq_lens_q"]
+    assert documents["max_length_q"] == documents["max_length_k"] == 4
+    assert flash_documents(torch.arange(6).expand(2, 6)) == {}  # one document a row: plain causal kernels
     assert attention_mask_for(torch.tensor([[0, 1, 0]]), "flex_attention", torch.bfloat16) is None
 
 

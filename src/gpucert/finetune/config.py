@@ -27,7 +27,7 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 DTYPES = ("bf16", "fp16", "fp32")
 # model.precision: how the frozen base weights of the decoder layers compute (finetune/fp8.py).
 PRECISIONS = ("bf16", "fp8")
-ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
 FORMATS = ("glaive", "alpaca", "messages")
 TEMPLATES = ("qwen2.5-tools", "alpaca", "tokenizer")
@@ -79,7 +79,8 @@ class ModelConfig:
     # Build the architecture from its config with random weights: speed runs without downloading weights.
     random_init: bool = False
     dtype: str = "bf16"
-    # "sdpa", "flex_attention", "eager" or "flash_attention_2"; packed rows stay document-masked with each.
+    # "sdpa", "flex_attention", "eager", "flash_attention_2" or "flash_attention_3" (FlashAttention-3, Hopper
+    # only, its package installed); packed rows stay document-masked with each.
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False
     # Compute the fp32 LoRA adapters in the base dtype under autocast (bf16 matmuls, fp32 weights and

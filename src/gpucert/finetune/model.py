@@ -12,6 +12,7 @@ local cache when the hub cannot be reached.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from collections.abc import Iterator
@@ -34,11 +35,22 @@ from gpucert.finetune.fused import fuse_projections
 from gpucert.finetune.hub import pretrained_source
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
-from gpucert.finetune.packing import attention_mask_for
+from gpucert.finetune.packing import attention_mask_for, flash_documents
 from gpucert.finetune.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")
+# What each flash implementation imports (transformers' module names), what provides it, and the lowest GPU
+# generation it runs on (compute capability major: 8 Ampere, 9 Hopper; FlashAttention-3 runs on Hopper alone).
+FLASH_PACKAGES = {
+    "flash_attention_2": ("flash_attn", "the flash-attn package (FlashAttention-2)", 8),
+    "flash_attention_3": (
+        "flash_attn_interface",
+        "the flash_attn_3 package (FlashAttention-3, built from flash-attention's hopper/; tools/device_fa3.sh "
+        "shows how)",
+        9,
+    ),
+}
 # The tiny model's weights come from this seed whatever the training seed, so every run and rank starts alike.
 TINY_SEED = 1234
 IGNORE_INDEX = -100
@@ -203,6 +215,28 @@ def defer_head(base: PreTrainedModel) -> torch.Tensor | None:
     return None
 
 
+def check_attention(attn: str, device: torch.device) -> None:
+    """Refuse an attention implementation that cannot train here before a 7B model is built, not at load or at
+    the first step: flex attention has no backward off CUDA, and flash attention needs its package and GPU."""
+    if attn == "flex_attention" and device.type != "cuda":
+        raise ValueError(f"model.attn_implementation: flex_attention trains on CUDA GPUs only, this is {device.type}")
+    if attn not in FLASH_PACKAGES:
+        return
+    module, package, major = FLASH_PACKAGES[attn]
+    if device.type != "cuda":
+        raise ValueError(f"model.attn_implementation: {attn} runs on CUDA GPUs only, this is {device.type}: use sdpa")
+    capability = torch.cuda.get_device_capability(device)
+    if capability[0] < major or (attn == "flash_attention_3" and capability[0] != 9):
+        raise ValueError(
+            f"model.attn_implementation: {attn} does not run on {torch.cuda.get_device_name(device)} (compute "
+            f"capability {capability[0]}.{capability[1]}): use sdpa"
+        )
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(
+            f"model.attn_implementation: {attn} needs {package}, which is not installed here: install it or use sdpa"
+        )
+
+
 def load_model(
     model_cfg: ModelConfig,
     lora_cfg: LoraConfig,
@@ -218,9 +252,7 @@ def load_model(
     Call after seeding: the adapters' A matrices take their random init from the global generator, and FSDP2
     relies on every rank building the same ones.
     """
-    if model_cfg.attn_implementation == "flex_attention" and device.type != "cuda":
-        # torch has no flex-attention backward off CUDA; say so before a 7B model is built, not at the first step.
-        raise ValueError(f"model.attn_implementation: flex_attention trains on CUDA GPUs only, this is {device.type}")
+    check_attention(model_cfg.attn_implementation, device)
     if model_cfg.precision == "fp8":
         check_fp8_device(device)  # a GPU without float8 tensor cores is refused before the model is built
     vocab_size = len(tokenizer)
@@ -318,12 +350,16 @@ def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: st
             batch["input_ids"]
         )
     # Packed rows stay document-masked: SDPA gets the boolean block-causal mask, eager its additive form (fp32:
-    # bf16 scores are promoted to it), flash and flex attention none (they read document starts from position_ids).
+    # bf16 scores are promoted to it), flex attention none (transformers reads document starts from position_ids),
+    # flash attention the documents' boundaries for its varlen kernels.
     mask = attention_mask_for(position_ids, attn_impl, torch.float32)
+    documents = flash_documents(position_ids) if attn_impl.startswith("flash_attention") else {}
     device = batch["input_ids"].device
     autocast = torch.autocast(device.type, dtype=plan.autocast_dtype) if plan.autocast_dtype else nullcontext()
     with autocast:
-        out = model(input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False)
+        out = model(
+            input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False, **documents
+        )
         if plan.head_weight is not None:
             loss_sum = linear_cross_entropy(out.logits, plan.head_weight, batch["labels"])
             return loss_sum, supervised_count(batch["labels"])

@@ -131,6 +131,20 @@ def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
+def flash_documents(position_ids: torch.Tensor) -> dict[str, Any]:
+    """Flash attention's document boundaries for packed rows, as the keyword arguments transformers passes to its
+    varlen kernels (cu_seq_lens_q/k over all rows laid end to end, max_length_q/k the longest document); {} when
+    each row is one document. transformers reads documents from position_ids itself only for a single row: with
+    more rows and no boundaries, every document would attend to the ones before it in its row."""
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().squeeze(1)  # every row starts a document (collate: padding is one too)
+    if starts.numel() == position_ids.shape[0]:
+        return {}
+    cu = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask as the 0 / most-negative float bias that eager attention adds to its scores."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
@@ -138,9 +152,10 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def attention_mask_for(position_ids: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
     """The `attention_mask` to pass with packed rows: the 4-D boolean mask for "sdpa", its additive form for
-    "eager". None where transformers finds the documents from position_ids itself: flash attention (varlen
-    boundaries), flex attention (a document block mask that skips empty blocks), and SDPA when every row is a
-    single unpadded document (plain causal attention, which runs SDPA's flash kernel instead of a masked one)."""
+    "eager". None for flash attention (its varlen kernels get the documents from `flash_documents`), flex
+    attention (transformers builds a document block mask that skips empty blocks from position_ids), and SDPA when
+    every row is a single unpadded document (plain causal attention, which runs SDPA's flash kernel instead of a
+    masked one)."""
     if attn_implementation.startswith("flash_attention") or attn_implementation == "flex_attention":
         return None
     single = torch.arange(position_ids.shape[1], device=position_ids.device)
