@@ -98,7 +98,9 @@ def evaluate(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    base = load_base_model(cfg.model, len(tokenizer), device)
+    # Generation pads its rows, which gpucert's FlashAttention-3 path (unpadded training rows) refuses: SDPA here.
+    attn = "sdpa" if cfg.model.attn_implementation == "flash_attention_3" else cfg.model.attn_implementation
+    base = load_base_model(dataclasses.replace(cfg.model, attn_implementation=attn), len(tokenizer), device)
     model = PeftModel.from_pretrained(base, str(adapter)).eval()
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]
     pad = tokenizer.pad_token_id
@@ -108,9 +110,7 @@ def evaluate(args: argparse.Namespace) -> int:
         for i in range(0, len(rows), cfg.eval.batch_size)
     ]
     with torch.no_grad():
-        scores, loss = run_eval(
-            model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=cfg.model.attn_implementation
-        )
+        scores, loss = run_eval(model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=attn)
     results = evaluation_results(scores, loss, cfg.eval.thresholds, threshold_source(args))
     report = evaluation_report(
         results,

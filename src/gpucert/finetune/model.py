@@ -29,6 +29,7 @@ from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
+from gpucert.finetune import flash
 from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies
 from gpucert.finetune.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.fused import fuse_projections
@@ -155,6 +156,9 @@ def load_base_model(model_cfg: ModelConfig, vocab_size: int, device: torch.devic
     attn = model_cfg.attn_implementation
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"model.attn_implementation: expected one of {list(ATTN_IMPLEMENTATIONS)}, found {attn!r}")
+    if attn == "flash_attention_3":  # gpucert's own call of the kernels (finetune/flash.py says why)
+        flash.register()
+        attn = flash.KEY
     model: PreTrainedModel
     auto: Any = AutoModelForCausalLM
     if model_cfg.name == "tiny":

@@ -1,0 +1,113 @@
+"""gpucert's FlashAttention-3 path (finetune/flash.py) on the tiny model, against SDPA with its masks.
+
+This CPU has no FlashAttention-3: a stand-in `flash_attn_interface` module computes what its two kernels compute
+(causal attention on [b, s, heads, d], grouped-query heads, documents of the rows laid end to end), so what is
+tested is gpucert's glue: the model built with it, the layout, the documents of packed rows, the refusals.
+tests/gpu/test_finetune.py runs the real kernels on the lent H100.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpucert.finetune import flash
+from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
+from gpucert.finetune.model import forward_loss, load_base_model
+from gpucert.finetune.packing import collate
+from gpucert.finetune.tokenizer import load_tokenizer
+
+TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
+LORA = LoraConfig(r=8, alpha=16, dropout=0.0)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, causal: bool) -> torch.Tensor:
+    """[s, heads, d] in and out, k and v with fewer heads."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), is_causal=causal, scale=scale)
+    return out.transpose(0, 1)
+
+
+def fake_flash_attn_func(q, k, v, softmax_scale=None, causal=False, **_):
+    return torch.stack([attend(q[i], k[i], v[i], softmax_scale, causal) for i in range(q.shape[0])])
+
+
+def fake_flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, **_):
+    assert torch.equal(cu_q, cu_k) and max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max())
+    out = torch.empty_like(q)
+    for start, end in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+        out[start:end] = attend(q[start:end], k[start:end], v[start:end], softmax_scale, causal)
+    return out
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    module = types.ModuleType("flash_attn_interface")
+    module.flash_attn_func = fake_flash_attn_func  # type: ignore[attr-defined]
+    module.flash_attn_varlen_func = fake_flash_attn_varlen_func  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", module)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(TINY, DataConfig())
+
+
+def rows_of(vocab: int, documents: list[list[int]]) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for lengths in documents:
+        row: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
+        for n in lengths:
+            ids = torch.randint(3, vocab, (n,), generator=g).tolist()
+            row["input_ids"] += ids
+            row["labels"] += [-100] * (n // 2) + ids[n // 2 :]
+            row["position_ids"] += list(range(n))
+        rows.append(row)
+    return collate(rows, pad_id=0)
+
+
+def loss_of(attn: str, batch: dict[str, torch.Tensor], tokenizer) -> tuple[float, torch.Tensor]:
+    model = load_base_model(replace(TINY, attn_implementation=attn), len(tokenizer), torch.device("cpu"))
+    embed = model.get_input_embeddings().weight
+    embed.requires_grad_(True)
+    loss, n = forward_loss(model, batch, attn)
+    (loss / n).backward()
+    return float(loss.detach()), embed.grad
+
+
+@pytest.mark.parametrize(
+    "documents",
+    [[[16], [16]], [[7, 9], [12, 4]], [[5, 6, 5], [10]]],
+    ids=["one-document-a-row", "packed", "packed-and-padded"],
+)
+def test_the_flash_attention_3_path_trains_as_sdpa_with_its_masks(documents, tokenizer, kernels) -> None:
+    batch = rows_of(len(tokenizer), documents)
+    found = loss_of("flash_attention_3", batch, tokenizer)
+    expected = loss_of("sdpa", batch, tokenizer)
+    assert found[0] == pytest.approx(expected[0], rel=1e-6)
+    torch.testing.assert_close(found[1], expected[1], rtol=1e-4, atol=2e-5 * float(expected[1].abs().max()))
+
+
+def test_the_model_is_built_with_gpucerts_attention(tokenizer) -> None:
+    model = load_base_model(replace(TINY, attn_implementation="flash_attention_3"), len(tokenizer), torch.device("cpu"))
+    assert model.config._attn_implementation == flash.KEY
+
+
+def test_what_the_kernels_cannot_do_is_refused(kernels) -> None:
+    q, kv = torch.zeros(1, 4, 8, 16), torch.zeros(1, 2, 8, 16)
+    module = torch.nn.Module()
+    with pytest.raises(ValueError, match=r"no attention dropout, the model asks for 0\.1"):
+        flash.flash3_attention(module, q, kv, kv, None, dropout=0.1)
+    with pytest.raises(ValueError, match=r"sliding window \(4 tokens\) is shorter than its documents \(8\)"):
+        flash.flash3_attention(module, q, kv, kv, None, sliding_window=4)
+    with pytest.raises(ValueError, match="takes unpadded rows"):
+        flash.flash3_attention(module, q, kv, kv, torch.ones(1, 8))
+    out, weights = flash.flash3_attention(module, q, kv, kv, None, sliding_window=8)
+    assert out.shape == (1, 8, 4, 16) and weights is None
