@@ -14,16 +14,20 @@ the GPU idle, as the trainer did before it read them ahead (to measure that leve
 profile without Python stacks. PROFILE_SHAPES=1: record the ops' input shapes and add a table of each matmul
 shape's device time and TFLOP/s. TORCHINDUCTOR_CUDAGRAPHS=1 (inductor's own switch for CUDA graphs over the
 compiled layers): each step is first marked as a new iteration of inductor's cudagraph trees, which they need to
-know when last step's graph outputs may be overwritten. All are read here, never by gpucert itself.
+know when last step's graph outputs may be overwritten. GC=off: Python's cyclic garbage collector disabled for
+the run (to measure what its pauses cost a step); GC_STATS=1: each step's collections (count and milliseconds by
+generation) printed after it. All are read here, never by gpucert itself.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -207,8 +211,35 @@ def main() -> int:
     plain_step = train_module.train_step
     calls = {"n": 0}
 
+    if os.environ.get("GC") == "off":
+        gc.disable()
+    collections: list[tuple[int, float]] = []
+    started: dict[str, float] = {}
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        else:
+            collections.append((info["generation"], 1e3 * (time.perf_counter() - started["t"])))
+
+    if os.environ.get("GC_STATS") == "1":
+        gc.callbacks.append(on_gc)
+
     def step(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
+        if os.environ.get("GC_STATS") == "1":
+            result = timed_step(*args, **kwargs)
+            by_gen = {g: [ms for gen, ms in collections if gen == g] for g in (0, 1, 2)}
+            print(
+                f"gc in step {calls['n']}: "
+                + ", ".join(f"gen{g} {len(v)}x {sum(v):.2f} ms" for g, v in by_gen.items() if v),
+                flush=True,
+            )
+            collections.clear()
+            return result
+        return timed_step(*args, **kwargs)
+
+    def timed_step(*args: Any, **kwargs: Any) -> Any:
         if os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1":
             torch.compiler.cudagraph_mark_step_begin()
         if os.environ.get("READ_AHEAD") == "0":
