@@ -17,8 +17,6 @@ is known without a pass of its own.
 
 from __future__ import annotations
 
-import os
-
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +34,7 @@ from gpucert.finetune.fp8 import (
 
 IGNORE_INDEX = -100
 # Tokens per chunk: 1024 x 152k fp32 logits is 0.6 GB, and a 1024-row matmul still runs at full speed.
-CHUNK_TOKENS = int(os.environ.get("GPUCERT_LOSS_CHUNK", "1024"))  # EXPERIMENT (issue 13 round seven): reverted after
+CHUNK_TOKENS = 1024
 
 
 def _chunk_loss_and_grad(
