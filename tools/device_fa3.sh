@@ -8,7 +8,8 @@
 #   (cd <flash-attention checkout> && git archive HEAD hopper README.md) | tar -x -C /tmp/fa
 #   (cd <cutlass checkout at the submodule's commit> && git archive HEAD include) | tar -x -C /tmp/fa/csrc/cutlass
 #   tar -cJf .vendor/fa3/fa3-src.tar.xz -C /tmp fa
-# Usage: bash tools/device_fa3.sh   (env VARLEN=1 keeps the variable-length kernels packed rows need)
+# Usage: bash tools/device_fa3.sh   (env VARLEN=1 keeps the variable-length kernels packed rows need; SKIP_BENCH=1
+# builds only; the wheel is installed under /tmp/fa3site)
 set -u
 export PYTHONUNBUFFERED=1
 src=.vendor/fa3/fa3-src.tar.xz
@@ -36,4 +37,4 @@ if [ -n "$wheel" ]; then
   export PYTHONPATH=/tmp/fa3site${PYTHONPATH:+:$PYTHONPATH}
   [ "$(stat -c %s "$wheel")" -lt 16000000 ] && cp "$wheel" "$OUT/"
 fi
-timeout 240 python3 tools/bench_attention.py "$OUT/attention.json" 2>&1 | tail -80
+[ "${SKIP_BENCH:-0}" = 1 ] || timeout 240 python3 tools/bench_attention.py "$OUT/attention.json" 2>&1 | tail -80

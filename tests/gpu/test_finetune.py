@@ -212,3 +212,63 @@ def test_the_adapters_in_the_gemm_train_as_the_plain_path_in_bf16() -> None:
         worst = max(worst, off[1])
         assert off[1] <= 1.5 * off[0] + 1e-3, (index, off)
     print(f"worst adapter gradient off fp32 in the GEMM: {worst:.2%}")
+
+
+def flash_loss_and_grads(attn: str, dtype: torch.dtype, documents: list[list[int]], compile_layers: bool) -> Any:
+    """One forward/backward of a 2-layer Qwen2 with Qwen2-7B's attention shape (head dim 128, grouped-query
+    heads), from seed 0, over rows of `documents` padded to 1,024 tokens; (loss, every parameter's gradient)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from gpucert.finetune import flash
+    from gpucert.finetune.model import forward_loss
+    from gpucert.finetune.packing import collate
+
+    flash.register()
+    g = torch.Generator().manual_seed(2)
+    rows = []
+    for lengths in documents:
+        row: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
+        for n in lengths:
+            ids = torch.randint(3, 1000, (n,), generator=g).tolist()
+            row["input_ids"] += ids
+            row["labels"] += [-100] * (n // 4) + ids[n // 4 :]
+            row["position_ids"] += list(range(n))
+        rows.append(row)
+    batch = {k: v.cuda() for k, v in collate(rows, 0, pad_to=1024).items()}
+    shape = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2)
+    shape |= dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    key = flash.KEY if attn == "flash_attention_3" else attn
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**shape, attn_implementation=key)).to("cuda", dtype)
+    if compile_layers:
+        for layer in model.model.layers:
+            layer.compile()
+    loss, n = forward_loss(model, batch, attn)
+    (loss / n).backward()
+    return float(loss.detach()), [p.grad.float().clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize(
+    ("documents", "compile_layers"),
+    [([[1024], [1024]], False), ([[300, 500, 200], [1000], [600, 400]], True)],
+    ids=["one-document-a-row-eager", "packed-and-padded-compiled"],
+)
+def test_flash_attention_3_trains_as_sdpa_in_bf16(documents: list[list[int]], compile_layers: bool) -> None:
+    """gpucert's FlashAttention-3 path (finetune/flash.py, the real kernels) against SDPA with its masks: each in
+    bf16 against SDPA in fp32, the loss and every gradient as close to it as SDPA's bf16 (within 1.5 x, or 1e-3).
+    Packed rows need a FlashAttention-3 built with its variable-length kernels."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("FlashAttention-3 runs on Hopper GPUs only")
+    pytest.importorskip("flash_attn_interface")
+    reference = flash_loss_and_grads("sdpa", torch.float32, documents, False)
+    sdpa = flash_loss_and_grads("sdpa", torch.bfloat16, documents, compile_layers)
+    fa3 = flash_loss_and_grads("flash_attention_3", torch.bfloat16, documents, compile_layers)
+    loss_off = [abs(found[0] - reference[0]) / abs(reference[0]) for found in (sdpa, fa3)]
+    print(f"loss off fp32: sdpa bf16 {loss_off[0]:.2e}, FlashAttention-3 {loss_off[1]:.2e}")
+    assert loss_off[1] <= 1.5 * loss_off[0] + 1e-3
+    worst = 0.0
+    for index, (s, f, r) in enumerate(zip(sdpa[1], fa3[1], reference[1], strict=True)):
+        off = [float((x - r).norm() / r.norm()) for x in (s, f)]
+        worst = max(worst, off[1])
+        assert off[1] <= 1.5 * off[0] + 1e-3, (index, off)
+    print(f"worst gradient off fp32 with FlashAttention-3: {worst:.2%}")
