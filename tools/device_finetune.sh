@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (carry .whl: the device lacks `datasets`, dill and multiprocess; its pyarrow 25.0.1
 # meets datasets 5.2, so pyarrow stays behind; a flash_attn_3 wheel built by tools/device_fa3.sh may ride along):
-# Qwen2-7B-shaped fine-tuning runs of configs/finetune/qwen2-7b-speed.yaml, one per line of a plan file "NAME NPROC --set key=value ...".
+# Qwen2-7B-shaped fine-tuning runs of configs/finetune/qwen2-7b-speed.yaml, one per line of a plan file
+# "NAME NPROC --set key=value ...".
 # Each run's metrics.json (NAME.json) and log tail (NAME.log) come back in $OUT/runs.tgz (one file: the device
 # returns only a few), a line each in $OUT/summary.txt; adapters and checkpoints stay on the machine
 # (gigabytes). Usage: bash tools/device_finetune.sh PLAN
