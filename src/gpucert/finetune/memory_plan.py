@@ -55,7 +55,7 @@ CHECKPOINT_LAYERS = 1.39
 # +1.2 GiB at 2 x 4096 tokens on Qwen2-7B r16 (51.5 GiB against the compiled loss chunk's 50.3, lent H100,
 # 2026-11-23, plan h100-in-gemm-b.txt), 0.78 of the counted 1.55 GiB. The whole [x | xA] overcounted: micro-batch
 # 3's estimate, 70.33 GiB against 69.4 measured (h100-bf16-round6c.txt, h100-fa3.txt), missed the 80 GB card's
-# budget and auto chose 2 rows, 1.2-2.3 % slower. With the share: 52.0 and 69.8 GiB against 51.5 and 69.4.
+# budget and auto chose 2 rows, 1.9-3.0 % slower. With the share: 52.0 and 69.8 GiB against 51.5 and 69.4.
 IN_GEMM_KEPT_SHARE = 0.78
 # Uncompiled decoder layers keep more (RMSNorm's fp32 upcasts, SwiGLU's activation): r64 micro-batch 2 without
 # compile peaked at 63.6 GiB against 52.5 compiled (docs/results/finetune.md), 7.2 x hidden more a token a layer.
