@@ -15,11 +15,11 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.finetune.packed_rows import packed_batch
 
 from gpucert.finetune import flash
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.model import forward_loss, load_base_model
-from gpucert.finetune.packing import collate
 from gpucert.finetune.tokenizer import load_tokenizer
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
@@ -59,20 +59,6 @@ def tokenizer():
     return load_tokenizer(TINY, DataConfig())
 
 
-def rows_of(vocab: int, documents: list[list[int]]) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(3)
-    rows = []
-    for lengths in documents:
-        row: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
-        for n in lengths:
-            ids = torch.randint(3, vocab, (n,), generator=g).tolist()
-            row["input_ids"] += ids
-            row["labels"] += [-100] * (n // 2) + ids[n // 2 :]
-            row["position_ids"] += list(range(n))
-        rows.append(row)
-    return collate(rows, pad_id=0)
-
-
 def loss_of(attn: str, batch: dict[str, torch.Tensor], tokenizer) -> tuple[float, torch.Tensor]:
     model = load_base_model(replace(TINY, attn_implementation=attn), len(tokenizer), torch.device("cpu"))
     embed = model.get_input_embeddings().weight
@@ -88,7 +74,7 @@ def loss_of(attn: str, batch: dict[str, torch.Tensor], tokenizer) -> tuple[float
     ids=["one-document-a-row", "packed", "packed-and-padded"],
 )
 def test_the_flash_attention_3_path_trains_as_sdpa_with_its_masks(documents, tokenizer, kernels) -> None:
-    batch = rows_of(len(tokenizer), documents)
+    batch = packed_batch(len(tokenizer), documents, seed=3)
     found = loss_of("flash_attention_3", batch, tokenizer)
     expected = loss_of("sdpa", batch, tokenizer)
     assert found[0] == pytest.approx(expected[0], rel=1e-6)

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.finetune.packed_rows import packed_batch
 
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.model import DeferredHead, forward_loss, forward_plan, load_model
-from gpucert.finetune.packing import collate
 from gpucert.finetune.tokenizer import load_tokenizer
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
@@ -60,17 +60,7 @@ def tokenizer():
 
 
 def batch_for(vocab: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    rows = []
-    for lengths in ([7, 12, 5], [20]):
-        row: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
-        for n in lengths:
-            ids = torch.randint(3, vocab, (n,), generator=g).tolist()
-            row["input_ids"] += ids
-            row["labels"] += [-100] * (n // 2) + ids[n // 2 :]
-            row["position_ids"] += list(range(n))
-        rows.append(row)
-    return collate(rows, pad_id=0)
+    return packed_batch(vocab, [[7, 12, 5], [20]], seed=1)
 
 
 def loss_and_grads(cfg: ModelConfig, tokenizer, batch) -> tuple[float, list[torch.Tensor]]:
