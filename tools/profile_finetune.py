@@ -213,6 +213,7 @@ def main() -> int:
 
     if os.environ.get("GC") == "off":
         gc.disable()
+    gc_stats = os.environ.get("GC_STATS") == "1"
     collections: list[tuple[int, float]] = []
     started: dict[str, float] = {}
 
@@ -222,24 +223,20 @@ def main() -> int:
         else:
             collections.append((info["generation"], 1e3 * (time.perf_counter() - started["t"])))
 
-    if os.environ.get("GC_STATS") == "1":
+    if gc_stats:
         gc.callbacks.append(on_gc)
 
     def step(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
-        if os.environ.get("GC_STATS") == "1":
-            result = timed_step(*args, **kwargs)
+        result = one_step(*args, **kwargs)
+        if gc_stats:
             by_gen = {g: [ms for gen, ms in collections if gen == g] for g in (0, 1, 2)}
-            print(
-                f"gc in step {calls['n']}: "
-                + ", ".join(f"gen{g} {len(v)}x {sum(v):.2f} ms" for g, v in by_gen.items() if v),
-                flush=True,
-            )
+            summary = ", ".join(f"gen{g} {len(v)}x {sum(v):.2f} ms" for g, v in by_gen.items() if v)
+            print(f"gc in step {calls['n']}: {summary}", flush=True)
             collections.clear()
-            return result
-        return timed_step(*args, **kwargs)
+        return result
 
-    def timed_step(*args: Any, **kwargs: Any) -> Any:
+    def one_step(*args: Any, **kwargs: Any) -> Any:
         if os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1":
             torch.compiler.cudagraph_mark_step_begin()
         if os.environ.get("READ_AHEAD") == "0":

@@ -41,15 +41,15 @@ from gpucert.finetune.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")
-# What each flash implementation imports (transformers' module names), what provides it, and the lowest GPU
-# generation it runs on (compute capability major: 8 Ampere, 9 Hopper; FlashAttention-3 runs on Hopper alone).
+# What each flash implementation imports (transformers' module names), what provides it, and the GPU
+# generations it runs on (compute capability majors: 8 Ampere, 9 Hopper; FlashAttention-3 runs on Hopper alone).
 FLASH_PACKAGES = {
-    "flash_attention_2": ("flash_attn", "the flash-attn package (FlashAttention-2)", 8),
+    "flash_attention_2": ("flash_attn", "the flash-attn package (FlashAttention-2)", range(8, 100)),
     "flash_attention_3": (
         "flash_attn_interface",
         "the flash_attn_3 package (FlashAttention-3, built from flash-attention's hopper/; tools/device_fa3.sh "
         "shows how)",
-        9,
+        range(9, 10),
     ),
 }
 # The tiny model's weights come from this seed whatever the training seed, so every run and rank starts alike.
@@ -226,11 +226,11 @@ def check_attention(attn: str, device: torch.device) -> None:
         raise ValueError(f"model.attn_implementation: flex_attention trains on CUDA GPUs only, this is {device.type}")
     if attn not in FLASH_PACKAGES:
         return
-    module, package, major = FLASH_PACKAGES[attn]
+    module, package, majors = FLASH_PACKAGES[attn]
     if device.type != "cuda":
         raise ValueError(f"model.attn_implementation: {attn} runs on CUDA GPUs only, this is {device.type}: use sdpa")
     capability = torch.cuda.get_device_capability(device)
-    if capability[0] < major or (attn == "flash_attention_3" and capability[0] != 9):
+    if capability[0] not in majors:
         raise ValueError(
             f"model.attn_implementation: {attn} does not run on {torch.cuda.get_device_name(device)} (compute "
             f"capability {capability[0]}.{capability[1]}): use sdpa"
