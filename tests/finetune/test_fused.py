@@ -22,6 +22,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+import gpucert.finetune.fused as fused_module
 from gpucert.finetune.fp8 import Fp8FrozenLinear, convert_frozen_linears
 from gpucert.finetune.fused import (
     AInGemmLoraLinear,
@@ -30,6 +31,7 @@ from gpucert.finetune.fused import (
     GroupSlice,
     clear_pending,
     fuse_projections,
+    refresh_adapters_in_gemm,
 )
 from gpucert.finetune.model import tiny_config
 from gpucert.finetune.parallel import decoder_layers
@@ -262,6 +264,45 @@ def test_the_extended_matrices_hold_the_frozen_weights_once_and_follow_b_after_a
     with fused.disable_adapter(), torch.no_grad():
         x = torch.randn(3, 64)
         torch.testing.assert_close(attn.k_proj(x), decoder_layers(plain)[0].self_attn.k_proj.base_layer(x))
+
+
+def test_a_settled_refresh_leaves_the_forwards_nothing_to_copy_until_an_adapter_changes(monkeypatch) -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused, adapters_in_gemm=True)
+    copies = []
+    copy_scaled = fused_module._copy_scaled
+    monkeypatch.setattr(fused_module, "_copy_scaled", lambda items: (copies.append(len(items)), copy_scaled(items)))
+
+    def assert_same_outputs() -> None:
+        # AdamW's first steps are near lr x sign(grad): rounding apart, not as close as assert_same_training's.
+        torch.testing.assert_close(loss_and_grads(fused)[0], loss_and_grads(plain)[0], rtol=1e-3, atol=1e-4)
+
+    def adamw_step(model: nn.Module) -> None:
+        loss_and_grads(model)
+        # The fused AdamW updates the adapters without bumping their version counters.
+        torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05, fused=True).step()
+
+    # Never settled (a loop of one's own): every forward copies, so a fused AdamW step is seen.
+    for model in (fused, plain):
+        adamw_step(model)
+    assert_same_outputs()
+    assert copies == [14, 14]  # 7 adapters a layer: q, k, v and gate, up B; o and down A
+    # The trainer settles right after each optimizer step; the forwards after it copy nothing.
+    for model in (fused, plain):
+        adamw_step(model)
+    copies.clear()
+    refresh_adapters_in_gemm(fused, settled=True)
+    assert_same_outputs()
+    loss_and_grads(fused)
+    assert copies == [14]
+    # A checkpoint's load bumps the versions: the next forward copies again.
+    state = {k: v + 0.1 for k, v in plain.state_dict().items() if "lora_" in k}
+    for model in (fused, plain):
+        model.load_state_dict(state, strict=False)
+    copies.clear()
+    assert_same_outputs()
+    assert copies == [14]
 
 
 def test_adapters_in_the_gemm_compile_into_one_graph_per_layer() -> None:

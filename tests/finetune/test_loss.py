@@ -13,6 +13,7 @@ from tests.finetune.packed_rows import packed_batch
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.model import DeferredHead, forward_loss, forward_plan, load_model
+from gpucert.finetune.packing import RowLayout, row_layout
 from gpucert.finetune.tokenizer import load_tokenizer
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
@@ -63,13 +64,15 @@ def batch_for(vocab: int) -> dict[str, torch.Tensor]:
     return packed_batch(vocab, [[7, 12, 5], [20]], seed=1)
 
 
-def loss_and_grads(cfg: ModelConfig, tokenizer, batch) -> tuple[float, list[torch.Tensor]]:
+def loss_and_grads(
+    cfg: ModelConfig, tokenizer, batch, layout: RowLayout | None = None
+) -> tuple[float, list[torch.Tensor]]:
     torch.manual_seed(0)
     model, _ = load_model(cfg, LORA, tokenizer, torch.device("cpu"))
     for name, p in model.named_parameters():
         if "lora_B" in name:  # B starts at zero, which would hide A's gradient
             torch.nn.init.normal_(p, std=0.5)
-    loss, n = forward_loss(model, batch, cfg.attn_implementation)
+    loss, n = forward_loss(model, batch, cfg.attn_implementation, layout)
     (loss / n).backward()
     return float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
@@ -81,6 +84,23 @@ def test_a_model_with_the_fused_loss_trains_like_the_plain_head(tokenizer) -> No
     assert fused[0] == pytest.approx(plain[0], rel=1e-6)
     for a, b in zip(fused[1], plain[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("documents", [[[7, 12, 5], [20]], [[24], [24]]], ids=["packed", "one a row"])
+def test_the_host_s_row_layout_gives_the_same_loss_with_nothing_read_back(tokenizer, documents, monkeypatch) -> None:
+    # The trainer works each micro-batch's layout out from its host copy; the forward then reads nothing back from
+    # the GPU (no nonzero: the fused loss's read of its supervised positions came after the whole forward).
+    batch = packed_batch(len(tokenizer), documents, seed=1)
+    layout = row_layout(batch)
+    read_back = loss_and_grads(TINY, tokenizer, batch)
+    monkeypatch.setattr(torch.Tensor, "nonzero", lambda *_, **__: pytest.fail("the forward read the GPU back"))
+    from_host = loss_and_grads(TINY, tokenizer, batch, layout)
+    assert from_host[0] == read_back[0]
+    for a, b in zip(from_host[1], read_back[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # The layout is what the loss goes by: supervised positions of other labels give another loss.
+    other = replace(layout, supervised=layout.supervised[::2])
+    assert loss_and_grads(TINY, tokenizer, batch, other)[0] != pytest.approx(read_back[0], rel=1e-3)
 
 
 def test_the_fused_head_is_no_parameter_and_counts_stay(tokenizer) -> None:

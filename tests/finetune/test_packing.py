@@ -18,6 +18,7 @@ from gpucert.finetune.packing import (
     collate,
     flash_documents,
     pack,
+    row_layout,
 )
 from gpucert.finetune.sample_data import generate_rows
 from gpucert.finetune.template import IGNORE_INDEX, check_supervised, render
@@ -105,6 +106,28 @@ def test_flash_attention_gets_each_document_of_the_rows_laid_end_to_end() -> Non
     assert documents["max_length_q"] == documents["max_length_k"] == 4
     assert flash_documents(torch.arange(6).expand(2, 6)) == {}  # one document a row: plain causal kernels
     assert attention_mask_for(torch.tensor([[0, 1, 0]]), "flex_attention", torch.bfloat16) is None
+
+
+def test_a_row_layout_holds_what_the_forward_would_read_back_and_moves_as_one() -> None:
+    batch = collate(
+        [
+            {"input_ids": [5, 6, 7, 8, 9], "labels": [-100, 6, -100, 8, 9], "position_ids": [0, 1, 2, 0, 1]},
+            {"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "position_ids": [0, 1, 2]},
+        ],
+        pad_id=0,
+    )
+    layout = row_layout(batch)
+    assert not layout.single_documents
+    assert layout.documents["cu_seq_lens_q"].tolist() == [0, 3, 5, 8, 10]  # row 1: 3 tokens, then 2 of padding
+    assert layout.documents["max_length_q"] == 3
+    # Positions of rows without their last, laid end to end (4 a row), whose next label counts.
+    assert layout.supervised.tolist() == [0, 2, 3, 4, 5]
+    moved = layout.pin_memory() if torch.cuda.is_available() else layout
+    moved = moved.to(torch.device("cpu"), non_blocking=True)
+    assert moved.documents["cu_seq_lens_k"] is moved.documents["cu_seq_lens_q"]
+    assert moved.supervised.tolist() == layout.supervised.tolist()
+    single = row_layout({"input_ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.ones(2, 4, dtype=torch.long)})
+    assert single.single_documents and single.documents == {} and single.supervised.tolist() == list(range(6))
 
 
 def test_sdpa_gets_no_mask_only_when_every_row_is_one_whole_document() -> None:

@@ -21,6 +21,7 @@ import gpucert.report
 from gpucert.finetune import train as train_module
 from gpucert.finetune.checkpoint import find_latest, save_adapter
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
+from gpucert.finetune.fused import AInGemmLoraLinear, FusedProjections
 from gpucert.finetune.model import forward_loss, load_base_model, load_model
 from gpucert.finetune.packing import collate
 from gpucert.finetune.tokenizer import load_tokenizer
@@ -251,6 +252,35 @@ def test_each_step_gets_the_rows_the_previous_step_read_ahead(
     assert calls[-1][2] is None
     rows = [i for _, ids, _ in calls for micro in ids for i in micro]
     assert len(rows) > len(set(rows))  # rows came round again: the read-ahead crossed an epoch's end
+
+
+def test_the_frozen_gemms_carry_the_updated_adapters_after_every_step(
+    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 without LoRA dropout carries the adapters in the frozen GEMMs (finetune/fused.py). The trainer copies
+    them in right after each optimizer step, and the forwards then copy nothing: the fused AdamW the trainer runs on
+    a GPU (here on the CPU too) updates them without bumping a version counter, so only that copy keeps them."""
+    adamw = torch.optim.AdamW
+    monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **k: adamw(*a, **{**k, "fused": True}))
+    plain = train_module.train_step
+    checked = []
+
+    def checking(*args: Any) -> Any:
+        result = plain(*args)
+        carriers = [m for m in args[0].modules() if isinstance(m, FusedProjections | AInGemmLoraLinear)]
+        items = [item for m in carriers for item in m.refresh_items()]
+        assert len(items) == 2 * 7  # two layers of q/k/v, gate/up B and o, down A
+        for dst, src, scale in items:
+            torch.testing.assert_close(dst, (src * scale).to(dst.dtype), rtol=0, atol=0)
+        checked.append(len(items))
+        return result
+
+    monkeypatch.setattr(train_module, "train_step", checking)
+    cfg = tiny_run(tmp_path, max_steps=4)
+    m = run_finetune(replace(cfg, model=replace(cfg.model, dtype="bf16")))
+    assert "4 single projections with their A in the frozen GEMM" in m["model"]["fused_projections"]
+    assert len(checked) == 4
+    assert m["loss_history"][0] != m["loss_history"][-1]
 
 
 def test_saved_adapter_reloads_with_identical_outputs(tmp_path: Path, single_process: None) -> None:

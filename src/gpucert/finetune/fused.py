@@ -30,10 +30,11 @@ own block, zeros elsewhere), and the GEMM takes [x | x A^T]: one GEMM gives base
 (8,192 x 18,944 for gate and up) is written and read back, and its input-gradient GEMM gives dx and d(xA) at
 once; only dB = s dy^T (xA) reads dy again (`_AdapterInGemm`). The extra columns are refreshed from B, scaled
 and cast to bf16, before every forward of the model (a forward pre-hook, outside the compiled layers), so a
-step's forward and backward see the B the optimizer left. The projections outside the groups (o_proj, down_proj:
-`SINGLES`) carry their A the other way, as extra rows: x @ [W; A]^T gives the base output and xA at once, and
-the backward's [dy | d(xA)] @ [W; A] gives dx with the adapter's share (`_AInGemm`). Measured on the lent H100
-(docs/OPTIMIZATION.md).
+step's forward and backward see the B the optimizer left; the trainer refreshes right after its optimizer step
+instead, and the pre-hook then has nothing to copy (`refresh_adapters_in_gemm`). The projections outside the
+groups (o_proj, down_proj: `SINGLES`) carry their A the other way, as extra rows: x @ [W; A]^T gives the base
+output and xA at once, and the backward's [dy | d(xA)] @ [W; A] gives dx with the adapter's share (`_AInGemm`).
+Measured on the lent H100 (docs/OPTIMIZATION.md).
 
 Fused only in the architectures whose attention and MLP code is known to call every member, in order, on one
 tensor (Qwen2, Mistral, Llama: `ARCHITECTURES`), and where every member is a plain LoRA layer with one adapter,
@@ -460,19 +461,34 @@ def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion
     return done
 
 
-def refresh_adapters_in_gemm(model: nn.Module, *_: Any) -> None:
+# Left on a refreshed module by a settled refresh: each adapter copied and its version counter then.
+_SETTLED = "_gpucert_settled"
+
+
+def refresh_adapters_in_gemm(model: nn.Module, *_: Any, settled: bool = False) -> None:
     """Copy every group's B and every single projection's A into the extra columns and rows of their frozen
     matrices (a forward pre-hook; found by walking the model, not remembered, so a copied model refreshes its own).
     One small kernel each (196 for Qwen2-7B): replayed as one CUDA graph instead, a step ran 0.0-0.3 % faster,
-    inside the noise (lent H100, docs/OPTIMIZATION.md), so they stay eager."""
-    _copy_scaled(
-        [
-            item
-            for m in model.modules()
-            if isinstance(m, FusedProjections | AInGemmLoraLinear)
-            for item in m.refresh_items()
-        ]
-    )
+    inside the noise (lent H100, docs/OPTIMIZATION.md), so they stay eager.
+
+    `settled`: the trainer's call right after its optimizer step, while the GPU still runs the step. It copies, and
+    from then on the pre-hook copies only when an adapter's version counter moved (a checkpoint's load, an
+    optimizer that bumps it). Done by the pre-hook at each forward's start, the walk over ~2,400 modules and the
+    launches took ~3 ms of host time at each step's start with the GPU idle (round eight). Only the trainer settles:
+    torch's fused AdamW updates parameters without bumping their versions, so a loop of one's own, which never
+    settles, keeps the copy at every forward. A change through `.data` bumps no version either."""
+    seen = model.__dict__.get(_SETTLED)
+    if not settled and seen is not None and all(src._version == version for src, version in seen):
+        return
+    items = [
+        item
+        for m in model.modules()
+        if isinstance(m, FusedProjections | AInGemmLoraLinear)
+        for item in m.refresh_items()
+    ]
+    _copy_scaled(items)
+    if settled or seen is not None:
+        model.__dict__[_SETTLED] = [(src, src._version) for _, src, _ in items]
 
 
 def _copy_scaled(items: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:

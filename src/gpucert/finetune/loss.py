@@ -31,8 +31,8 @@ from gpucert.finetune.fp8 import (
     power_of_two_scale,
     quantize_rows,
 )
+from gpucert.finetune.packing import supervised_positions
 
-IGNORE_INDEX = -100
 # Tokens per chunk: 1024 x 152k fp32 logits is 0.6 GB, and a 1024-row matmul still runs at full speed.
 CHUNK_TOKENS = 1024
 
@@ -164,18 +164,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor | Fp8FrozenLinear, labels: torch.Tensor, chunk: int = CHUNK_TOKENS
+    hidden: torch.Tensor,
+    weight: torch.Tensor | Fp8FrozenLinear,
+    labels: torch.Tensor,
+    chunk: int = CHUNK_TOKENS,
+    supervised: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Σ cross-entropy(hidden[i] @ weight.T, labels[i+1]) over positions whose next label is not IGNORE_INDEX.
 
     hidden [b, s, d] (the final norm's output), weight [V, d] (lm_head, frozen; or the head in FP8, its
     Fp8FrozenLinear), labels [b, s] unshifted: the label of position t is predicted from position t-1, as in a
-    causal LM's loss.
+    causal LM's loss. `supervised`: those positions (`packing.supervised_positions` of the labels) when the host
+    worked them out already; else found here, which waits for the GPU to finish the forward.
     """
     if isinstance(weight, torch.Tensor) and weight.requires_grad:
         raise ValueError("linear_cross_entropy: expected a frozen lm_head weight; a trained head needs the plain loss")
     states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     targets = labels[:, 1:].reshape(-1)
-    keep = (targets != IGNORE_INDEX).nonzero().squeeze(1)
+    keep = supervised_positions(labels) if supervised is None else supervised
     # Unlabelled positions (prompts, tool outputs, padding) never reach the head.
     return _LinearCrossEntropy.apply(states.index_select(0, keep), weight, targets.index_select(0, keep), chunk)

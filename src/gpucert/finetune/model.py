@@ -15,9 +15,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 from gpucert.finetune import flash
 from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies
 from gpucert.finetune.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
-from gpucert.finetune.fused import fuse_projections
+from gpucert.finetune.fused import fuse_projections, refresh_adapters_in_gemm
 from gpucert.finetune.hub import pretrained_source
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
-from gpucert.finetune.packing import attention_mask_for, flash_documents
+from gpucert.finetune.packing import RowLayout, attention_mask_for, flash_documents
 from gpucert.finetune.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -98,6 +99,10 @@ class ForwardPlan:
     # (model.fp8_head); None: plain head. Plain tensors, not parameters: neither DDP nor FSDP2 sees them, so
     # FSDP2 does not shard them.
     head_weight: torch.Tensor | Fp8FrozenLinear | None = None
+    # Copies the adapters into the frozen GEMMs' extra columns and rows, settled (fused.refresh_adapters_in_gemm
+    # on the module whose pre-hook copies them), for the trainer to call right after every optimizer step; None:
+    # no adapter rides in a frozen GEMM.
+    refresh_adapters: Callable[[], None] | None = None
 
 
 class DeferredHead(nn.Module):
@@ -291,10 +296,14 @@ def load_model(
     )
     del params  # it would keep each fused member's own weight alive beside the stacked copy until load_model returns
     fused = "off"
+    refresh: Callable[[], None] | None = None
     if model_cfg.fuse_projections:
         # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
         in_gemm = adapters_in_gemm_applies(model_cfg, lora_cfg, sharded)
-        fused = fuse_projections(base, adapters_in_gemm=in_gemm).summary()
+        fusion = fuse_projections(base, adapters_in_gemm=in_gemm)
+        fused = fusion.summary()
+        if fusion.in_gemm or fusion.a_in_gemm:
+            refresh = partial(refresh_adapters_in_gemm, base, settled=True)
     info = ModelInfo(**counts, fused_projections=fused, **shape)
     autocast_dtype = None
     if model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16):
@@ -321,7 +330,7 @@ def load_model(
             inductor_config.coordinate_descent_tuning = model_cfg.compile_tuning
         for layer in decoder_layers(base):
             layer.compile()
-    plan = ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None, head_weight)
+    plan = ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None, head_weight, refresh)
     setattr(model, PLAN_ATTRIBUTE, plan)
     return model, info
 
@@ -344,8 +353,12 @@ def supervised_count(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != IGNORE_INDEX).sum()
 
 
-def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the token cross-entropies over supervised tokens, their count), the sum computed in fp32."""
+def forward_loss(
+    model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: str, layout: RowLayout | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the token cross-entropies over supervised tokens, their count), the sum computed in fp32.
+    `layout`: the rows' RowLayout on the batch's device, when the host worked it out from its copy (the trainer's
+    step); else each fact is read from the batch where it is needed, which waits for the GPU each time."""
     plan = forward_plan(model)
     position_ids = batch.get("position_ids")
     if position_ids is None:
@@ -356,8 +369,11 @@ def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: st
     # Packed rows stay document-masked: SDPA gets the boolean block-causal mask, eager its additive form (fp32:
     # bf16 scores are promoted to it), flex attention none (transformers reads document starts from position_ids),
     # flash attention the documents' boundaries for its varlen kernels.
-    mask = attention_mask_for(position_ids, attn_impl, torch.float32)
-    documents = flash_documents(position_ids) if attn_impl.startswith("flash_attention") else {}
+    single = layout.single_documents if layout is not None else None
+    mask = attention_mask_for(position_ids, attn_impl, torch.float32, single)
+    documents: dict[str, Any] = {}
+    if attn_impl.startswith("flash_attention"):
+        documents = layout.documents if layout is not None else flash_documents(position_ids)
     device = batch["input_ids"].device
     autocast = torch.autocast(device.type, dtype=plan.autocast_dtype) if plan.autocast_dtype else nullcontext()
     with autocast:
@@ -365,7 +381,8 @@ def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], attn_impl: st
             input_ids=batch["input_ids"], position_ids=position_ids, attention_mask=mask, use_cache=False, **documents
         )
         if plan.head_weight is not None:
-            loss_sum = linear_cross_entropy(out.logits, plan.head_weight, batch["labels"])
+            supervised = layout.supervised if layout is not None else None
+            loss_sum = linear_cross_entropy(out.logits, plan.head_weight, batch["labels"], supervised=supervised)
             return loss_sum, supervised_count(batch["labels"])
     logits = out.logits[:, :-1]
     if logits.dtype in (torch.float16, torch.bfloat16):

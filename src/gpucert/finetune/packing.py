@@ -145,21 +145,82 @@ def flash_documents(position_ids: torch.Tensor) -> dict[str, Any]:
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
+def single_documents(position_ids: torch.Tensor) -> bool:
+    """Whether every row is one unpadded document (positions 0, 1, 2, ... to its end): plain causal attention."""
+    single = torch.arange(position_ids.shape[1], device=position_ids.device)
+    return bool((position_ids == single).all())
+
+
+def supervised_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Indices into the rows' positions laid end to end, without each row's last ([b x (s - 1)]), of those whose
+    next token has a label: the hidden states the fused loss sends through the head."""
+    return (labels[:, 1:].reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """What a micro-batch's forward needs to know about its rows' structure: the shape-deciding facts (is each row
+    one document, where do documents start, which positions are supervised).
+
+    Worked out from the collated rows on the host (`row_layout` of the CPU batch, in the step's read-ahead), the
+    forward never reads the GPU's copy back. Each such read (a `nonzero`, an `.all()`, an `int()`) waits until the
+    GPU has run everything queued before it, then leaves the GPU idle while the host launches what follows: the
+    fused loss's read came after the whole forward (docs/OPTIMIZATION.md, round eight)."""
+
+    single_documents: bool
+    # flash_documents of the rows: their cu_seq_lens and longest document; {} when each row is one document.
+    documents: dict[str, Any]
+    supervised: torch.Tensor  # supervised_positions of the labels (int64)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> RowLayout:
+        def move(v: Any) -> Any:
+            return v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+
+        # cu_seq_lens_q and _k are one tensor: moved once, still one.
+        moved = {id(v): move(v) for v in self.documents.values()}
+        return RowLayout(
+            self.single_documents,
+            {k: moved[id(v)] for k, v in self.documents.items()},
+            move(self.supervised),
+        )
+
+    def pin_memory(self) -> RowLayout:
+        pinned = {id(v): v.pin_memory() for v in self.documents.values() if isinstance(v, torch.Tensor)}
+        return RowLayout(
+            self.single_documents,
+            {k: pinned.get(id(v), v) for k, v in self.documents.items()},
+            self.supervised.pin_memory(),
+        )
+
+
+def row_layout(batch: dict[str, torch.Tensor]) -> RowLayout:
+    """The RowLayout of a collated batch, on the batch's device (the host's, to keep the forward free of reads
+    back; a batch with no position_ids is one document a row)."""
+    position_ids = batch.get("position_ids")
+    if position_ids is None:
+        input_ids = batch["input_ids"]
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return RowLayout(
+        single_documents(position_ids), flash_documents(position_ids), supervised_positions(batch["labels"])
+    )
+
+
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask as the 0 / most-negative float bias that eager attention adds to its scores."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def attention_mask_for(position_ids: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
+def attention_mask_for(
+    position_ids: torch.Tensor, attn_implementation: str, dtype: torch.dtype, single: bool | None = None
+) -> torch.Tensor | None:
     """The `attention_mask` to pass with packed rows: the 4-D boolean mask for "sdpa", its additive form for
     "eager". None for flash attention (its varlen kernels get the documents from `flash_documents`), flex
     attention (transformers builds a document block mask that skips empty blocks from position_ids), and SDPA when
     every row is a single unpadded document (plain causal attention, which runs SDPA's flash kernel instead of a
-    masked one)."""
+    masked one). `single`: that fact when the host already knows it (RowLayout), else read from position_ids."""
     if attn_implementation.startswith("flash_attention") or attn_implementation == "flex_attention":
         return None
-    single = torch.arange(position_ids.shape[1], device=position_ids.device)
-    if attn_implementation == "sdpa" and bool((position_ids == single).all()):
+    if attn_implementation == "sdpa" and (single_documents(position_ids) if single is None else single):
         return None
     mask = block_causal_mask(position_ids)
     if attn_implementation == "eager":
