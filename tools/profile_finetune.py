@@ -16,11 +16,16 @@ shape's device time and TFLOP/s. TORCHINDUCTOR_CUDAGRAPHS=1 (inductor's own swit
 compiled layers): each step is first marked as a new iteration of inductor's cudagraph trees, which they need to
 know when last step's graph outputs may be overwritten. GC=off: Python's cyclic garbage collector disabled for
 the run (to measure what its pauses cost a step); GC_STATS=1: each step's collections (count and milliseconds by
-generation) printed after it. All are read here, never by gpucert itself.
+generation) printed after it. HOST_LAYOUT=0: the step as before round eight (docs/OPTIMIZATION.md), to measure
+that lever in one call: each micro-batch's row layout read back from the GPU where it is needed (the fused
+loss's supervised positions after the forward, flash attention's documents before it), and the adapters in the
+frozen GEMMs copied by the forward's pre-hook at every forward, not right after the optimizer step. All are read
+here, never by gpucert itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -203,6 +208,20 @@ def choose_sdpa_backend(name: str) -> None:
         enable(backend == name)
 
 
+def before_round_eight() -> None:
+    """HOST_LAYOUT=0 (module docstring)."""
+    forward_loss, forward_plan = train_module.forward_loss, train_module.forward_plan
+
+    def forward_loss_reading_back(model: Any, batch: Any, attn_impl: str, layout: Any = None) -> Any:
+        return forward_loss(model, batch, attn_impl)
+
+    def plan_without_refresh(model: Any) -> Any:
+        return dataclasses.replace(forward_plan(model), refresh_adapters=None)
+
+    train_module.forward_loss = forward_loss_reading_back
+    train_module.forward_plan = plan_without_refresh
+
+
 def main() -> int:
     if os.environ.get("SDPA_BACKEND"):
         choose_sdpa_backend(os.environ["SDPA_BACKEND"])
@@ -211,6 +230,8 @@ def main() -> int:
     plain_step = train_module.train_step
     calls = {"n": 0}
 
+    if os.environ.get("HOST_LAYOUT") == "0":
+        before_round_eight()
     if os.environ.get("GC") == "off":
         gc.disable()
     gc_stats = os.environ.get("GC_STATS") == "1"
