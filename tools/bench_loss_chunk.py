@@ -1,0 +1,167 @@
+"""Issue 13 lever, measured before it is built: the fused loss's per-chunk softmax kernel.
+
+Each 1,024-token chunk of the fused loss (finetune/loss.py) runs the head's GEMM, then one compiled kernel that
+reads the chunk's bf16 logits (1,024 x 152,064, 311 MB) and writes their gradient softmax - one_hot (311 MB), then
+the input-gradient GEMM. Profiled at micro-batch 3 (round eight), that kernel took 0.64 ms a chunk, 7.6 ms a
+step: 1.5 TB/s if it reads the logits twice, far from the 3.35 TB/s the H100 has. A Triton kernel of two passes
+over each row (the max and the sum of exponentials together, online; then the gradient) moves the same 933 MB.
+
+Times, over 50 calls after 10, at 1,024 and 2,048 rows:
+- compiled: finetune/loss.py's `_compiled_chunk` as the trainer runs it (dynamic shapes, coordinate-descent
+  tuning on);
+- triton: the two-pass kernel below, its gradient in a new tensor;
+- triton-in-place: the same, its gradient written over the logits (which nothing reads after it).
+Prints JSON: each one's milliseconds, the bandwidth of 2 reads and 1 write, and its loss and gradient against an
+fp64 reference. Run on the GPU: python tools/bench_loss_chunk.py. Not part of gpucert. With TRITON_INTERPRET=1 the
+kernel runs on the CPU (a small vocabulary, correctness only): python tools/bench_loss_chunk.py --check.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+VOCAB = 152_064
+
+
+@triton.jit
+def _softmax_ce_rows(
+    logits_ptr,
+    targets_ptr,
+    grad_ptr,
+    loss_ptr,
+    vocab: tl.constexpr,  # one compile a vocabulary: the loops know their trip count
+    stride_logits,
+    stride_grad,
+    BLOCK: tl.constexpr,
+):
+    """One row a program: loss[row] = lse - x[t] (fp32), grad[row] = softmax(x) - one_hot(t) in grad's dtype."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = logits_ptr + row * stride_logits
+    target = tl.load(targets_ptr + row)
+    cols = tl.arange(0, BLOCK)
+    # Pass 1: the running maximum and the sum of exponentials below it, rescaled as the maximum grows.
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
+        new_top = tl.maximum(top, x)
+        total = total * tl.exp(top - new_top) + tl.exp(x - new_top)
+        total = tl.where(new_top == float("-inf"), 0.0, total)
+        top = new_top
+    row_top = tl.max(top, 0)
+    lse = row_top + tl.log(tl.sum(total * tl.exp(top - row_top), 0))
+    x_t = tl.load(x_row + target).to(tl.float32)
+    tl.store(loss_ptr + row, lse - x_t)
+    # Pass 2: the gradient (the row is read again, mostly from L2).
+    g_row = grad_ptr + row * stride_grad
+    for start in range(0, vocab, BLOCK):
+        mask = start + cols < vocab
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse) - tl.where(start + cols == target, 1.0, 0.0)
+        tl.store(g_row + start + cols, g.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_chunk(
+    logits: torch.Tensor, targets: torch.Tensor, in_place: bool = False, block: int = 4096, warps: int = 8
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ lse - logit_t in fp32, softmax - one_hot(t) in the logits' dtype), as `_chunk_loss_and_grad`."""
+    rows, vocab = logits.shape
+    grad = logits if in_place else torch.empty_like(logits)
+    loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    _softmax_ce_rows[(rows,)](
+        logits, targets, grad, loss, vocab, logits.stride(0), grad.stride(0), BLOCK=block, num_warps=warps
+    )
+    return loss.sum(), grad
+
+
+def reference(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = logits.double()
+    lse = torch.logsumexp(x, dim=-1)
+    loss = (lse - x.gather(1, targets[:, None]).squeeze(1)).sum()
+    grad = torch.exp(x - lse[:, None])
+    grad[torch.arange(len(targets)), targets] -= 1
+    return loss, grad
+
+
+def errors(found: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+    loss, grad = found
+    return {
+        "loss_rel": abs(float(loss) - float(ref[0])) / abs(float(ref[0])),
+        "grad_max_abs": float((grad.double() - ref[1]).abs().max()),
+    }
+
+
+def inputs(rows: int, vocab: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(0)
+    # Logits of a trained head's scale (a few units), targets anywhere in the vocabulary.
+    logits = (3 * torch.randn(rows, vocab, generator=g, device=device)).to(torch.bfloat16)
+    targets = torch.randint(0, vocab, (rows,), generator=g, device=device)
+    return logits, targets
+
+
+def check_on_cpu() -> None:
+    """TRITON_INTERPRET=1: the kernel on CPU tensors against the fp64 reference, at a vocabulary not a multiple of
+    the block, with a target in the last, partial block."""
+    logits, targets = inputs(6, 1000, "cpu")
+    targets[0] = 999
+    for in_place in (False, True):
+        ref = reference(logits, targets)
+        found = triton_chunk(logits.clone(), targets, in_place=in_place, block=256, warps=1)
+        print(json.dumps({"in_place": in_place, **errors(found, ref)}))
+        # The interpreter's cast to bf16 truncates (the GPU's rounds to nearest): one bf16 step at 1, not half.
+        assert errors(found, ref)["loss_rel"] < 1e-5 and errors(found, ref)["grad_max_abs"] < 4e-3
+
+
+def time_ms(fn, calls: int = 50, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def bench_rows(rows: int) -> dict[str, dict[str, float]]:
+    from gpucert.finetune.loss import _compiled_chunk
+
+    logits, targets = inputs(rows, VOCAB, "cuda")
+    ref = reference(logits, targets)
+    moved = 3 * logits.numel() * logits.element_size()  # read twice, written once
+    variants = {
+        "compiled": lambda: _compiled_chunk(logits, targets, torch.float32),
+        "triton": lambda: triton_chunk(logits, targets),
+        "triton-in-place": lambda: triton_chunk(logits.clone(), targets, in_place=True),
+    }
+    result = {}
+    for name, fn in variants.items():
+        found = fn()
+        ms = time_ms(fn)
+        if name == "triton-in-place":  # less the clone that keeps the input for the next call
+            ms -= time_ms(lambda: logits.clone())
+        result[name] = {"ms": ms, "tb_per_s": moved / ms / 1e9, **errors(found, ref)}
+    for block, warps in ((2048, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)):
+        ms = time_ms(lambda block=block, warps=warps: triton_chunk(logits, targets, block=block, warps=warps))
+        result[f"triton block {block} warps {warps}"] = {"ms": ms, "tb_per_s": moved / ms / 1e9}
+    return result
+
+
+def main() -> None:
+    import torch._inductor.config as inductor_config
+
+    inductor_config.coordinate_descent_tuning = True  # as the trainer sets it (model.compile_tuning)
+    out: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for rows in (1024, 2048):
+        out[f"rows_{rows}"] = bench_rows(rows)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    check_on_cpu() if "--check" in sys.argv else main()
