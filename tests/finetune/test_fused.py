@@ -304,6 +304,32 @@ def test_a_settled_refresh_leaves_the_forwards_nothing_to_copy_until_an_adapter_
     assert_same_outputs()
     assert copies == [14]
 
+    # New storage through `.data` and another Parameter in an adapter's place bump no version: both are seen.
+    def new_storage(model: nn.Module) -> None:
+        a = decoder_layers(model)[0].mlp.down_proj.lora_A["default"].weight
+        a.data = torch.randn_like(a)
+
+    def new_parameter(model: nn.Module) -> None:
+        b = decoder_layers(model)[1].self_attn.k_proj.lora_B["default"]
+        b.weight = nn.Parameter(torch.randn_like(b.weight))
+
+    for change in (new_storage, new_parameter):
+        torch.manual_seed(1)
+        change(plain)
+        torch.manual_seed(1)
+        change(fused)
+        refresh_adapters_in_gemm(fused, settled=True)
+        copies.clear()
+        loss_and_grads(fused)
+        assert copies == []
+        torch.manual_seed(2)
+        change(plain)
+        torch.manual_seed(2)
+        change(fused)
+        copies.clear()
+        assert_same_outputs()
+        assert copies == [14]
+
 
 def test_adapters_in_the_gemm_compile_into_one_graph_per_layer() -> None:
     plain = peft_model()
