@@ -19,8 +19,9 @@ the run (to measure what its pauses cost a step); GC_STATS=1: each step's collec
 generation) printed after it. HOST_LAYOUT=0: the step as before round eight (docs/OPTIMIZATION.md), to measure
 that lever in one call: each micro-batch's row layout read back from the GPU where it is needed (the fused
 loss's supervised positions after the forward, flash attention's documents before it), and the adapters in the
-frozen GEMMs copied by the forward's pre-hook at every forward, not right after the optimizer step. All are read
-here, never by gpucert itself.
+frozen GEMMs copied by the forward's pre-hook at every forward, not right after the optimizer step.
+LOSS_KERNEL=compiled: the fused loss's chunks run the compiled function, not the Triton kernel (round nine). All
+are read here, never by gpucert itself.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import gpucert.finetune.loss as loss_module
 import gpucert.finetune.train as train_module
 from gpucert.finetune.packing import RowLayout
 
@@ -238,6 +240,8 @@ def main() -> int:
 
     if os.environ.get("HOST_LAYOUT") == "0":
         before_round_eight()
+    if os.environ.get("LOSS_KERNEL") == "compiled":
+        loss_module.TRITON_CHUNK = False
     if os.environ.get("GC") == "off":
         gc.disable()
     gc_stats = os.environ.get("GC_STATS") == "1"

@@ -165,11 +165,22 @@ def test_a_killed_rank_ends_both_nodes_over_nccl(tmp_path: Path) -> None:
     print(f"both nodes ended {time.monotonic() - killed:.1f} s after the kill")
 
 
-def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16() -> None:
-    """The fused head's compiled chunk (CUDA only) against full logits and autograd, in the model's bf16."""
+@pytest.mark.parametrize("triton_chunk", [True, False], ids=["triton-kernel", "compiled"])
+def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16(
+    triton_chunk: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused head's chunk on CUDA, the Triton kernel (ce_kernel.py) or the compiled function, against full
+    logits and autograd, in the model's bf16."""
     import torch.nn.functional as F
 
+    from gpucert.finetune import ce_kernel
+    from gpucert.finetune import loss as loss_module
     from gpucert.finetune.loss import linear_cross_entropy
+
+    monkeypatch.setattr(loss_module, "TRITON_CHUNK", triton_chunk)
+    launched = []
+    kernel = ce_kernel.chunk_loss_and_grad
+    monkeypatch.setattr(ce_kernel, "chunk_loss_and_grad", lambda *a: (launched.append(1), kernel(*a))[1])
 
     g = torch.Generator(device="cuda").manual_seed(0)
     hidden = torch.randn(2, 1537, 256, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
@@ -183,6 +194,36 @@ def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16() -> None:
     (grad_plain,) = torch.autograd.grad(plain, hidden)
     torch.testing.assert_close(fused.float(), plain, rtol=1e-5, atol=0)
     torch.testing.assert_close(grad_fused.float(), grad_plain.float(), rtol=2e-2, atol=1e-3)
+    assert len(launched) == (3 if triton_chunk else 0)  # 2 x 1536 supervised positions less 100: 3 chunks
+
+
+@pytest.mark.parametrize("rows", [1024, 37])
+def test_the_triton_loss_kernel_is_as_close_to_fp64_as_the_compiled_chunk(rows: int) -> None:
+    """ce_kernel at the 7B's 152,064-entry vocabulary: its loss and gradient against fp64, no further off than
+    the compiled function's it replaces, and the same bits on a second call."""
+    from gpucert.finetune import ce_kernel
+    from gpucert.finetune.loss import _chunk_loss_and_grad, _compiled_chunk
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    logits = (3 * torch.randn(rows, 152_064, device="cuda", generator=g)).to(torch.bfloat16)
+    targets = torch.randint(0, 152_064, (rows,), device="cuda", generator=g)
+    targets[0] = 152_063
+    want_loss, want_grad = _chunk_loss_and_grad(logits.double(), targets, torch.float64)
+    assert ce_kernel.fits(logits, torch.float32)
+    found = ce_kernel.chunk_loss_and_grad(logits.clone(), targets)
+    again = ce_kernel.chunk_loss_and_grad(logits.clone(), targets)
+    compiled = _compiled_chunk(logits, targets, torch.float32)
+    for name, (loss, grad) in (("triton", found), ("compiled", compiled)):
+        print(
+            f"{name}: loss off fp64 {abs(float(loss) / float(want_loss) - 1):.1e}, "
+            f"gradient {float((grad.double() - want_grad).abs().max()):.1e}"
+        )
+    assert abs(float(found[0]) / float(want_loss) - 1) < 1e-6
+    # Rounded to nearest in bf16 as the compiled function rounds: within half a step at 1 (2^-8) of fp64.
+    assert float((found[1].double() - want_grad).abs().max()) <= max(
+        2**-8, float((compiled[1].double() - want_grad).abs().max())
+    )
+    assert torch.equal(found[0], again[0]) and torch.equal(found[1], again[1])
 
 
 def assert_as_close_to_fp32(reference: Any, baseline: Any, found: Any, what: str) -> None:
