@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from tests.finetune.packed_rows import packed_batch
 
 from gpucert.finetune import flash
+from gpucert.finetune import model as model_module
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.model import forward_loss, load_base_model
+from gpucert.finetune.packing import row_layout
 from gpucert.finetune.tokenizer import load_tokenizer
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
@@ -59,11 +61,11 @@ def tokenizer():
     return load_tokenizer(TINY, DataConfig())
 
 
-def loss_of(attn: str, batch: dict[str, torch.Tensor], tokenizer) -> tuple[float, torch.Tensor]:
+def loss_of(attn: str, batch: dict[str, torch.Tensor], tokenizer, layout=None) -> tuple[float, torch.Tensor]:
     model = load_base_model(replace(TINY, attn_implementation=attn), len(tokenizer), torch.device("cpu"))
     embed = model.get_input_embeddings().weight
     embed.requires_grad_(True)
-    loss, n = forward_loss(model, batch, attn)
+    loss, n = forward_loss(model, batch, attn, layout)
     (loss / n).backward()
     return float(loss.detach()), embed.grad
 
@@ -79,6 +81,17 @@ def test_the_flash_attention_3_path_trains_as_sdpa_with_its_masks(documents, tok
     expected = loss_of("sdpa", batch, tokenizer)
     assert found[0] == pytest.approx(expected[0], rel=1e-6)
     torch.testing.assert_close(found[1], expected[1], rtol=1e-4, atol=2e-5 * float(expected[1].abs().max()))
+
+
+def test_the_documents_come_from_the_host_s_row_layout(tokenizer, kernels, monkeypatch) -> None:
+    # The trainer's step passes each micro-batch's layout, worked out from its host copy: the forward then finds
+    # no documents in the GPU's position_ids (which waits for the GPU), and gives the same loss and gradients.
+    batch = packed_batch(len(tokenizer), [[5, 6, 5], [10]], seed=3)
+    expected = loss_of("flash_attention_3", batch, tokenizer)
+    monkeypatch.setattr(model_module, "flash_documents", lambda *_: pytest.fail("documents read from the GPU"))
+    found = loss_of("flash_attention_3", batch, tokenizer, row_layout(batch))
+    assert found[0] == expected[0]
+    torch.testing.assert_close(found[1], expected[1], rtol=0, atol=0)
 
 
 def test_the_model_is_built_with_gpucerts_attention(tokenizer) -> None:

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from tests.finetune.packed_rows import packed_batch
 
+from gpucert.finetune import loss as loss_module
+from gpucert.finetune import packing as packing_module
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.model import DeferredHead, forward_loss, forward_plan, load_model
@@ -94,6 +96,9 @@ def test_the_host_s_row_layout_gives_the_same_loss_with_nothing_read_back(tokeni
     layout = row_layout(batch)
     read_back = loss_and_grads(TINY, tokenizer, batch)
     monkeypatch.setattr(torch.Tensor, "nonzero", lambda *_, **__: pytest.fail("the forward read the GPU back"))
+    # Nor works a fact out again from the batch: SDPA's one-document check (an .all()), the supervised positions.
+    for module, name in ((packing_module, "single_documents"), (loss_module, "supervised_positions")):
+        monkeypatch.setattr(module, name, lambda *_, name=name: pytest.fail(f"{name} read from the GPU's batch"))
     from_host = loss_and_grads(TINY, tokenizer, batch, layout)
     assert from_host[0] == read_back[0]
     for a, b in zip(from_host[1], read_back[1], strict=True):
