@@ -1,18 +1,20 @@
-"""Issue 13 lever, measured before it is built: the fused loss's per-chunk softmax kernel.
+"""Issue 13, round nine: the fused loss's per-chunk softmax kernel, measured before it was built into the loss.
 
 Each 1,024-token chunk of the fused loss (finetune/loss.py) runs the head's GEMM, then one compiled kernel that
 reads the chunk's bf16 logits (1,024 x 152,064, 311 MB) and writes their gradient softmax - one_hot (311 MB), then
 the input-gradient GEMM. Profiled at micro-batch 3 (round eight), that kernel took 0.64 ms a chunk, 7.6 ms a
-step: 1.5 TB/s if it reads the logits twice, far from the 3.35 TB/s the H100 has. A Triton kernel of two passes
-over each row (the max and the sum of exponentials together, online; then the gradient) moves the same 933 MB.
+step: 1.5 TB/s if it reads the logits twice, far from the 3.35 TB/s the H100 has. finetune/ce_kernel.py's Triton
+kernel of two passes over each row (the max and the sum of exponentials together, online; then the gradient)
+moves the same 933 MB; the loss now runs it on CUDA.
 
 Times, over 50 calls after 10, at 1,024 and 2,048 rows:
 - compiled: finetune/loss.py's `_compiled_chunk` as the trainer runs it (dynamic shapes, coordinate-descent
   tuning on);
-- triton: the two-pass kernel below, its gradient in a new tensor;
-- triton-in-place: the same, its gradient written over the logits (which nothing reads after it).
+- triton: ce_kernel's kernel, its gradient in a new tensor;
+- triton-in-place: the same, its gradient written over the logits (which nothing reads after it), as the loss
+  runs it.
 Prints JSON: each one's milliseconds, the bandwidth of 2 reads and 1 write, and its loss and gradient against an
-fp64 reference. Run on the GPU: python tools/bench_loss_chunk.py. Not part of gpucert. With TRITON_INTERPRET=1 (set
+fp64 reference. Run on the GPU: python tools/bench_loss_chunk.py. With TRITON_INTERPRET=1 (set
 by --check) the kernel runs on the CPU, at a small vocabulary, for correctness only: python tools/bench_loss_chunk.py
 --check.
 """
@@ -27,52 +29,14 @@ if "--check" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is imported
 
 import torch
-import triton
-import triton.language as tl
+
+from gpucert.finetune.ce_kernel import WARPS, _softmax_ce_rows
 
 VOCAB = 152_064
 
 
-@triton.jit
-def _softmax_ce_rows(
-    logits_ptr,
-    targets_ptr,
-    grad_ptr,
-    loss_ptr,
-    vocab: tl.constexpr,  # one compile a vocabulary: the loops know their trip count
-    stride_logits,
-    stride_grad,
-    BLOCK: tl.constexpr,
-):
-    """One row a program: loss[row] = lse - x[t] (fp32), grad[row] = softmax(x) - one_hot(t) in grad's dtype."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = logits_ptr + row * stride_logits
-    target = tl.load(targets_ptr + row)
-    cols = tl.arange(0, BLOCK)
-    # Pass 1: the running maximum and the sum of exponentials below it, rescaled as the maximum grows.
-    top = tl.full([BLOCK], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, vocab, BLOCK):
-        x = tl.load(x_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
-        new_top = tl.maximum(top, x)
-        total = total * tl.exp(top - new_top) + tl.exp(x - new_top)
-        total = tl.where(new_top == float("-inf"), 0.0, total)
-        top = new_top
-    row_top = tl.max(top, 0)
-    lse = row_top + tl.log(tl.sum(total * tl.exp(top - row_top), 0))
-    x_t = tl.load(x_row + target).to(tl.float32)
-    tl.store(loss_ptr + row, lse - x_t)
-    # Pass 2: the gradient (the row is read again, mostly from L2).
-    g_row = grad_ptr + row * stride_grad
-    for start in range(0, vocab, BLOCK):
-        mask = start + cols < vocab
-        x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.exp(x - lse) - tl.where(start + cols == target, 1.0, 0.0)
-        tl.store(g_row + start + cols, g.to(grad_ptr.dtype.element_ty), mask=mask)
-
-
 def triton_chunk(
-    logits: torch.Tensor, targets: torch.Tensor, in_place: bool = False, block: int = 4096, warps: int = 8
+    logits: torch.Tensor, targets: torch.Tensor, in_place: bool = False, block: int = 4096, warps: int = WARPS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ lse - logit_t in fp32, softmax - one_hot(t) in the logits' dtype), as `_chunk_loss_and_grad`."""
     rows, vocab = logits.shape
