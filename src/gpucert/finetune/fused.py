@@ -475,10 +475,10 @@ def refresh_adapters_in_gemm(model: nn.Module, *_: Any, settled: bool = False) -
     from then on the pre-hook copies only when an adapter changed as far as it can see: another Parameter in its
     place, new storage (`.data = ...`) or a moved version counter (a checkpoint's load, an optimizer that bumps
     it). Done by the pre-hook at each forward's start, the walk over ~2,400 modules and the launches took ~3 ms of
-    host time at each step's start with the GPU idle (round eight). Only the trainer settles, and it steps the
-    optimizer only where it settles again: torch's fused AdamW, and a write through `.data`, update parameters in
-    place without bumping their versions, so a loop of one's own, which never settles, keeps the copy at every
-    forward."""
+    host time at each step's start with the GPU idle (round eight). Only the trainer settles, and it settles again
+    after each of its optimizer steps: torch's fused AdamW, like an in-place write into `.data` (`p.data.add_`),
+    changes a parameter without bumping its version, so a loop of one's own, which never settles, keeps the copy
+    at every forward."""
     seen = model.__dict__.get(_SETTLED)
     if not settled and seen is not None and all(map(_unchanged, seen)):
         return
