@@ -20,13 +20,14 @@ generation) printed after it. HOST_LAYOUT=0: the step as before round eight (doc
 that lever in one call: each micro-batch's row layout read back from the GPU where it is needed (the fused
 loss's supervised positions after the forward, flash attention's documents before it), and the adapters in the
 frozen GEMMs copied by the forward's pre-hook at every forward, not right after the optimizer step.
-LOSS_KERNEL=compiled: the fused loss's chunks run the compiled function, not the Triton kernel (round nine). All
-are read here, never by gpucert itself.
+LOSS_KERNEL=compiled: the fused loss's chunks run the compiled function, not the Triton kernel (round nine).
+LOSS_CHUNK=2048: the fused loss's chunk in tokens (1,024 in gpucert). All are read here, never by gpucert itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 import gpucert.finetune.loss as loss_module
+import gpucert.finetune.model as model_module
 import gpucert.finetune.train as train_module
 from gpucert.finetune.packing import RowLayout
 
@@ -242,6 +244,10 @@ def main() -> int:
         before_round_eight()
     if os.environ.get("LOSS_KERNEL") == "compiled":
         loss_module.TRITON_CHUNK = False
+    if os.environ.get("LOSS_CHUNK"):
+        model_module.linear_cross_entropy = functools.partial(
+            loss_module.linear_cross_entropy, chunk=int(os.environ["LOSS_CHUNK"])
+        )
     if os.environ.get("GC") == "off":
         gc.disable()
     gc_stats = os.environ.get("GC_STATS") == "1"
