@@ -8,7 +8,8 @@
 # (gigabytes). Usage: bash tools/device_finetune.sh PLAN
 # A plan line may put environment assignments before its options ("NAME 1 SDPA_BACKEND=cudnn --set ..."); a
 # line whose environment sets PROFILE_STEP, READ_AHEAD, TORCHINDUCTOR_CUDAGRAPHS, GC, GC_STATS, HOST_LAYOUT,
-# LOSS_KERNEL or LOSS_CHUNK runs tools/profile_finetune.py, and a profile's kernel table comes back as NAME.prof.txt.
+# LOSS_KERNEL, LOSS_CHUNK or ACT_BUDGET runs tools/profile_finetune.py, and a profile's kernel table comes back as
+# NAME.prof.txt.
 set -u
 plan=${1:?plan file}
 config=${CONFIG:-configs/finetune/qwen2-7b-speed.yaml}
@@ -31,7 +32,7 @@ while read -r name nproc args; do
   words=($args)
   while [ "${#words[@]}" -gt 0 ] && [[ "${words[0]}" == [A-Z]*=* ]]; do envs+=("${words[0]}"); words=("${words[@]:1}"); done
   entry=(-m gpucert.finetune.train)
-  [[ " ${envs[*]} " =~ \ (PROFILE_STEP|READ_AHEAD|TORCHINDUCTOR_CUDAGRAPHS|GC|GC_STATS|HOST_LAYOUT|LOSS_KERNEL|LOSS_CHUNK)= ]] && entry=(tools/profile_finetune.py)
+  [[ " ${envs[*]} " =~ \ (PROFILE_STEP|READ_AHEAD|TORCHINDUCTOR_CUDAGRAPHS|GC|GC_STATS|HOST_LAYOUT|LOSS_KERNEL|LOSS_CHUNK|ACT_BUDGET)= ]] && entry=(tools/profile_finetune.py)
   env "${envs[@]}" PROFILE_OUT="/tmp/results/$name.prof.txt" timeout "${RUN_TIMEOUT:-400}" \
     torchrun --standalone --nproc-per-node="$nproc" "${entry[@]}" \
     "$config" --output-dir "/tmp/runs/$name" "${words[@]}" > "/tmp/$name.log" 2>&1

@@ -21,7 +21,10 @@ that lever in one call: each micro-batch's row layout read back from the GPU whe
 loss's supervised positions after the forward, flash attention's documents before it), and the adapters in the
 frozen GEMMs copied by the forward's pre-hook at every forward, not right after the optimizer step.
 LOSS_KERNEL=compiled: the fused loss's chunks run the compiled function, not the Triton kernel (round nine).
-LOSS_CHUNK=2048: the fused loss's chunk in tokens (1,024 in gpucert). All are read here, never by gpucert itself.
+LOSS_CHUNK=2048: the fused loss's chunk in tokens (1,024 in gpucert). ACT_BUDGET=0.9: torch's
+activation_memory_budget for the compiled layers' partitioner (1.0, its default, in gpucert); below 1 it recomputes
+cheap activations in the backward instead of keeping them (SwiGLU's output, 12 GiB at micro-batch 3 of the 7B).
+All are read here, never by gpucert itself.
 """
 
 from __future__ import annotations
@@ -244,6 +247,10 @@ def main() -> int:
         before_round_eight()
     if os.environ.get("LOSS_KERNEL") == "compiled":
         loss_module.TRITON_CHUNK = False
+    if os.environ.get("ACT_BUDGET"):
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = float(os.environ["ACT_BUDGET"])
     if os.environ.get("LOSS_CHUNK"):
         model_module.linear_cross_entropy = functools.partial(
             loss_module.linear_cross_entropy, chunk=int(os.environ["LOSS_CHUNK"])
