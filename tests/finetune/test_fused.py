@@ -304,7 +304,7 @@ def test_a_settled_refresh_leaves_the_forwards_nothing_to_copy_until_an_adapter_
     assert_same_outputs()
     assert copies == [14]
 
-    # New storage through `.data` and another Parameter in an adapter's place bump no version: both are seen.
+    # New storage through `.data`, another Parameter or module in an adapter's place bump no version: each is seen.
     def new_storage(model: nn.Module) -> None:
         a = decoder_layers(model)[0].mlp.down_proj.lora_A["default"].weight
         a.data = torch.randn_like(a)
@@ -313,7 +313,14 @@ def test_a_settled_refresh_leaves_the_forwards_nothing_to_copy_until_an_adapter_
         b = decoder_layers(model)[1].self_attn.k_proj.lora_B["default"]
         b.weight = nn.Parameter(torch.randn_like(b.weight))
 
-    for change in (new_storage, new_parameter):
+    def new_module(model: nn.Module) -> None:
+        # As PEFT's update_layer builds them: a new Linear in the adapter's ModuleDict.
+        gate = decoder_layers(model)[0].mlp.gate_proj
+        old = gate.lora_B["default"]
+        gate.lora_B["default"] = nn.Linear(old.in_features, old.out_features, bias=False)
+        nn.init.normal_(gate.lora_B["default"].weight, std=0.1)
+
+    for change in (new_storage, new_parameter, new_module):
         torch.manual_seed(1)
         change(plain)
         torch.manual_seed(1)

@@ -242,16 +242,20 @@ class FusedProjections(nn.Module):
             )
         _copy_scaled(self.refresh_items())
 
-    def refresh_items(self) -> list[tuple[torch.Tensor, nn.Module, float]]:
-        """(block of an extended matrix, the member's B module, its scale) for each member's B, copied in by
+    def refresh_items(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        """(block of an extended matrix, the member's B, its scale) for each member's B, copied in by
         `refresh_adapters_in_gemm` before every forward."""
         items = []
         for j, extended in enumerate(self.extended):
             width = extended.shape[1] - sum(self.ranks)
             for i, (row0, row1, col0, col1, scale) in zip(self.block_members[j], self.blocks[j], strict=True):
-                b = self.members[i].lora_B[ADAPTER]
+                b = self.members[i].lora_B[ADAPTER].weight
                 items.append((extended[row0:row1, width + col0 : width + col1], b, scale))
         return items
+
+    def adapter_weights(self) -> list[torch.Tensor]:
+        """The Bs refresh_items copies, looked up as it looks them up, without slicing the extended matrices."""
+        return [self.members[i].lora_B[ADAPTER].weight for members in self.block_members for i in members]
 
     def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every member's output for input x, as PEFT's forward computes each (base + B(A(x)) * scaling)."""
@@ -324,9 +328,12 @@ class AInGemmLoraLinear(LoraLinear):
         a, b = _adapter_weight(self, "lora_A"), _adapter_weight(self, "lora_B")
         return _AInGemm.apply(x, self.gpucert_extended, self.base_layer.bias, a, b, float(self.scaling[ADAPTER]))
 
-    def refresh_items(self) -> list[tuple[torch.Tensor, nn.Module, float]]:
-        a = self.lora_A[ADAPTER]
-        return [(self.gpucert_extended[-_weight(a).shape[0] :], a, 1.0)]
+    def refresh_items(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        a = _adapter_weight(self, "lora_A")
+        return [(self.gpucert_extended[-a.shape[0] :], a, 1.0)]
+
+    def adapter_weights(self) -> list[torch.Tensor]:
+        return [_adapter_weight(self, "lora_A")]
 
     def merge(self, *args: Any, **kwargs: Any) -> None:
         # PEFT's merge may give the base layer a new weight tensor; the extended matrix would then be stale.
@@ -461,7 +468,8 @@ def fuse_projections(model: nn.Module, adapters_in_gemm: bool = False) -> Fusion
     return done
 
 
-# Left on a refreshed model by a settled refresh: what each adapter was when it was copied in.
+# Left on a refreshed model by a settled refresh: each carrier of adapters, and what its adapters were when they
+# were copied in.
 _SETTLED = "_gpucert_settled"
 
 
@@ -472,47 +480,39 @@ def refresh_adapters_in_gemm(model: nn.Module, *_: Any, settled: bool = False) -
     inside the noise (lent H100, docs/OPTIMIZATION.md), so they stay eager.
 
     `settled`: the trainer's call right after its optimizer step, while the GPU still runs the step. It copies, and
-    from then on the pre-hook copies only when an adapter changed as far as it can see: another Parameter in its
-    place, new storage (`.data = ...`) or a moved version counter (a checkpoint's load, an optimizer that bumps
-    it). Done by the pre-hook at each forward's start, the walk over ~2,400 modules and the launches took ~3 ms of
-    host time at each step's start with the GPU idle (round eight). Only the trainer settles, and it settles again
-    after each of its optimizer steps: torch's fused AdamW, like an in-place write into `.data` (`p.data.add_`),
-    changes a parameter without bumping its version, so a loop of one's own, which never settles, keeps the copy
-    at every forward."""
+    from then on the pre-hook copies only when an adapter changed as far as it can see. Each carrier (a fused group,
+    a projection with its A in the frozen GEMM) looks its adapters up again, through their modules, as the copy
+    does: another module or Parameter in an adapter's place, new storage (`.data = ...`) or a moved version counter
+    (a checkpoint's load, an optimizer that bumps it) each bring the copy back. Done by the pre-hook at each
+    forward's start, the walk over ~2,400 modules and the launches took ~3 ms of host time at each step's start
+    with the GPU idle (round eight). Only the trainer settles, and it settles again after each of its optimizer
+    steps: torch's fused AdamW, like an in-place write into `.data` (`p.data.add_`), changes a parameter without
+    bumping its version, so a loop of one's own, which never settles, keeps the copy at every forward."""
     seen = model.__dict__.get(_SETTLED)
-    if not settled and seen is not None and all(map(_unchanged, seen)):
+    if not settled and seen is not None and all(_unchanged(*record) for record in seen):
         return
-    items = [
-        item
-        for m in model.modules()
-        if isinstance(m, FusedProjections | AInGemmLoraLinear)
-        for item in m.refresh_items()
-    ]
-    _copy_scaled(items)
+    carriers = [m for m in model.modules() if isinstance(m, FusedProjections | AInGemmLoraLinear)]
+    _copy_scaled([item for carrier in carriers for item in carrier.refresh_items()])
     if settled or seen is not None:
-        model.__dict__[_SETTLED] = [(owner, _state(_weight(owner))) for _, owner, _ in items]
-
-
-def _weight(owner: nn.Module) -> torch.Tensor:
-    weight = owner.weight
-    assert isinstance(weight, torch.Tensor)
-    return weight
+        model.__dict__[_SETTLED] = [(c, [_state(w) for w in c.adapter_weights()]) for c in carriers]
 
 
 def _state(weight: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return weight, weight._version, weight.data_ptr()
 
 
-def _unchanged(record: tuple[nn.Module, tuple[torch.Tensor, int, int]]) -> bool:
-    owner, (weight, version, pointer) = record
-    live = owner._parameters["weight"]
-    return live is weight and weight._version == version and weight.data_ptr() == pointer
+def _unchanged(carrier: FusedProjections | AInGemmLoraLinear, states: list[tuple[torch.Tensor, int, int]]) -> bool:
+    live = carrier.adapter_weights()
+    return len(live) == len(states) and all(
+        w is seen and w._version == version and w.data_ptr() == pointer
+        for w, (seen, version, pointer) in zip(live, states, strict=False)
+    )
 
 
-def _copy_scaled(items: list[tuple[torch.Tensor, nn.Module, float]]) -> None:
+def _copy_scaled(items: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
     with torch.no_grad():
-        for dst, owner, scale in items:
-            torch.mul(_weight(owner), scale, out=dst)  # one kernel: scaled in the source's dtype, cast as it is stored
+        for dst, src, scale in items:
+            torch.mul(src, scale, out=dst)  # one kernel: scaled in the source's dtype, cast as it is stored
 
 
 def clear_pending(model: nn.Module) -> None:
