@@ -245,6 +245,8 @@ def main() -> int:
 
     if os.environ.get("HOST_LAYOUT") == "0":
         before_round_eight()
+    if os.environ.get("LOSS_KERNEL", "triton") not in ("triton", "compiled"):
+        raise SystemExit(f"LOSS_KERNEL: expected triton or compiled, found {os.environ['LOSS_KERNEL']!r}")
     if os.environ.get("LOSS_KERNEL") == "compiled":
         loss_module.TRITON_CHUNK = False
     if os.environ.get("ACT_BUDGET"):
