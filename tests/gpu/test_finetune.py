@@ -213,16 +213,17 @@ def test_the_triton_loss_kernel_is_as_close_to_fp64_as_the_compiled_chunk(rows: 
     found = ce_kernel.chunk_loss_and_grad(logits.clone(), targets)
     again = ce_kernel.chunk_loss_and_grad(logits.clone(), targets)
     compiled = _compiled_chunk(logits, targets, torch.float32)
-    for name, (loss, grad) in (("triton", found), ("compiled", compiled)):
-        print(
-            f"{name}: loss off fp64 {abs(float(loss) / float(want_loss) - 1):.1e}, "
-            f"gradient {float((grad.double() - want_grad).abs().max()):.1e}"
-        )
+    # Each entry against its own size: most of a row is ~1e-5, where an absolute bound sees nothing.
+    off = {
+        name: float(((grad.double() - want_grad).abs() / want_grad.abs()).max())
+        for name, (_, grad) in (("triton", found), ("compiled", compiled))
+    }
+    for name, (loss, _) in (("triton", found), ("compiled", compiled)):
+        print(f"{name}: loss off fp64 {abs(float(loss) / float(want_loss) - 1):.1e}, gradient {off[name]:.2e} of each")
     assert abs(float(found[0]) / float(want_loss) - 1) < 1e-6
-    # Rounded to nearest in bf16 as the compiled function rounds: within half a step at 1 (2^-8) of fp64.
-    assert float((found[1].double() - want_grad).abs().max()) <= max(
-        2**-8, float((compiled[1].double() - want_grad).abs().max())
-    )
+    # Rounded to nearest in bf16, as the compiled function rounds: within half a step (2^-8 of an entry's size),
+    # plus the fp32 softmax's own error (~1e-6).
+    assert off["triton"] <= 2**-8 + 1e-5
     assert torch.equal(found[0], again[0]) and torch.equal(found[1], again[1])
 
 
