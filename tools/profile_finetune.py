@@ -1,4 +1,4 @@
-"""`gpucert.finetune.train` with two knobs for speed work on the lent GPU (issue 13), without touching the loop.
+"""`gpucert.finetune.train` with knobs for speed work on the lent GPU (issue 13), without touching the loop.
 
     PROFILE_STEP=8 PROFILE_OUT=$OUT/prof.txt SDPA_BACKEND=cudnn \
       torchrun --standalone --nproc-per-node=1 tools/profile_finetune.py CONFIG --set ...
