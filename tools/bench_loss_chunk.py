@@ -14,29 +14,24 @@ Times, over 50 calls after 10, at 1,024 and 2,048 rows:
 - triton-in-place: the same, its gradient written over the logits (which nothing reads after it), as the loss
   runs it.
 Prints JSON: each one's milliseconds, the bandwidth of 2 reads and 1 write, and its loss and gradient against an
-fp64 reference. Run on the GPU: python tools/bench_loss_chunk.py. With TRITON_INTERPRET=1 (set
-by --check) the kernel runs on the CPU, at a small vocabulary, for correctness only: python tools/bench_loss_chunk.py
---check.
+fp64 reference (loss.py's own function in float64). Run on the GPU: python tools/bench_loss_chunk.py. On a CPU,
+tests/finetune/test_ce_kernel.py runs the kernel in Triton's interpreter.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
-
-if "--check" in sys.argv:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is imported
 
 import torch
 
-from gpucert.finetune.ce_kernel import WARPS, _softmax_ce_rows
+from gpucert.finetune.ce_kernel import BLOCK, WARPS, _softmax_ce_rows
+from gpucert.finetune.loss import _chunk_loss_and_grad, _compiled_chunk
 
 VOCAB = 152_064
 
 
 def triton_chunk(
-    logits: torch.Tensor, targets: torch.Tensor, in_place: bool = False, block: int = 4096, warps: int = WARPS
+    logits: torch.Tensor, targets: torch.Tensor, in_place: bool = False, block: int = BLOCK, warps: int = WARPS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ lse - logit_t in fp32, softmax - one_hot(t) in the logits' dtype), as `_chunk_loss_and_grad`."""
     rows, vocab = logits.shape
@@ -49,12 +44,7 @@ def triton_chunk(
 
 
 def reference(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    x = logits.double()
-    lse = torch.logsumexp(x, dim=-1)
-    loss = (lse - x.gather(1, targets[:, None]).squeeze(1)).sum()
-    grad = torch.exp(x - lse[:, None])
-    grad[torch.arange(len(targets)), targets] -= 1
-    return loss, grad
+    return _chunk_loss_and_grad(logits.double(), targets, torch.float64)
 
 
 def errors(found: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
@@ -73,19 +63,6 @@ def inputs(rows: int, vocab: int, device: str) -> tuple[torch.Tensor, torch.Tens
     return logits, targets
 
 
-def check_on_cpu() -> None:
-    """TRITON_INTERPRET=1: the kernel on CPU tensors against the fp64 reference, at a vocabulary not a multiple of
-    the block, with a target in the last, partial block."""
-    logits, targets = inputs(6, 1000, "cpu")
-    targets[0] = 999
-    for in_place in (False, True):
-        ref = reference(logits, targets)
-        found = triton_chunk(logits.clone(), targets, in_place=in_place, block=256, warps=1)
-        print(json.dumps({"in_place": in_place, **errors(found, ref)}))
-        # The interpreter's cast to bf16 truncates (the GPU's rounds to nearest): one bf16 step at 1, not half.
-        assert errors(found, ref)["loss_rel"] < 1e-5 and errors(found, ref)["grad_max_abs"] < 4e-3
-
-
 def time_ms(fn, calls: int = 50, warmup: int = 10) -> float:
     for _ in range(warmup):
         fn()
@@ -99,8 +76,6 @@ def time_ms(fn, calls: int = 50, warmup: int = 10) -> float:
 
 
 def bench_rows(rows: int) -> dict[str, dict[str, float]]:
-    from gpucert.finetune.loss import _compiled_chunk
-
     logits, targets = inputs(rows, VOCAB, "cuda")
     ref = reference(logits, targets)
     moved = 3 * logits.numel() * logits.element_size()  # read twice, written once
@@ -137,4 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    check_on_cpu() if "--check" in sys.argv else main()
+    main()
