@@ -29,6 +29,7 @@ from gpucert.finetune.fused import (
     FusedLoraLinear,
     FusedProjections,
     GroupSlice,
+    SwiGLUInGemm,
     clear_pending,
     fuse_projections,
     refresh_adapters_in_gemm,
@@ -390,6 +391,15 @@ def test_load_model_puts_adapters_in_the_gemm_only_where_they_compute_in_its_dty
         (bf16, LoraConfig(r=8, alpha=16, dropout=0.1), False, None),
         (ModelConfig(name="tiny", dtype="bf16", adapters_in_gemm=False), lora, False, None),
     ]
+    # The fused MLP comes with the adapters in the GEMMs, unless switched off or down_proj has no adapter.
+    for model_cfg, lora_cfg, fused_mlp in [
+        (bf16, lora, True),
+        (ModelConfig(name="tiny", dtype="bf16", fuse_mlp=False), lora, False),
+        (bf16, LoraConfig(r=8, alpha=16, dropout=0.0, target_modules=TARGETS[:-1]), False),
+    ]:
+        _, info = load_model(model_cfg, lora_cfg, tokenizer, torch.device("cpu"))
+        assert ("2 MLPs with one backward kernel" in info.fused_projections) is fused_mlp, info.fused_projections
+        assert "4 with the adapters in the frozen GEMM" in info.fused_projections
     for model_cfg, lora_cfg, sharded, expected in cases:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # FP8 names the tiny MLP's 172 features it leaves in bf16
@@ -398,3 +408,57 @@ def test_load_model_puts_adapters_in_the_gemm_only_where_they_compute_in_its_dty
             assert expected in info.fused_projections, info.fused_projections
         else:
             assert "in the frozen GEMM" not in info.fused_projections, (model_cfg, lora_cfg, sharded)
+
+
+# --- Each MLP one function, its backward one kernel (model.fuse_mlp) ---------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "llama"])
+def test_the_fused_mlp_gives_pefts_outputs_and_gradients(arch: str) -> None:
+    plain = peft_model(arch)
+    fused = copy.deepcopy(plain)
+    done = fuse_projections(fused, adapters_in_gemm=True, mlp=True)
+    assert done.mlp == 2 and "2 MLPs with one backward kernel" in done.summary() and not done.left
+    mlp = decoder_layers(fused)[0].mlp
+    assert (
+        isinstance(mlp, SwiGLUInGemm) and type(mlp).__name__ == f"{type(decoder_layers(plain)[0].mlp).__name__}InGemm"
+    )
+    assert_same_training(fused, plain)
+
+
+def test_the_fused_mlp_compiles_into_one_graph_per_layer() -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused, adapters_in_gemm=True, mlp=True)
+    for layer in decoder_layers(fused):
+        layer.forward = torch.compile(layer.forward, backend="aot_eager", fullgraph=True)
+    assert_same_training(fused, plain)
+
+
+def test_a_fused_mlp_with_its_adapters_disabled_runs_pefts_path() -> None:
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused, adapters_in_gemm=True, mlp=True)
+    x = torch.randn(2, 5, SHAPE["hidden_size"])
+    with fused.disable_adapter(), plain.disable_adapter(), torch.no_grad():
+        torch.testing.assert_close(decoder_layers(fused)[0].mlp(x), decoder_layers(plain)[0].mlp(x))
+    # And with them back on, the fused function again, with PEFT's result.
+    with torch.no_grad():
+        torch.testing.assert_close(
+            decoder_layers(fused)[0].mlp(x), decoder_layers(plain)[0].mlp(x), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_mlps_that_cannot_fuse_are_left_with_the_reason() -> None:
+    no_down = peft_model(targets=TARGETS[:-1])
+    done = fuse_projections(no_down, adapters_in_gemm=True, mlp=True)
+    assert done.mlp == 0 and set(done.left.values()) == {"MLP: down_proj without its A in its frozen GEMM"}
+    # Without the adapters in the GEMMs (here: dropout) there is nothing to fuse, and nothing is named.
+    dropout = peft_model(dropout=0.2)
+    done = fuse_projections(dropout, adapters_in_gemm=False, mlp=True)
+    assert done.mlp == 0 and not any(v.startswith("MLP") for v in done.left.values())
+    gelu = peft_model()
+    for layer in decoder_layers(gelu):
+        layer.mlp.config.hidden_act = "gelu"  # the config is shared: HF's act_fn was built from it as silu
+    done = fuse_projections(gelu, adapters_in_gemm=True, mlp=True)
+    assert done.mlp == 0 and set(done.left.values()) == {"MLP: activation 'gelu', not silu"}

@@ -59,6 +59,8 @@ MEASURED = [
     ("r16 micro-batch 2, adapters in the GEMM", dataclasses.replace(R16, adapters_in_gemm=True), 2, "none", 51.5),
     # 2026-11-23: with o_proj's and down_proj's A rows too (h100-bf16-round6c.txt; FlashAttention-3: h100-fa3.txt).
     ("r16 micro-batch 3, adapters in the GEMM", dataclasses.replace(R16, adapters_in_gemm=True), 3, "none", 69.4),
+    # 2026-11-23: each MLP one function, silu(gate) * up recomputed in its backward kernel (h100-fused-mlp.txt).
+    ("r16 micro-batch 3, fused MLP", dataclasses.replace(R16, adapters_in_gemm=True, fused_mlp=True), 3, "none", 57.6),
     ("r16 fp8 micro-batch 3", dataclasses.replace(R16, precision="fp8"), 3, "none", 67.6),
     ("r64 micro-batch 2", dataclasses.replace(R16, lora_r=64), 2, "none", 52.5),
     ("r64 dropout 0.05 micro-batch 2", R64_DROPOUT, 2, "none", 67.2),
@@ -226,23 +228,28 @@ def test_on_cuda_auto_plans_from_the_free_memory(monkeypatch: pytest.MonkeyPatch
     speed = ["model.compile=true", "data.source=synthetic", "lora.r=16", "lora.alpha=32", "lora.dropout=0"]
     cfg = load_finetune_config(path, [*speed, "train.micro_batch=auto"])
     plan = plan_for_run(cfg, cuda, 1000, "ddp")
-    # With the adapters in the frozen GEMMs (on by default at bf16 without dropout) and DDP's gradient buckets,
-    # micro-batch 3 is estimated at 70.0 GiB: under the 80 GB card's budget (70.4), so 3 rows (69.4 GiB measured
-    # on one H100); without them, 3 as well.
+    # With the adapters in the frozen GEMMs and the fused MLP (both on by default at bf16 without dropout) and
+    # DDP's gradient buckets, micro-batch 3 is estimated at 57.7 GiB and 4 at 71.4: over the 80 GB card's budget
+    # (70.4), so 3 rows (57.6 GiB measured on one H100).
     assert (plan.micro_batch, plan.checkpointing, plan.chosen_by) == (3, "none", "auto")
+    assert plan.estimate_gib == pytest.approx(57.7, abs=0.1)
+    # Without the fused MLP, 70.0 GiB: 3 rows as well (69.4 measured), without the adapters in the GEMMs too.
+    unfused = load_finetune_config(path, [*speed, "train.micro_batch=auto", "model.fuse_mlp=false"])
+    assert plan_for_run(unfused, cuda, 1000, "ddp").micro_batch == 3
     apart = load_finetune_config(path, [*speed, "train.micro_batch=auto", "model.adapters_in_gemm=false"])
     assert plan_for_run(apart, cuda, 1000, "ddp").micro_batch == 3
-    # 0.5 GiB less free (other processes on the card) and 3 rows no longer fit.
+    # 0.5 GiB less free (other processes on the card) and 3 rows no longer fit without the fused MLP.
     card["memory"] = (H100[0] - 0.5, H100[1])
-    assert plan_for_run(cfg, cuda, 1000, "ddp").micro_batch == 2
+    assert plan_for_run(unfused, cuda, 1000, "ddp").micro_batch == 2
+    assert plan_for_run(cfg, cuda, 1000, "ddp").micro_batch == 3
     card["memory"] = H100
     # A configured micro-batch is estimated too, with no collective (agree False).
     configured = plan_for_run(load_finetune_config(path, speed), cuda, 1000, "ddp")
     assert (configured.micro_batch, configured.chosen_by) == (2, "config")
     assert configured.estimate_gib == pytest.approx(
-        estimate_peak_gib(dataclasses.replace(R16, parallel="ddp", world=2, adapters_in_gemm=True), 2)
+        estimate_peak_gib(dataclasses.replace(R16, parallel="ddp", world=2, adapters_in_gemm=True, fused_mlp=True), 2)
     )
-    assert asked == [True, True, True, False]
+    assert asked == [True, True, True, True, True, False]
 
 
 def test_a_tiny_cpu_run_with_auto_trains_at_micro_batch_1(tmp_path: Path, single_process: None) -> None:  # noqa: F811

@@ -254,6 +254,48 @@ def test_the_adapters_in_the_gemm_train_as_the_plain_path_in_bf16() -> None:
     assert_as_close_to_fp32(reference, plain, in_gemm, "in the GEMM")
 
 
+def test_the_fused_mlp_trains_as_the_plain_path_in_bf16() -> None:
+    """bf16, compiled, the adapters in the frozen GEMMs, each MLP one function whose backward is
+    swiglu_kernel's Triton kernel (model.fuse_mlp), against the same model without it and with separate adapter
+    products: each compared with fp32, as close to it as the plain bf16 path (within 1.5 x, or 1e-3)."""
+    from gpucert.finetune.config import ModelConfig
+
+    cfg = ModelConfig(name="tiny", dtype="bf16", attn_implementation="sdpa", compile=True)
+    reference = packed_loss_and_grads(replace(cfg, dtype="fp32", compile=False))
+    plain = packed_loss_and_grads(replace(cfg, adapters_in_gemm=False))
+    fused = packed_loss_and_grads(cfg)
+    unfused = packed_loss_and_grads(replace(cfg, fuse_mlp=False))
+    assert_as_close_to_fp32(reference, plain, fused, "fused MLP")
+    assert_as_close_to_fp32(reference, plain, unfused, "in the GEMM, MLP unfused")
+
+
+@pytest.mark.parametrize("rows", [4096 + 37, 12_288])
+def test_the_mlp_backward_kernel_is_as_close_to_fp64_as_torch(rows: int) -> None:
+    """swiglu_kernel's Triton kernel at Qwen2-7B's 18,944 columns, r16, against fp64: each output as close as
+    the same formula in torch from the same bf16 inputs (fp32 pointwise, products of the rounded gradients), and
+    the same bits when run again."""
+    from gpucert.finetune import swiglu_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n, r = 18_944, 16
+    gate = (2 * torch.randn(rows, n, generator=g, device="cuda")).bfloat16()
+    up = torch.randn(rows, n, generator=g, device="cuda").bfloat16()
+    dh = (1e-3 * torch.randn(rows, n, generator=g, device="cuda")).bfloat16()
+    xa = torch.randn(rows, 2 * r, generator=g, device="cuda").bfloat16()
+    dxd = (1e-3 * torch.randn(rows, r, generator=g, device="cuda")).bfloat16()
+    exact = swiglu_kernel.reference(gate.double(), up.double(), dh.double(), xa.double(), dxd.double(), 2.0, 0.5)
+    torch_bf16 = swiglu_kernel.reference(gate, up, dh, xa, dxd, 2.0, 0.5)
+    found = swiglu_kernel.backward(gate, up, dh, xa, dxd, 2.0, 0.5)
+    again = swiglu_kernel.backward(gate, up, dh, xa, dxd, 2.0, 0.5)
+    names = ("dgate", "dup", "db_gate", "db_up", "da_down")
+    for name, f, t, e, a in zip(names, found, torch_bf16, exact, again, strict=True):
+        assert f.shape == t.shape and f.dtype == t.dtype, name
+        off = [float((x.double() - e).norm() / e.norm()) for x in (t, f)]
+        print(f"{name}: torch {off[0]:.2e}, kernel {off[1]:.2e} off fp64")
+        assert off[1] <= 1.5 * off[0] + 1e-6, (name, off)
+        assert torch.equal(f, a), name
+
+
 def flash_loss_and_grads(attn: str, dtype: torch.dtype, documents: list[list[int]], compile_layers: bool) -> Any:
     """One forward/backward of a 2-layer Qwen2 with Qwen2-7B's attention shape (head dim 128, grouped-query
     heads), from seed 0, over rows of `documents` padded to 1,024 tokens; (loss, every parameter's gradient)."""

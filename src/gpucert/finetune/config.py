@@ -109,6 +109,10 @@ class ModelConfig:
     # ([x | xA] @ [W | s B]^T, finetune/fused.py), not as separate products added after it, and o_proj's and
     # down_proj's A as extra rows of theirs (x @ [W; A]^T). Off under FSDP2 and FP8.
     adapters_in_gemm: bool = True
+    # With the adapters in the frozen GEMMs and gate/up/down all adapted: each SwiGLU MLP one function whose
+    # backward runs one Triton kernel for the SwiGLU backward and gate's, up's and down_proj's rank-r weight
+    # gradients (finetune/swiglu_kernel.py), and whose forward keeps no silu(gate) * up.
+    fuse_mlp: bool = True
 
     def problems(self) -> list[str]:
         return [
@@ -295,6 +299,13 @@ class EvalConfig:
             *_at_least_1("eval", self, ("max_examples", "batch_size", "max_new_tokens")),
             *self.thresholds.problems(),
         ]
+
+
+def fuse_mlp_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
+    """Whether load_model runs the MLPs as one function each (finetune/fused.py SwiGLUInGemm), as far as the
+    config tells: the architecture's own checks come when the model loads."""
+    mlp = {"gate_proj", "up_proj", "down_proj"}
+    return model.fuse_mlp and mlp <= set(lora.target_modules) and adapters_in_gemm_applies(model, lora, sharded)
 
 
 def adapters_in_gemm_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.config import FinetuneConfig, TrainConfig, adapters_in_gemm_applies
+from gpucert.finetune.config import FinetuneConfig, TrainConfig, adapters_in_gemm_applies, fuse_mlp_applies
 from gpucert.finetune.loss import CHUNK_TOKENS
 
 GIB = 1 << 30
@@ -158,6 +158,8 @@ class Workload:
     # model.adapters_in_gemm in effect (fused.py): q/k/v and gate/up each compute from [x | xA]. o_proj's and
     # down_proj's A rows keep nothing more (peak unchanged at 51.5 GiB, lent H100, plan h100-bf16-round6c.txt).
     adapters_in_gemm: bool = False
+    # model.fuse_mlp in effect (fused.py SwiGLUInGemm): the MLP keeps no silu(gate) * up; its backward recomputes it.
+    fused_mlp: bool = False
 
     def lora_params(self) -> int:
         return self.shape.layers * sum(self.lora_r * sum(self.shape.projection(m)) for m in self.target_modules)
@@ -177,16 +179,18 @@ def workload_from_config(cfg: FinetuneConfig, shape: ModelShape, parallel: str, 
         parallel=parallel,
         world=world,
         adapters_in_gemm=adapters_in_gemm_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
+        fused_mlp=fuse_mlp_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
     )
 
 
 def layer_elements(w: Workload) -> float:
     """Elements one decoder layer keeps per token for its backward, without checkpointing (counted): its input and
     the attention residual (RMSNorm backward), both norms' outputs (the adapters' A matrices need their input),
-    q, k, v (attention), the attention output, gate and up (SwiGLU) and their product (down_proj's adapter), each
-    adapter's rank-r intermediate; with LoRA dropout a dropped copy of every adapter's input; uncompiled, more."""
+    q, k, v (attention), the attention output, gate and up (SwiGLU) and their product (down_proj's adapter; not with
+    the fused MLP, which recomputes it), each adapter's rank-r intermediate; with LoRA dropout a dropped copy of every
+    adapter's input; uncompiled, more."""
     s = w.shape
-    kept: float = 4 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim + 3 * s.intermediate
+    kept: float = 4 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim + (2 if w.fused_mlp else 3) * s.intermediate
     kept += w.lora_r * len(w.target_modules)
     if w.lora_dropout > 0:
         kept += sum(s.projection(m)[0] for m in w.target_modules)

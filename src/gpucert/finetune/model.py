@@ -31,7 +31,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from gpucert.finetune import flash
-from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies
+from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies, fuse_mlp_applies
 from gpucert.finetune.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.fused import fuse_projections, refresh_adapters_in_gemm
 from gpucert.finetune.hub import pretrained_source
@@ -300,7 +300,7 @@ def load_model(
     if model_cfg.fuse_projections:
         # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
         in_gemm = adapters_in_gemm_applies(model_cfg, lora_cfg, sharded)
-        fusion = fuse_projections(base, adapters_in_gemm=in_gemm)
+        fusion = fuse_projections(base, adapters_in_gemm=in_gemm, mlp=fuse_mlp_applies(model_cfg, lora_cfg, sharded))
         fused = fusion.summary()
         if fusion.in_gemm or fusion.a_in_gemm:
             refresh = partial(refresh_adapters_in_gemm, base, settled=True)
