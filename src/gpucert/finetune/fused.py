@@ -229,13 +229,17 @@ class _SwiGLUInGemm(torch.autograd.Function):
         db_down = (dy.t() @ xd) * s_down
         dh = torch.cat([dy, dxd], dim=1) @ w_down
         dgate, dup, db_gate, db_up, da_down = swiglu_kernel.swiglu_lora_backward(gate, up, dh, xa, dxd, s_gate, s_up)
-        dx_ext = torch.addmm(dgate @ w_gate, dup, w_up)  # [dx | d(xa)]: the extra columns hold s B
+        # [dx | d(xa)] of gate and of up (the extra columns hold s B), summed slice by slice in pointwise kernels as
+        # the unfused path sums them: summed whole, inductor makes the second GEMM an addmm (beta 1), which ran
+        # 0.2 ms slower at Qwen2-7B's shape, 4 % (tools/bench_swiglu.py, lent H100).
+        from_gate, from_up = dgate @ w_gate, dup @ w_up
         width = x2.shape[1]
-        dxa = dx_ext[:, width:]
+        dxa = from_gate[:, width:] + from_up[:, width:]
         da = dxa.t() @ x2
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = torch.addmm(dx_ext[:, :width], dxa, a.to(dtype)).reshape(ctx.x_shape).to(ctx.x_dtype)
+            dx = from_gate[:, :width] + from_up[:, :width] + dxa @ a.to(dtype)
+            dx = dx.reshape(ctx.x_shape).to(ctx.x_dtype)
         grads = (da, db_gate, db_up, da_down, db_down)
         da, db_gate, db_up, da_down, db_down = (g.to(t) for g, t in zip(grads, ctx.dtypes, strict=True))
         return dx, da, None, None, None, None, db_gate, db_up, da_down, db_down
