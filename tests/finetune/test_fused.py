@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -48,7 +49,9 @@ SHAPE = {
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def peft_model(arch: str = "qwen2", dropout: float = 0.0, targets: list[str] = TARGETS, seed: int = 0) -> nn.Module:
+def peft_model(
+    arch: str = "qwen2", dropout: float = 0.0, targets: list[str] = TARGETS, seed: int = 0, **lora: Any
+) -> nn.Module:
     torch.manual_seed(seed)
     if arch == "qwen2":
         base = Qwen2ForCausalLM(Qwen2Config(**SHAPE))
@@ -57,7 +60,8 @@ def peft_model(arch: str = "qwen2", dropout: float = 0.0, targets: list[str] = T
     else:
         base = LlamaForCausalLM(LlamaConfig(**SHAPE))
     model = get_peft_model(
-        base, PeftLoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, target_modules=targets, task_type="CAUSAL_LM")
+        base,
+        PeftLoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, target_modules=targets, task_type="CAUSAL_LM", **lora),
     )
     for name, p in model.named_parameters():
         if "lora_B" in name:  # B starts at zero: give the adapters something to add, so a wrong one shows
@@ -462,3 +466,34 @@ def test_mlps_that_cannot_fuse_are_left_with_the_reason() -> None:
         layer.mlp.config.hidden_act = "gelu"  # the config is shared: HF's act_fn was built from it as silu
     done = fuse_projections(gelu, adapters_in_gemm=True, mlp=True)
     assert done.mlp == 0 and set(done.left.values()) == {"MLP: activation 'gelu', not silu"}
+
+
+def test_the_fused_mlp_keeps_each_projections_own_rank_and_scale() -> None:
+    # gate, up and down_proj each their own alpha, down_proj its own rank: a swapped scale or rank shows.
+    plain = peft_model(rank_pattern={"down_proj": 4}, alpha_pattern={"gate_proj": 4, "up_proj": 24, "down_proj": 12})
+    fused = copy.deepcopy(plain)
+    assert fuse_projections(fused, adapters_in_gemm=True, mlp=True).mlp == 2
+    assert_same_training(fused, plain)
+
+
+def test_a_fused_mlp_in_a_mixed_batch_runs_pefts_path() -> None:
+    """PEFT's adapter_names (one adapter a row, "__base__" for none) reaches each projection by a forward
+    pre-hook, which runs only if the projection is called: the fused MLP then runs the MLP's own forward."""
+    plain = peft_model()
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused, adapters_in_gemm=True, mlp=True)
+    plain.eval(), fused.eval()  # PEFT takes adapter_names in eval mode only
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    names = ["__base__", "default"]
+    with torch.no_grad():
+        found = fused(input_ids=ids, adapter_names=names).logits
+        want = plain(input_ids=ids, adapter_names=names).logits
+        adapted = plain(input_ids=ids).logits
+    assert (want[0] - adapted[0]).abs().max() > 1e-2  # the first row really runs without its adapter
+    torch.testing.assert_close(found, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_mlp_of_a_rank_over_the_kernels_is_left() -> None:
+    model = peft_model(rank_pattern={"down_proj": 32})
+    done = fuse_projections(model, adapters_in_gemm=True, mlp=True)
+    assert done.mlp == 0 and set(done.left.values()) == {"MLP: LoRA rank 32, over the 16 the kernel is measured at"}

@@ -5,6 +5,7 @@ with micro_batch auto end to end."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -113,6 +114,35 @@ def test_the_architecture_comes_from_config_json() -> None:
     assert shape.params() == pytest.approx(7.6e9, rel=0.01)
     assert R16.lora_params() == 40_370_176
     assert shape_from_config(config, vocab_size=200_000).vocab == 200_000
+
+
+def test_the_fused_mlp_is_counted_only_where_the_model_gets_it() -> None:
+    """The fused MLP keeps one intermediate-sized tensor a layer fewer, so the plan counts it only where
+    load_model fuses: a Qwen2/Mistral/Llama SiLU MLP without bias (fused.mlp_problem), r <= 16."""
+    from gpucert.finetune.fused import ARCHITECTURES
+
+    assert {a.lower() for a in ARCHITECTURES} == set(memory_plan.SWIGLU_MODEL_TYPES)
+    config = AutoConfig.from_pretrained(REPO / "configs/finetune/models/qwen2-7b")
+    assert shape_from_config(config, 1000).swiglu
+    for change in ({"hidden_act": "gelu"}, {"mlp_bias": True}, {"model_type": "phi3"}):
+        other = copy.deepcopy(config)
+        for key, value in change.items():
+            setattr(other, key, value)
+        assert not shape_from_config(other, 1000).swiglu, change
+    path = REPO / "configs/finetune/qwen2-7b-speed.yaml"
+    speed = ["lora.r=16", "lora.alpha=32", "lora.dropout=0"]
+    shape = shape_from_config(config, 1000)
+    for overrides, fused in (
+        ([], True),
+        (["lora.r=32"], False),
+        (["model.fuse_mlp=false"], False),
+        (["lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj]"], False),
+    ):
+        cfg = load_finetune_config(path, [*speed, *overrides])
+        assert memory_plan.workload_from_config(cfg, shape, "none", 1).fused_mlp is fused, overrides
+    cfg = load_finetune_config(path, speed)
+    gelu = dataclasses.replace(shape, swiglu=False)
+    assert not memory_plan.workload_from_config(cfg, gelu, "none", 1).fused_mlp
 
 
 # --- Plans: validated on the H100 at 4k; the H200 and 8k rows are predictions (tools/plans/memory-plan.txt) --

@@ -126,3 +126,10 @@ def test_off_the_gpu_the_operator_runs_torchs_formula_and_its_fake_agrees() -> N
     assert [tuple(f.shape) for f in found] == [(12, 40), (12, 40), (40, 8), (40, 8), (4, 40)]
     # Schema, fake (meta) shapes and autograd registration as torch checks them for a custom operator.
     torch.library.opcheck(swiglu_kernel.swiglu_lora_backward, (*args, 2.0, 0.5))
+
+
+def test_rows_a_program_must_be_a_multiple_of_its_tile() -> None:
+    # Otherwise each program's last tile reads the next split's rows, counted twice in dB and dA.
+    args = [torch.randn(12, 40), torch.randn(12, 40), torch.randn(12, 40), torch.randn(12, 16), torch.randn(12, 4)]
+    with pytest.raises(ValueError, match="rows 100 must be a multiple of block_m 32"):
+        swiglu_kernel.backward(*args, 2.0, 0.5, rows=100, block_m=32)

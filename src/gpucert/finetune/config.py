@@ -109,7 +109,7 @@ class ModelConfig:
     # ([x | xA] @ [W | s B]^T, finetune/fused.py), not as separate products added after it, and o_proj's and
     # down_proj's A as extra rows of theirs (x @ [W; A]^T). Off under FSDP2 and FP8.
     adapters_in_gemm: bool = True
-    # With the adapters in the frozen GEMMs and gate/up/down all adapted: each SwiGLU MLP one function whose
+    # With the adapters in the frozen GEMMs, gate/up/down all adapted and r <= 16: each SwiGLU MLP one function whose
     # backward runs one Triton kernel for the SwiGLU backward and gate's, up's and down_proj's rank-r weight
     # gradients (finetune/swiglu_kernel.py), and whose forward keeps no silu(gate) * up.
     fuse_mlp: bool = True
@@ -301,11 +301,22 @@ class EvalConfig:
         ]
 
 
+# The largest LoRA rank the fused MLP takes (finetune/swiglu_kernel.py): each of its programs keeps three fp32
+# accumulators of max(16, r) x 128 in registers, 48 a thread at r16, the rank measured on the lent H100; from r64
+# (192 a thread) they would spill. Larger ranks keep the unfused MLP.
+FUSED_MLP_MAX_RANK = 16
+
+
 def fuse_mlp_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
     """Whether load_model runs the MLPs as one function each (finetune/fused.py SwiGLUInGemm), as far as the
-    config tells: the architecture's own checks come when the model loads."""
+    config tells: the architecture's own checks (memory_plan.ModelShape.swiglu) come with the model's config."""
     mlp = {"gate_proj", "up_proj", "down_proj"}
-    return model.fuse_mlp and mlp <= set(lora.target_modules) and adapters_in_gemm_applies(model, lora, sharded)
+    return (
+        model.fuse_mlp
+        and mlp <= set(lora.target_modules)
+        and lora.r <= FUSED_MLP_MAX_RANK
+        and adapters_in_gemm_applies(model, lora, sharded)
+    )
 
 
 def adapters_in_gemm_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:

@@ -41,7 +41,8 @@ down_proj carries its A, the MLP's class becomes a subclass of its own and `SwiG
 autograd function (`_SwiGLUInGemm`) over the three. Its backward runs swiglu_kernel's Triton kernel: the SwiGLU
 backward and the three rank-r weight gradients that read an intermediate-sized tensor, from one pass, with
 silu(gate) * up recomputed rather than kept (11.8 GiB less at Qwen2-7B's micro-batch 3). While any of the three
-projections has its adapter disabled or merged, the MLP's own forward runs instead (PEFT's paths).
+projections has its adapter disabled or merged, or a hook (PEFT's mixed batches), the MLP's own forward runs
+instead (PEFT's paths). Up to LoRA rank 16 (config.FUSED_MLP_MAX_RANK).
 
 Fused only in the architectures whose attention and MLP code is known to call every member, in order, on one
 tensor (Qwen2, Mistral, Llama: `ARCHITECTURES`), and where every member is a plain LoRA layer with one adapter,
@@ -60,6 +61,7 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
 from gpucert.finetune import swiglu_kernel
+from gpucert.finetune.config import FUSED_MLP_MAX_RANK
 from gpucert.finetune.parallel import decoder_layers
 
 ADAPTER = "default"
@@ -418,7 +420,8 @@ class AInGemmLoraLinear(LoraLinear):
 class SwiGLUInGemm(nn.Module):
     """Mixed into an MLP's class in place (`fuse_mlp`): its forward runs `_SwiGLUInGemm` over the fused gate/up
     group and down_proj, or the class's own forward (PEFT's paths) while any of the three has its adapter
-    disabled or merged."""
+    disabled or merged, or a hook. The class is made at run time, so a fused model cannot be pickled whole
+    (torch.save(model)); its adapters save as PEFT's, as gpucert saves them."""
 
     gate_proj: Any
     up_proj: Any
@@ -426,7 +429,10 @@ class SwiGLUInGemm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-        if any(m.disable_adapters or m.merged for m in (gate, up, down)):
+        # Hooks on a projection (PEFT's mixed batches pass adapter_names through a pre-hook) run only if the
+        # projections themselves are called.
+        projections = (gate, up, down)
+        if any(m.disable_adapters or m.merged or m._forward_pre_hooks or m._forward_hooks for m in projections):
             return super().forward(x)
         group = gate.gpucert_group
         a = torch.cat([_adapter_weight(gate, "lora_A"), _adapter_weight(up, "lora_A")])
@@ -454,6 +460,9 @@ def mlp_problem(mlp: nn.Module) -> str | None:
         return "gate/up of different groups or ranks"
     if not isinstance(down, AInGemmLoraLinear):
         return "down_proj without its A in its frozen GEMM"
+    rank = max(*ranks, down.r[ADAPTER])
+    if rank > FUSED_MLP_MAX_RANK:
+        return f"LoRA rank {rank}, over the {FUSED_MLP_MAX_RANK} the kernel is measured at"
     if any(getattr(m, "base_layer", None) is None or m.base_layer.bias is not None for m in (gate, up, down)):
         return "a projection with a bias"
     act = getattr(getattr(mlp, "config", None), "hidden_act", None)

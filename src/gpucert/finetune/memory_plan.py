@@ -31,6 +31,8 @@ from gpucert.finetune.config import FinetuneConfig, TrainConfig, adapters_in_gem
 from gpucert.finetune.loss import CHUNK_TOKENS
 
 GIB = 1 << 30
+# The model types of fused.ARCHITECTURES (a test keeps them equal): those whose MLP the fused MLP may take.
+SWIGLU_MODEL_TYPES = ("qwen2", "mistral", "llama")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # fp32 weight, its gradient, AdamW's two moments.
 ADAPTER_BYTES_PER_PARAM = 16
@@ -87,6 +89,8 @@ class ModelShape:
     head_dim: int
     vocab: int
     tied_embeddings: bool = False
+    # An MLP the fused MLP takes (fused.mlp_problem): Qwen2, Mistral or Llama (fused.ARCHITECTURES), SiLU, no bias.
+    swiglu: bool = True
 
     @property
     def q_dim(self) -> int:
@@ -135,6 +139,9 @@ def shape_from_config(config: Any, vocab_size: int) -> ModelShape:
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         vocab=max(config.vocab_size, vocab_size),
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        swiglu=getattr(config, "model_type", None) in SWIGLU_MODEL_TYPES
+        and getattr(config, "hidden_act", None) == "silu"
+        and not getattr(config, "mlp_bias", False),
     )
 
 
@@ -179,7 +186,7 @@ def workload_from_config(cfg: FinetuneConfig, shape: ModelShape, parallel: str, 
         parallel=parallel,
         world=world,
         adapters_in_gemm=adapters_in_gemm_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
-        fused_mlp=fuse_mlp_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
+        fused_mlp=shape.swiglu and fuse_mlp_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
     )
 
 

@@ -6,8 +6,9 @@ then gate's and up's dB = s dgate^T (xA) and down_proj's dA = d(hA)^T h, skinny 
 h again (0.16 ms each). This kernel computes all five from one read of gate, up and dh: it writes dgate and dup
 as before and, with each tile still in registers, adds the tile's share of the three skinny products (rank r, so
 each is a small `tl.dot`). h = silu(gate) * up is recomputed from the tile, so the forward need not keep it.
-Measured on the lent H100 (docs/OPTIMIZATION.md round ten): 0.87 ms against the 1.27 ms of what it replaces,
-11.8 GiB less memory at micro-batch 3, and a step 0.2-0.3 % faster.
+Measured on the lent H100 at r16 (docs/OPTIMIZATION.md round ten): 0.87 ms against the 1.27 ms of what it
+replaces, and 11.8 GiB less memory at micro-batch 3. The step was 0.2-0.3 % faster in the form measured, which
+summed gate's and up's input gradients whole. Ranks above 16 keep the unfused MLP (config.FUSED_MLP_MAX_RANK).
 
 Each program owns BLOCK_N columns and ROWS rows, looping over its rows BLOCK_M at a time; its partial products
 are written, per split of the rows, in each gradient's own layout and summed afterwards in a fixed order, so the
@@ -138,6 +139,9 @@ def backward(
     likewise, dA_down = dxd^T h [rd, N], all fp32; dgate and dup in gate's dtype. The kernel where `fits`,
     else `reference`; rows (a multiple of block_m), block_m, block_n and warps are the kernel's tiling
     (tools/bench_swiglu.py times them)."""
+    if rows % block_m:
+        # Each program's rows would run into the next split's, counted twice in dB and dA.
+        raise ValueError(f"swiglu_kernel: rows {rows} must be a multiple of block_m {block_m}")
     if not fits(gate):
         return reference(gate, up, dh, xa, dxd, scale_gate, scale_up)
     assert triton is not None
