@@ -19,6 +19,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from bench_loss_chunk import time_ms  # tools/ is on the path when run as a script
 
 from gpucert.finetune import swiglu_kernel
 
@@ -35,18 +36,7 @@ TILINGS = [
     (2048, 32, 128, 4),
 ]
 WIDTH = 3584 + 2 * R  # [x | xA] of Qwen2-7B's gate/up
-
-
-def time_ms(fn, calls: int = 20, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls
+TIMING = {"calls": 20, "warmup": 5}
 
 
 @torch.compile
@@ -79,12 +69,12 @@ def main() -> None:
     h = (F.silu(gate.float()) * up.float()).bfloat16()
     ref = swiglu_kernel.reference(gate.double(), up.double(), dh.double(), xa.double(), dxd.double(), SCALE, SCALE)
     out: dict[str, object] = {"shape": [M, N, R]}
-    out["before_ms"] = time_ms(lambda: before(gate, up, dh, h, xa, dxd))
+    out["before_ms"] = time_ms(lambda: before(gate, up, dh, h, xa, dxd), **TIMING)
     out["before_error"] = errors(before(gate, up, dh, h, xa, dxd), ref)
     moved = 5 * M * N * 2
     for rows, bm, bn, warps in TILINGS:
         fn = functools.partial(swiglu_kernel.backward, gate, up, dh, xa, dxd, SCALE, SCALE, rows, bm, bn, warps)
-        ms = time_ms(fn)
+        ms = time_ms(fn, **TIMING)
         out[f"kernel rows={rows} bm={bm} bn={bn} warps={warps}"] = {
             "ms": ms,
             "TB/s": moved / ms / 1e9,
@@ -97,12 +87,12 @@ def main() -> None:
     w_pair = torch.cat([w_gate, w_up])
     dgate, dup = _swiglu_grads(gate, up, dh)
     d_pair = torch.cat([dgate, dup], dim=1)
-    out["dx_two_mm_add_ms"] = time_ms(lambda: (dgate @ w_gate) + (dup @ w_up))
-    out["dx_mm_addmm_ms"] = time_ms(lambda: torch.addmm(dgate @ w_gate, dup, w_up))
-    out["dx_stacked_mm_ms"] = time_ms(lambda: d_pair @ w_pair)
+    out["dx_two_mm_add_ms"] = time_ms(lambda: (dgate @ w_gate) + (dup @ w_up), **TIMING)
+    out["dx_mm_addmm_ms"] = time_ms(lambda: torch.addmm(dgate @ w_gate, dup, w_up), **TIMING)
+    out["dx_stacked_mm_ms"] = time_ms(lambda: d_pair @ w_pair, **TIMING)
     x_ext = torch.randn(M, WIDTH, generator=g, device="cuda").bfloat16()
-    out["fwd_two_mm_ms"] = time_ms(lambda: (x_ext @ w_gate.t(), x_ext @ w_up.t()))
-    out["fwd_stacked_mm_ms"] = time_ms(lambda: x_ext @ w_pair.t())
+    out["fwd_two_mm_ms"] = time_ms(lambda: (x_ext @ w_gate.t(), x_ext @ w_up.t()), **TIMING)
+    out["fwd_stacked_mm_ms"] = time_ms(lambda: x_ext @ w_pair.t(), **TIMING)
     print(json.dumps(out, indent=1))
 
 

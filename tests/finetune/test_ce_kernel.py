@@ -7,13 +7,10 @@ function it replaces, at the 7B's vocabulary.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from tests.finetune.interpreted import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -62,10 +59,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(CHILD)
 
 
 @pytest.mark.parametrize("case", ["bf16", "fp16", "narrow"])
