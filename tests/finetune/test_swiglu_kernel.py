@@ -85,6 +85,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
+    pytest.importorskip("triton")
     return run_interpreted(CHILD)
 
 
@@ -92,7 +93,6 @@ def interpreted() -> dict:
 def test_the_kernel_is_as_close_to_fp64_as_torch_from_the_same_half_precision_inputs(
     interpreted: dict, case: str
 ) -> None:
-    pytest.importorskip("triton")
     found = interpreted[case]
     assert found["fits"] and all(found["shapes"]) and found["same_bits"]
     half = "torch.float16" if case == "fp16" else "torch.bfloat16"
@@ -106,7 +106,6 @@ def test_the_kernel_is_as_close_to_fp64_as_torch_from_the_same_half_precision_in
 
 
 def test_the_fused_mlp_trains_as_the_unfused_one_in_bf16(interpreted: dict) -> None:
-    pytest.importorskip("triton")
     worst = interpreted["model"]
     assert interpreted["model_mlps"] == 2
     assert worst["fused"] <= 1.5 * worst["plain"] + 1e-3, worst
