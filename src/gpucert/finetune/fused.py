@@ -330,6 +330,10 @@ class FusedProjections(nn.Module):
         """The Bs refresh_items copies, looked up as it looks them up, without slicing the extended matrices."""
         return [self.members[i].lora_B[ADAPTER].weight for members in self.block_members for i in members]
 
+    def shared_a_weight(self) -> torch.Tensor:
+        """The group's one A: the members' A matrices stacked, in the members' order (r_total x in)."""
+        return torch.cat([m.lora_A[ADAPTER].weight for m in self.members])
+
     def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every member's output for input x, as PEFT's forward computes each (base + B(A(x)) * scaling)."""
         if self.extended:
@@ -337,8 +341,7 @@ class FusedProjections(nn.Module):
         ys = self.base_layer(x).split(self.sizes, -1) if self.stacked else tuple(m.base_layer(x) for m in self.members)
         xa = self.members[0]._cast_input_dtype(x, self.members[0].lora_A[ADAPTER].weight.dtype)
         if self.shared_a:
-            a = torch.cat([m.lora_A[ADAPTER].weight for m in self.members])
-            hs = F.linear(xa, a).split(self.ranks, -1)
+            hs = F.linear(xa, self.shared_a_weight()).split(self.ranks, -1)
         else:
             hs = tuple(m.lora_A[ADAPTER](m.lora_dropout[ADAPTER](xa)) for m in self.members)
         out = []
@@ -347,8 +350,8 @@ class FusedProjections(nn.Module):
         return out
 
     def _outputs_in_gemm(self, x: torch.Tensor) -> list[torch.Tensor]:
-        a = torch.cat([m.lora_A[ADAPTER].weight for m in self.members])
-        xa = F.linear(x, a)  # under autocast: bf16, as the adapters' products are in the plain path
+        # Under autocast: bf16, as the adapters' products are in the plain path.
+        xa = F.linear(x, self.shared_a_weight())
         outs: list[torch.Tensor] = []
         for j, base in enumerate(self.frozen_layers()):
             bs = [self.members[i].lora_B[ADAPTER].weight for i in self.block_members[j]]
@@ -435,11 +438,13 @@ class SwiGLUInGemm(nn.Module):
         if any(m.disable_adapters or m.merged or m._forward_pre_hooks or m._forward_hooks for m in projections):
             return super().forward(x)
         group = gate.gpucert_group
-        a = torch.cat([_adapter_weight(gate, "lora_A"), _adapter_weight(up, "lora_A")])
-        scales = (float(gate.scaling[ADAPTER]), float(up.scaling[ADAPTER]), float(down.scaling[ADAPTER]))
+        # gate's and up's scales as their extended columns hold them (the group's blocks), as _AdapterInGemm's dB.
+        (gate_block,), (up_block,) = group.blocks
+        scales = (gate_block[4], up_block[4], float(down.scaling[ADAPTER]))
         bs = (_adapter_weight(gate, "lora_B"), _adapter_weight(up, "lora_B"))
         down_a, down_b = _adapter_weight(down, "lora_A"), _adapter_weight(down, "lora_B")
         w_gate, w_up = group.extended
+        a = group.shared_a_weight()
         return _SwiGLUInGemm.apply(x, a, w_gate, w_up, down.gpucert_extended, scales, *bs, down_a, down_b)
 
 

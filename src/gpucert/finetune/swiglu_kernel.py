@@ -111,10 +111,14 @@ if triton is not None:
         tl.store(part_a_ptr + split * RB * N + a_out, acc_d, mask=(ranks[:, None] < RB) & col_ok[None, :])
 
 
+# Triton reads TRITON_INTERPRET when a kernel is decorated, at import: so is it read here, once.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def fits(gate: torch.Tensor) -> bool:
     """Whether the kernel runs for these activations: half precision with Triton present, on CUDA (or on the CPU
     under TRITON_INTERPRET=1, for tests)."""
-    on_device = gate.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    on_device = gate.is_cuda or INTERPRETED
     return triton is not None and on_device and gate.dtype in (torch.bfloat16, torch.float16)
 
 
