@@ -29,6 +29,7 @@ from gpucert.runtime.group import (
     Runtime,
     fail,
     leave_failed,
+    own_record,
     say,
     start_runtime,
     stop_runtime,
@@ -62,8 +63,11 @@ def write_failure(out: Path, rank: int, record: AbortRecord, exc: BaseException)
     text = "".join(traceback.format_exception(exc)).rstrip().splitlines()
     lines = [line for line in text if line.strip(" ^~")]  # not the column markers under the code
     payload = {**asdict(record), "where": raised_at(exc), "traceback": lines[-TRACEBACK_LINES:]}
+    path = failure_path(out, rank)
+    tmp = path.with_name(f".{path.name}.tmp")
     with contextlib.suppress(OSError):
-        failure_path(out, rank).write_text(json.dumps(payload))
+        tmp.write_text(json.dumps(payload))
+        tmp.replace(path)  # the agent may read it at any moment: whole or not at all
 
 
 def run(rt: Runtime, spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -92,9 +96,10 @@ def main(argv: list[str]) -> int:
         return 130
     except BaseException as exc:
         traceback.print_exc()
+        # This rank's account is on disk before the store can name it: an agent that reads the record stops
+        # every worker at once, then reads the culprit's file. Written after, it raced the kill (CI, stop 26).
+        write_failure(Path(argv[1]), rt.rank, own_record(rt, exc), exc)
         record = fail(rt, exc)
-        if record.rank == rt.rank:
-            write_failure(Path(argv[1]), rt.rank, record, exc)
         say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
         leave_failed(rt, ABORTED_EXIT)
     stop_runtime(rt)

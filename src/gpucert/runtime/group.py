@@ -286,13 +286,18 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(parts)
 
 
+def own_record(rt: Runtime, exc: BaseException) -> AbortRecord:
+    """This rank's failure as it would be recorded: who, the exception's first line, and the phase."""
+    cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    return AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
+
+
 def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
     """This rank failed: record why, unless a peer's failure came first. A collective broken by a dead peer is
     a consequence, not the culprit: wait (a heartbeat timeout) for the real cause with the watchdog still
     running, since it is what names a peer that died silently (rank 0's watches every rank; when it names one
     it ends this process itself). Only then, with nobody else named, this rank records itself."""
-    cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
-    record = AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
+    record = own_record(rt, exc)
     if rt.world_size == 1:
         return record
     if _looks_like_peer_failure(exc):
