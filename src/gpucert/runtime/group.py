@@ -9,6 +9,7 @@ reads it and exits within a heartbeat, saying which rank, on which node, failed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -320,6 +321,12 @@ def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
         return record
 
 
+def watch_store(rt: Runtime) -> Any:
+    """The job's store over the watchdog's own connection where there is one: the main thread's may be blocked
+    in a wait on a dead peer (a thread that must still read the store while the main one waits)."""
+    return rt.watchdog.store if rt.watchdog is not None and rt.watchdog.store is not None else rt.store
+
+
 def leave_failed(rt: Runtime, code: int) -> NoReturn:
     """Exit after fail(), without tearing down a process group whose peers may be gone (that can block). The
     rank that serves the job's store keeps it up for two heartbeats, so every peer reads the abort record."""
@@ -338,8 +345,13 @@ def _looks_like_peer_failure(exc: BaseException) -> bool:
 
 
 def stop_runtime(rt: Runtime) -> None:
-    """Leave the job: the watchdog first (a peer that finished is not a dead peer), then the group. The rank
-    that serves the store waits (bounded) until every rank has stopped watching it."""
+    """Leave the job: say so, then stop the watchdog, then the group. A peer that finished is not a dead peer:
+    `closed/<rank>` is set before this rank's heartbeats stop, so a watcher still at work (rank 0 merging the
+    adapter, alone, for minutes) does not take the silence for a death. The rank that serves the store waits
+    (bounded) until every rank has stopped watching it."""
+    if rt.world_size > 1:
+        with contextlib.suppress(RuntimeError):
+            rt.store.set(f"closed/{rt.rank}", "1")
     if rt.watchdog is not None:
         rt.watchdog.stop()
     if rt.world_size > 1:

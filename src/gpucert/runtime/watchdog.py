@@ -123,6 +123,8 @@ class Watchdog:
             if seen is None or seen[0] != value:
                 last[r] = (value, now)
             elif now - seen[1] > cfg.heartbeat_timeout_s:
+                if store.check([f"closed/{r}"]):
+                    continue  # it finished its part and left (stop_runtime): silent, not dead
                 peer = self.rt.peers[r]
                 phase = store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "start"
                 return record_abort(
