@@ -19,6 +19,7 @@ import dataclasses
 import json
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -361,15 +362,25 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     import torch.distributed as dist
 
     from gpucert.bench.suite import run_in_ranks as bench_in_ranks
-    from gpucert.runtime.group import AbortRecord, fail, leave_failed, start_runtime, stop_runtime
+    from gpucert.runtime.group import AbortRecord, fail, leave_failed, start_runtime, stop_runtime, watch_store
+    from gpucert.runtime.sigterm import TermWatch, why_terminated
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     pre = load_run_config(request)
     done: list[Result] = []
     holder: dict[str, Any] = {}
 
+    written = threading.Lock()  # the main thread, the watchdog's and SIGTERM's may each get here: one writes
+
     def write_partial(record: AbortRecord) -> None:
-        """Rank 0, when another rank failed: the report still says what ran, and who failed."""
+        """Rank 0, when a rank failed: the report still says what ran, and who failed. Once only, and never
+        over the whole report."""
+        with written:
+            if not holder.get("written"):
+                _write_partial(record)
+            holder["written"] = True
+
+    def _write_partial(record: AbortRecord) -> None:
         work = holder.get("work")
         if work is None or not holder.get("main"):
             if holder.get("run_dir") is not None:
@@ -383,9 +394,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             message=f"the run stopped: {record.message()}",
             remediation="look at that rank's output and node; nothing after this point was judged",
         )
-        # The watchdog's own connection: the main thread's may be blocked in a wait on a dead peer.
-        store = rt.watchdog.store if rt.watchdog is not None and rt.watchdog.store is not None else rt.store
-        parts = read_parts(store, rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
+        parts = read_parts(watch_store(rt), rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
         report = build_report(request, started, t0, work, parts, [*done, failed])
         run_dir = holder["run_dir"]
         path = write_report(report, run_dir.path)
@@ -393,6 +402,17 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         say(f"partial report written to {path}")
 
     rt = start_runtime(pre.runtime, on_abort=write_partial)
+
+    # Rank 0 keeps SIGTERM for itself: a launcher stops every rank as soon as one ends, before the watchdog can
+    # read why (runtime/sigterm.py).
+    def terminated() -> None:
+        record = why_terminated(rt, watch_store(rt))
+        write_partial(record)
+        say(f"{rt.me.describe()} stops (SIGTERM): {record.message()}")
+
+    watch = TermWatch(terminated, Status.ERROR.exit_code)
+    if rt.is_main:
+        watch.start()
     try:
         rt.set_phase("node checks")
         work = collect_node(request, rt.me.node)
@@ -424,7 +444,9 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             wait = rt.config.collective_timeout_s
             parts = read_parts(rt.store, rt.num_nodes, request.benchmarks, wait, skip_missing=False)
             report = build_report(request, started, t0, work, parts, done)
-            path = write_report(report, holder["run_dir"].path, html=bool(request.benchmarks))
+            with written:
+                path = write_report(report, holder["run_dir"].path, html=bool(request.benchmarks))
+                holder["written"] = True
             holder["run_dir"].release()
             rt.store.set("verdict", str(report.status.exit_code))
             outcome = RunOutcome(report, path, report.status.exit_code)
@@ -435,15 +457,17 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             outcome = RunOutcome(None, None, int(rt.store.get("verdict")))
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
+            watch.stop()
             raise
         record = fail(rt, exc)
-        if rt.is_main and record.rank == rt.rank:
+        if rt.is_main:  # also when the record names a peer: its watchdog may have stopped before reading it
             write_partial(record)
         say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
         if holder.get("run_dir") is not None:
             holder["run_dir"].release()
         leave_failed(rt, Status.ERROR.exit_code)
     stop_runtime(rt)
+    watch.stop()
     return outcome
 
 

@@ -311,6 +311,42 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     assert worker_processes(tmp_path) == []
 
 
+def accept_rank(agent: subprocess.Popen[str], rank: int, timeout_s: float = 90) -> psutil.Process:
+    """The `gpucert accept` process of `rank` among a torchrun agent's children, once it has started."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process(agent.pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == str(rank) and "accept" in child.cmdline():
+                    return child
+            except psutil.Error:
+                continue
+        time.sleep(0.5)
+    raise AssertionError(f"rank {rank} did not start within {timeout_s:g} s")
+
+
+def test_under_one_torchrun_of_two_ranks_a_killed_rank_is_named_in_rank_0s_partial_report(tmp_path: Path) -> None:
+    """One node, two ranks: once rank 1 is SIGKILLed, torchrun SIGTERMs rank 0 within a fraction of a second,
+    before its watchdog could read anything. Rank 0 still writes what ran, naming rank 1 (runtime/sigterm.py)."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
+    agent = subprocess.Popen(
+        argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    victim = accept_rank(agent, 1)
+    time.sleep(8)  # past the rendezvous and the node checks: in the matmul warm-up
+    victim.kill()
+    said, err = agent.communicate(timeout=90)
+    assert agent.returncode != 0
+    assert "stops (SIGTERM): rank 1 (" in said + err, (said + err)[-3000:]
+    report = load(out)
+    (aborted,) = [r for r in report["results"] if r["name"] == "run.aborted"]
+    assert aborted["status"] == "ERROR" and "rank 1 (" in aborted["message"], aborted["message"]
+    assert f"pid {victim.pid}) ended without a word" in aborted["message"]
+    assert any(r["name"] == "node.xid" for r in report["results"])  # what ran before is there
+
+
 def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_path: Path) -> None:
     """Every rank runs `gpucert accept` in one process group; rank 1 is SIGKILLed during matmul. Rank 0's
     watchdog names it, writes what ran (health of both nodes) with the cause, and every node exits."""
@@ -326,17 +362,7 @@ def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_
                 argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
         )
-    deadline = time.monotonic() + 90
-    victim = None
-    while victim is None and time.monotonic() < deadline:
-        for child in psutil.Process(procs[1].pid).children(recursive=True):
-            try:
-                if child.environ().get("RANK") == "1" and "accept" in child.cmdline():
-                    victim = child
-            except psutil.Error:
-                continue
-        time.sleep(0.5)
-    assert victim is not None
+    victim = accept_rank(procs[1], 1)
     time.sleep(8)  # past the rendezvous and the node checks: in the matmul warm-up
     victim.kill()
     killed = time.monotonic()

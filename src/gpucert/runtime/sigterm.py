@@ -1,0 +1,144 @@
+"""SIGTERM from an outside launcher, handled on a thread of its own, so rank 0 can still write what ran.
+
+When one rank of a job ends, torchrun (and `srun --kill-on-bad-exit`) SIGTERMs every other rank of its node at
+once, within a fraction of a second, long before rank 0's watchdog (a heartbeat interval) has read why. Left to
+the default action, rank 0 dies with its partial report unwritten and nobody named. Python runs a signal
+handler only in the main thread, between bytecodes, which may be blocked in a collective or a store wait for
+minutes; but its C-level handler writes the signal's number to a wakeup fd from whichever thread received it.
+`TermWatch` reads that fd on its own thread, runs its callback there, and ends the process.
+
+`why_terminated` says who most likely caused it: the abort record in the job's store if a rank recorded one,
+else a rank of this node whose process is gone (SIGKILLed, the OOM killer: no word of its own), else the
+launcher itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from gpucert.runtime.group import AbortRecord, read_abort
+
+if TYPE_CHECKING:
+    from gpucert.runtime.group import Runtime
+
+
+class TermWatch:
+    """While started: SIGTERM runs `on_term` on this watch's thread, then the process exits with `exit_code`.
+    Start and stop it from the main thread (Python's signal functions require it); elsewhere it does nothing."""
+
+    def __init__(self, on_term: Callable[[], None], exit_code: int) -> None:
+        self.on_term = on_term
+        self.exit_code = exit_code
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._saved: tuple[Any, int] | None = None
+        self._fds: tuple[int, int] | None = None
+
+    def start(self) -> TermWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        read, write = os.pipe()
+        os.set_blocking(write, False)  # the C handler must never block on a full pipe
+        self._fds = (read, write)
+        # A Python-level handler is what makes the interpreter's C handler write to the wakeup fd; the handler
+        # itself does nothing (the thread acts), so the main thread carries on until the exit.
+        old_handler = signal.signal(signal.SIGTERM, _noted)
+        old_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self._saved = (old_handler, old_fd)
+        self._thread = threading.Thread(target=self._run, args=(read,), name="gpucert-sigterm", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM goes back to what it was (the default: the process ends)."""
+        if self._saved is None or self._fds is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        old_handler, old_fd = self._saved
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGTERM, old_handler)
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._saved = self._fds = None
+
+    def _run(self, read: int) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([read], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                numbers = os.read(read, 512)
+            except OSError:
+                return
+            if signal.SIGTERM in numbers:  # the fd also carries other handled signals (SIGINT): not ours
+                try:
+                    self.on_term()
+                except Exception as exc:  # the exit below must happen whatever the callback did
+                    print(f"gpucert: while stopping: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(self.exit_code)
+
+
+def _noted(signum: int, frame: FrameType | None) -> None:
+    """The main thread's share of SIGTERM: none (TermWatch's thread writes, then ends the process)."""
+
+
+def why_terminated(rt: Runtime, store: Any) -> AbortRecord:
+    """Why the launcher stopped this rank, as best this rank can tell (module docstring)."""
+    with contextlib.suppress(RuntimeError):
+        found = read_abort(store)
+        if found is not None:
+            return found
+    for peer in rt.peers:
+        # Same node rank: started by the same launcher on this machine, so its pid means the same process here.
+        if peer.rank != rt.rank and peer.node_rank == rt.node_rank and process_gone(peer.pid):
+            phase = "start"
+            with contextlib.suppress(RuntimeError):
+                if store.check([f"phase/{peer.rank}"]):
+                    phase = store.get(f"phase/{peer.rank}").decode()
+            return AbortRecord(
+                who=peer.describe(),
+                cause=f"its process (pid {peer.pid}) ended without a word (killed: SIGKILL, the kernel's OOM killer?), "
+                "and the launcher stopped every rank",
+                phase=phase,
+                rank=peer.rank,
+                node=peer.node,
+            )
+    return AbortRecord(
+        who=rt.me.describe(),
+        cause="stopped by SIGTERM from its launcher (torchrun or srun stop every rank once one ends or the job is "
+        "cancelled): look for the rank that ended first in the launcher's output",
+        phase=rt.phase,
+        rank=rt.rank,
+        node=rt.me.node,
+    )
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie not yet reaped has ended too)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

@@ -1,0 +1,99 @@
+"""Rank 0's SIGTERM (runtime/sigterm.py): a launcher stops every rank once one ends; rank 0 must still write what
+ran and name who ended. TermWatch in a real process with its main thread blocked in a system call; why_terminated
+against a real store and real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gpucert.runtime.config import RuntimeConfig
+from gpucert.runtime.group import AbortRecord, Runtime, record_abort
+from gpucert.runtime.identity import RankIdentity
+from gpucert.runtime.sigterm import process_gone, why_terminated
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from gpucert.runtime.sigterm import TermWatch
+
+    out = Path(sys.argv[1])
+    watch = TermWatch(lambda: out.write_text("written by the watch"), exit_code=7).start()
+    print("ready", flush=True)
+    read, _ = os.pipe()
+    os.read(read, 1)  # blocked in a system call, as in a collective: no data ever comes
+    """
+)
+
+
+def test_sigterm_runs_the_callback_on_its_own_thread_while_the_main_one_is_blocked(tmp_path: Path) -> None:
+    out = tmp_path / "partial.txt"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7  # the watch's exit code: not -15, the default death
+    assert out.read_text() == "written by the watch"
+
+
+def test_a_stopped_watch_gives_sigterm_back(tmp_path: Path) -> None:
+    child = CHILD.replace('print("ready"', 'watch.stop()\nprint("ready"')
+    proc = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "x")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    assert not (tmp_path / "x").exists()
+
+
+def identity(rank: int, node_rank: int, pid: int) -> RankIdentity:
+    return RankIdentity(rank, 3, rank, 2, node_rank, 2, f"node-{node_rank}", "host", "cpu", pid=pid)
+
+
+def runtime(peers: list[RankIdentity], store: dist.Store) -> Runtime:
+    cpu = torch.device("cpu")
+    return Runtime(me=peers[0], peers=peers, device=cpu, backend="gloo", config=RuntimeConfig(), store=store)
+
+
+def test_why_names_a_recorded_failure_then_a_local_rank_whose_process_is_gone_then_the_launcher() -> None:
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        store = dist.HashStore()
+        # Rank 2 is on another node: its pid means nothing here, even one that is gone.
+        peers = [identity(0, 0, alive.pid), identity(1, 0, ended.pid), identity(2, 1, ended.pid)]
+        rt = runtime(peers, store)
+        store.set("phase/1", "bench matmul")
+        found = why_terminated(rt, store)
+        assert (found.rank, found.phase) == (1, "bench matmul")
+        assert f"its process (pid {ended.pid}) ended" in found.message() and found.who.startswith("rank 1 (")
+
+        recorded = AbortRecord("rank 2 (node-1 rank 0 (cpu))", "ValueError: bad", "bench memory", 2, "node-1")
+        record_abort(store, recorded)
+        assert why_terminated(rt, store) == recorded  # what a rank said of itself comes first
+
+        rt = runtime([identity(0, 0, alive.pid), identity(1, 0, alive.pid)], dist.HashStore())
+        found = why_terminated(rt, rt.store)
+        assert found.rank == 0 and "stopped by SIGTERM from its launcher" in found.cause
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_process_that_ended_is_gone_even_before_it_is_reaped() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert not process_gone(proc.pid)
+    proc.kill()
+    deadline = time.monotonic() + 10
+    while not process_gone(proc.pid) and time.monotonic() < deadline:  # a zombie until wait() below
+        time.sleep(0.05)
+    assert process_gone(proc.pid)
+    proc.wait()
+    assert process_gone(proc.pid)
