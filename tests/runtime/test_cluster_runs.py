@@ -212,12 +212,13 @@ def test_a_hung_benchmark_times_out_as_error_and_leaves_no_worker(tmp_path: Path
     """The matmul warm-up outlasts bench.timeout_s: ERROR naming the timeout, every worker gone."""
     out = tmp_path / "run"
     argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
-    argv += ["--set", "bench.timeout_s=8", "--set", "bench.matmul.warmup_s=120"]
+    # 15 s: both ranks past start-up (import, rendezvous) on a loaded 2-core machine, so the phases say matmul.
+    argv += ["--set", "bench.timeout_s=15", "--set", "bench.matmul.warmup_s=120"]
     done = subprocess.run(argv, env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr[-2000:]
     [error] = load(out)["results"]
     assert error["name"] == "bench.matmul" and error["status"] == "ERROR"
-    assert "no result within 8 s" in error["message"] and "bench matmul" in error["message"]
+    assert "no result within 15 s" in error["message"] and "bench matmul" in error["message"]
     assert worker_processes(tmp_path) == []
 
 
@@ -234,6 +235,18 @@ def _worker_of_rank(parent: psutil.Process, rank: int, timeout_s: float) -> psut
     raise AssertionError(f"no worker of rank {rank} appeared within {timeout_s} s")
 
 
+def wait_until_joined(tmp_path: Path, rank: int, timeout_s: float = 90) -> None:
+    """Until a benchmark worker of `rank` has joined its job (its log says so, bench/worker.py): past the
+    rendezvous, its heartbeats and watchdog running. Then one heartbeat interval more has them flowing."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for log in tmp_path.rglob(f"rank-{rank}.log"):
+            if "joined the job" in log.read_text(errors="replace"):
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no worker of rank {rank} joined its job within {timeout_s:g} s")
+
+
 def test_a_stopped_rank_is_named_by_the_watchdog(tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
@@ -243,7 +256,8 @@ def test_a_stopped_rank_is_named_by_the_watchdog(tmp_path: Path) -> None:
         argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     worker = _worker_of_rank(psutil.Process(proc.pid), 1, 60)
-    time.sleep(5)  # past the rendezvous: its heartbeats have started
+    wait_until_joined(tmp_path, 1)
+    time.sleep(1)
     worker.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     proc.communicate(timeout=60)
@@ -295,7 +309,8 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     argv += ["--set", "runtime.rendezvous_timeout_s=8"]
     procs = start_two_nodes(argv, port, tmp_path)
     _worker_of_rank(psutil.Process(procs[1].pid), 1, 90)
-    time.sleep(3)
+    wait_until_joined(tmp_path, 1)
+    time.sleep(1)
     procs[1].kill()
     killed = time.monotonic()
     procs[0].communicate(timeout=90)
@@ -426,7 +441,8 @@ def test_a_stopped_worker_on_node_1_is_named_and_both_nodes_go_on(tmp_path: Path
     argv += ["--set", "runtime.heartbeat_timeout_s=3"]
     procs = start_two_nodes(argv, port, tmp_path)
     victim = _worker_of_rank(psutil.Process(procs[1].pid), 1, 90)
-    time.sleep(4)
+    wait_until_joined(tmp_path, 1)
+    time.sleep(1)
     victim.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     for proc in procs:

@@ -85,6 +85,8 @@ def main(argv: list[str]) -> int:
     except (RendezvousError, ConfigError) as exc:
         say(str(exc))
         return ABORTED_EXIT
+    # The rank's log says who it is and that it joined: from here on it beats and is watched.
+    say(f"{rt.me.describe()} joined the job ({rt.world_size} ranks): bench {spec['benchmark']}")
     try:
         data = run(rt, spec)
         if data is not None:

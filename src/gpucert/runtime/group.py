@@ -302,7 +302,9 @@ def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
     if rt.world_size == 1:
         return record
     if _looks_like_peer_failure(exc):
-        deadline = time.monotonic() + rt.config.heartbeat_timeout_s + 2 * rt.config.heartbeat_interval_s
+        # The watchdog names a silent peer by heartbeat_timeout_s + one interval, give or take its store round trips
+        # on a loaded machine: two intervals more before this rank names itself instead.
+        deadline = time.monotonic() + rt.config.heartbeat_timeout_s + 4 * rt.config.heartbeat_interval_s
         while time.monotonic() < deadline:
             try:
                 found = read_abort(rt.store)

@@ -103,6 +103,7 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
     """SIGTERM every worker's group, SIGKILL what is left after grace_s; also groups whose leader exited."""
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
+        _signal_group(proc, signal.SIGCONT)  # a stopped process (SIGSTOP, a debugger) handles SIGTERM only once woken
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.05)
