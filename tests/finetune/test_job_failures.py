@@ -144,3 +144,32 @@ def test_an_error_on_one_rank_ends_both_nodes_with_its_cause(
     assert re.search(rf"gpucert: rank 0 \(.*\) stops: rank 1 \(.*\) {re.escape(cause)}", out0), out0[-3000:]
     assert "exitcode  : 3" in out0 and "exitcode  : 3" in out1  # ERROR, on both
     print(f"both nodes ended {took:.1f} s after the start")
+
+
+def test_a_sigterm_ends_a_run_saying_where_and_releases_its_directory(tmp_path: Path) -> None:
+    """SIGTERM (a launcher stopping every rank because one ended, a cancelled job) reaches a lone run mid-step:
+    it says where it was and why, and its output directory is left as a failure leaves it, its lock released
+    (runtime/sigterm.py). Before, the default action ended it with no word and the lock file left."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
+    run, log = tmp_path / "run", tmp_path / "out.log"
+    env = {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpucert.finetune.train", str(config), "--output-dir", str(run)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not re.search(r"\[finetune\] step 3/", log.read_text(errors="replace")):
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, f"no training step within {START_TIMEOUT_S} s"
+        time.sleep(0.2)
+    assert (run / ".gpucert.lock").exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=END_TIMEOUT_S) == 3
+    said = log.read_text(errors="replace")
+    where = r"gpucert: rank 0 \(.*\) stops \(SIGTERM\) in step \d+: .*stopped by SIGTERM from its launcher"
+    assert re.search(where, said), said[-3000:]
+    assert not (run / ".gpucert.lock").exists()

@@ -43,6 +43,38 @@ def test_sigterm_runs_the_callback_on_its_own_thread_while_the_main_one_is_block
     assert out.read_text() == "written by the watch"
 
 
+FORKS = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+    from gpucert.runtime.sigterm import TermWatch
+
+    out = Path(sys.argv[1])
+    watch = TermWatch(lambda: out.write_text("the parent's watch fired"), exit_code=7).start()
+    ready, started = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(started, b"x")
+        time.sleep(15)  # a data worker: SIGTERM must end it, as it would without the parent's watch
+        os._exit(0)
+    os.read(ready, 1)  # the child runs (a signal before its first instruction would find the parent's fd)
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    time.sleep(1)  # time for the parent's watch to (wrongly) read the child's signal
+    watch.stop()
+    print(os.waitstatus_to_exitcode(status), flush=True)
+    """
+)
+
+
+def test_a_forked_child_keeps_the_default_sigterm_and_does_not_trip_the_parents_watch(tmp_path: Path) -> None:
+    out = tmp_path / "fired.txt"
+    done = subprocess.run([sys.executable, "-c", FORKS, str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(-signal.SIGTERM)
+    assert not out.exists()
+
+
 def test_a_stopped_watch_gives_sigterm_back(tmp_path: Path) -> None:
     child = CHILD.replace('print("ready"', 'watch.stop()\nprint("ready"')
     proc = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "x")], stdout=subprocess.PIPE, text=True)

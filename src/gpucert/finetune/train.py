@@ -87,6 +87,7 @@ from gpucert.finetune.rundir import RunDir, open_run_dir
 from gpucert.finetune.tokenizer import load_tokenizer
 from gpucert.report.schema import Report
 from gpucert.runtime.group import (
+    ABORTED_EXIT,
     AbortRecord,
     RendezvousError,
     Runtime,
@@ -95,7 +96,9 @@ from gpucert.runtime.group import (
     say,
     start_runtime,
     stop_runtime,
+    watch_store,
 )
+from gpucert.runtime.sigterm import TermWatch, why_terminated
 from gpucert.status import Status, worst
 
 SCHEMA = "gpucert.finetune.metrics/1"
@@ -353,11 +356,20 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         if run is not None:
             run.close(failed=True)  # a peer failed: this process ends next, with no except clause run
 
+    def terminated() -> None:
+        """SIGTERM (a launcher stopping every rank because one ended, a cancelled job): say who and where, and
+        leave the run directory as a failure leaves it, even while the main thread is blocked in a collective."""
+        if rt is not None:
+            say(f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {why_terminated(rt, watch_store(rt)).message()}")
+        if run is not None:
+            run.close(failed=True)
+
     try:
         rt = start_runtime(cfg.runtime, on_abort=where_this_rank_was)
     except KeyboardInterrupt:
         say("interrupted while joining the job")
         raise
+    watch = TermWatch(terminated, ABORTED_EXIT).start()
     try:
         rt.set_phase("setup")
         # Before anything is created: a wrong model path or an unreachable hub is refused in seconds.
@@ -371,11 +383,13 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         if rt.world_size > 1:
             leave_failed(rt, code)
         stop_runtime(rt)
+        watch.stop()
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise FinetuneFailed(record) from exc
     run.close(failed=False)
     stop_runtime(rt)
+    watch.stop()
     return result
 
 

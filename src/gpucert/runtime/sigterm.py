@@ -31,6 +31,28 @@ if TYPE_CHECKING:
     from gpucert.runtime.group import Runtime
 
 
+# The started watch, if any: a child forked while it runs (a data-preparation or DataLoader worker) must not
+# inherit its do-nothing handler and its wakeup fd, or the child would ignore SIGTERM and its signal would
+# reach this process's watch, which would end this process. The child puts both back first thing; a SIGTERM
+# that reaches it before its first instruction still goes to the watch (a pool is stopped after it has worked,
+# not within a microsecond of its fork). A child that execs (subprocess) gets neither: the kernel resets
+# handlers at exec, and the pipe is close-on-exec.
+_STARTED: list[TermWatch] = []
+
+
+def _reset_in_child() -> None:
+    for watch in _STARTED:
+        if watch._saved is not None:
+            old_handler, old_fd = watch._saved
+            with contextlib.suppress(ValueError, OSError):
+                signal.set_wakeup_fd(old_fd)
+                signal.signal(signal.SIGTERM, old_handler)
+    _STARTED.clear()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
 class TermWatch:
     """While started: SIGTERM runs `on_term` on this watch's thread, then the process exits with `exit_code`.
     Start and stop it from the main thread (Python's signal functions require it); elsewhere it does nothing."""
@@ -56,6 +78,7 @@ class TermWatch:
         self._saved = (old_handler, old_fd)
         self._thread = threading.Thread(target=self._run, args=(read,), name="gpucert-sigterm", daemon=True)
         self._thread.start()
+        _STARTED.append(self)
         return self
 
     def stop(self) -> None:
@@ -63,6 +86,8 @@ class TermWatch:
         if self._saved is None or self._fds is None:
             return
         self._stop.set()
+        if self in _STARTED:
+            _STARTED.remove(self)
         if self._thread is not None:
             self._thread.join(timeout=2.0)
         old_handler, old_fd = self._saved
