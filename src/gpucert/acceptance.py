@@ -363,7 +363,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
 
     from gpucert.bench.suite import run_in_ranks as bench_in_ranks
     from gpucert.runtime.group import AbortRecord, fail, leave_failed, start_runtime, stop_runtime, watch_store
-    from gpucert.runtime.sigterm import TermWatch, why_terminated
+    from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     pre = load_run_config(request)
@@ -403,16 +403,15 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
 
     rt = start_runtime(pre.runtime, on_abort=write_partial)
 
-    # Rank 0 keeps SIGTERM for itself: a launcher stops every rank as soon as one ends, before the watchdog can
-    # read why (runtime/sigterm.py).
+    # A launcher stops every rank as soon as one ends, before the watchdog can read why (runtime/sigterm.py):
+    # each rank says it was stopped, so none is taken for the one that ended, and rank 0 writes what ran.
     def terminated() -> None:
-        record = why_terminated(rt, watch_store(rt))
-        write_partial(record)
+        record = stopped_by_launcher(rt)
+        if rt.is_main:
+            write_partial(record)
         say(f"{rt.me.describe()} stops (SIGTERM): {record.message()}")
 
-    watch = TermWatch(terminated, Status.ERROR.exit_code)
-    if rt.is_main:
-        watch.start()
+    watch = TermWatch(terminated, Status.ERROR.exit_code).start()
     try:
         rt.set_phase("node checks")
         work = collect_node(request, rt.me.node)
@@ -445,6 +444,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             parts = read_parts(rt.store, rt.num_nodes, request.benchmarks, wait, skip_missing=False)
             report = build_report(request, started, t0, work, parts, done)
             with written:
+                if holder.get("written"):  # a partial one is there: this process is on its way out
+                    raise RuntimeError("the run was stopped while its report was being written")
                 path = write_report(report, holder["run_dir"].path, html=bool(request.benchmarks))
                 holder["written"] = True
             holder["run_dir"].release()

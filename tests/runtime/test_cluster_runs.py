@@ -340,26 +340,51 @@ def accept_rank(agent: subprocess.Popen[str], rank: int, timeout_s: float = 90) 
     raise AssertionError(f"rank {rank} did not start within {timeout_s:g} s")
 
 
+def one_torchrun_in_matmul(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """`gpucert accept` under one torchrun of two ranks (one node), once both ranks are in the matmul warm-up:
+    the agent, and the file its output and its ranks' go to."""
+    out, log = tmp_path / "run", tmp_path / "torchrun.log"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
+    with log.open("wb") as sink:
+        agent = subprocess.Popen(argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    # Rank 0 says so after the barrier that opens the benchmark: both ranks are past the node checks.
+    while "running benchmark matmul" not in log.read_text(errors="replace"):
+        assert agent.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    time.sleep(1)
+    return agent, log
+
+
 def test_under_one_torchrun_of_two_ranks_a_killed_rank_is_named_in_rank_0s_partial_report(tmp_path: Path) -> None:
     """One node, two ranks: once rank 1 is SIGKILLed, torchrun SIGTERMs rank 0 within a fraction of a second,
     before its watchdog could read anything. Rank 0 still writes what ran, naming rank 1 (runtime/sigterm.py)."""
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
-    agent = subprocess.Popen(
-        argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    agent, log = one_torchrun_in_matmul(tmp_path)
     victim = accept_rank(agent, 1)
-    time.sleep(8)  # past the rendezvous and the node checks: in the matmul warm-up
     victim.kill()
-    said, err = agent.communicate(timeout=90)
+    agent.wait(timeout=90)
+    out, said = tmp_path / "run", log.read_text(errors="replace")
     assert agent.returncode != 0
-    assert "stops (SIGTERM): rank 1 (" in said + err, (said + err)[-3000:]
+    assert "rank 0 (" in said and "stops (SIGTERM): rank 1 (" in said, said[-3000:]
     report = load(out)
     (aborted,) = [r for r in report["results"] if r["name"] == "run.aborted"]
     assert aborted["status"] == "ERROR" and "rank 1 (" in aborted["message"], aborted["message"]
     assert f"pid {victim.pid}) ended without a word" in aborted["message"]
     assert any(r["name"] == "node.xid" for r in report["results"])  # what ran before is there
+
+
+def test_under_one_torchrun_a_cancelled_job_blames_its_launcher_not_a_rank(tmp_path: Path) -> None:
+    """SIGTERM to torchrun itself (scancel, a time limit): it SIGTERMs both ranks. Rank 1, stopped too, says
+    so in the store before it goes, so rank 0's partial report names the launcher, not rank 1."""
+    agent, log = one_torchrun_in_matmul(tmp_path)
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(timeout=90)
+    said = log.read_text(errors="replace")
+    assert agent.returncode != 0
+    (aborted,) = [r for r in load(tmp_path / "run")["results"] if r["name"] == "run.aborted"]
+    assert "stopped by SIGTERM from its launcher" in aborted["message"], (aborted["message"], said[-3000:])
+    assert "ended without a word" not in said
 
 
 def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_path: Path) -> None:

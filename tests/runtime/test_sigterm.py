@@ -103,16 +103,21 @@ def test_why_names_a_recorded_failure_then_a_local_rank_whose_process_is_gone_th
         peers = [identity(0, 0, alive.pid), identity(1, 0, ended.pid), identity(2, 1, ended.pid)]
         rt = runtime(peers, store)
         store.set("phase/1", "bench matmul")
-        found = why_terminated(rt, store)
+        found = why_terminated(rt, store, 0)
         assert (found.rank, found.phase) == (1, "bench matmul")
         assert f"its process (pid {ended.pid}) ended" in found.message() and found.who.startswith("rank 1 (")
+        # Gone, but it said the launcher stopped it too (a cancelled job), or that it had finished: not blamed.
+        for key in ("sigterm/1", "closed/1"):
+            said = dist.HashStore()
+            said.set(key, "1")
+            assert "stopped by SIGTERM from its launcher" in why_terminated(runtime(peers, said), said, 0).cause
 
         recorded = AbortRecord("rank 2 (node-1 rank 0 (cpu))", "ValueError: bad", "bench memory", 2, "node-1")
         record_abort(store, recorded)
-        assert why_terminated(rt, store) == recorded  # what a rank said of itself comes first
+        assert why_terminated(rt, store, 0) == recorded  # what a rank said of itself comes first
 
         rt = runtime([identity(0, 0, alive.pid), identity(1, 0, alive.pid)], dist.HashStore())
-        found = why_terminated(rt, rt.store)
+        found = why_terminated(rt, rt.store, 0)
         assert found.rank == 0 and "stopped by SIGTERM from its launcher" in found.cause
     finally:
         alive.kill()

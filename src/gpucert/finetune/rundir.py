@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from gpucert.runtime.dirlock import lock_dir, unlock_dir
 from gpucert.runtime.group import Runtime
 
 CONFIG_FILE = "config.yaml"
+
+
+_CLOSING = threading.Lock()  # RunDir.close, from whichever thread
 
 
 @dataclass
@@ -42,19 +46,21 @@ class RunDir:
     def close(self, failed: bool) -> None:
         """Release the lock. After a failure before the first step, also take back what this run put into a
         directory it found missing or empty (config.yaml, the TensorBoard file, the lock file): no half-made run
-        directory is left behind. Idempotent (the watchdog may call it while the main thread unwinds)."""
-        if failed and self.fresh and not self.trained:
-            for entry in list(self.path.iterdir()) if self.path.is_dir() else []:
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-            if self.made:
-                with contextlib.suppress(OSError):  # something appeared in it meanwhile: leave it
-                    self.path.rmdir()
-        fd, self.lock_fd = self.lock_fd, None
-        unlock_dir(self.path, fd)
-        self.fresh = False
+        directory is left behind. Idempotent, and one caller at a time (the watchdog's or SIGTERM's thread may call
+        it while the main thread unwinds: the lock file must be closed once)."""
+        with _CLOSING:
+            if failed and self.fresh and not self.trained:
+                for entry in list(self.path.iterdir()) if self.path.is_dir() else []:
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+                if self.made:
+                    with contextlib.suppress(OSError):  # something appeared in it meanwhile: leave it
+                        self.path.rmdir()
+            fd, self.lock_fd = self.lock_fd, None
+            unlock_dir(self.path, fd)
+            self.fresh = False
 
 
 def claim_run_dir(path: Path) -> RunDir:

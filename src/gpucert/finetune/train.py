@@ -96,9 +96,8 @@ from gpucert.runtime.group import (
     say,
     start_runtime,
     stop_runtime,
-    watch_store,
 )
-from gpucert.runtime.sigterm import TermWatch, why_terminated
+from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
 from gpucert.status import Status, worst
 
 SCHEMA = "gpucert.finetune.metrics/1"
@@ -360,7 +359,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         """SIGTERM (a launcher stopping every rank because one ended, a cancelled job): say who and where, and
         leave the run directory as a failure leaves it, even while the main thread is blocked in a collective."""
         if rt is not None:
-            say(f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {why_terminated(rt, watch_store(rt)).message()}")
+            say(f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {stopped_by_launcher(rt).message()}")
         if run is not None:
             run.close(failed=True)
 
@@ -370,26 +369,27 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         say("interrupted while joining the job")
         raise
     watch = TermWatch(terminated, ABORTED_EXIT).start()
-    try:
-        rt.set_phase("setup")
-        # Before anything is created: a wrong model path or an unreachable hub is refused in seconds.
-        check_model_source(cfg.model)
-        run = open_run_dir(cfg, rt)
-        result = train(cfg, rt, run, resolve_peak(cfg, profile_peak))
-    except (Exception, KeyboardInterrupt) as exc:
-        record, code = report_failure(rt, exc)
-        if run is not None:
-            run.close(failed=True)
-        if rt.world_size > 1:
-            leave_failed(rt, code)
+    try:  # the watch goes whatever ends this (a test's in-process run included)
+        try:
+            rt.set_phase("setup")
+            # Before anything is created: a wrong model path or an unreachable hub is refused in seconds.
+            check_model_source(cfg.model)
+            run = open_run_dir(cfg, rt)
+            result = train(cfg, rt, run, resolve_peak(cfg, profile_peak))
+        except (Exception, KeyboardInterrupt) as exc:
+            record, code = report_failure(rt, exc)
+            if run is not None:
+                run.close(failed=True)
+            if rt.world_size > 1:
+                leave_failed(rt, code)
+            stop_runtime(rt)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise FinetuneFailed(record) from exc
+        run.close(failed=False)
         stop_runtime(rt)
+    finally:
         watch.stop()
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise FinetuneFailed(record) from exc
-    run.close(failed=False)
-    stop_runtime(rt)
-    watch.stop()
     return result
 
 
