@@ -222,17 +222,20 @@ def test_a_hung_benchmark_times_out_as_error_and_leaves_no_worker(tmp_path: Path
     assert worker_processes(tmp_path) == []
 
 
-def _worker_of_rank(parent: psutil.Process, rank: int, timeout_s: float) -> psutil.Process:
+def _worker_of_rank(
+    parent: psutil.Process, rank: int, timeout_s: float, command: str = "gpucert.bench.worker"
+) -> psutil.Process:
+    """The process of `rank` among `parent`'s descendants whose command line has `command`, once it started."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for child in parent.children(recursive=True):
             try:
-                if child.environ().get("RANK") == str(rank) and "gpucert.bench.worker" in child.cmdline():
+                if child.environ().get("RANK") == str(rank) and command in child.cmdline():
                     return child
             except psutil.Error:
                 continue
         time.sleep(0.2)
-    raise AssertionError(f"no worker of rank {rank} appeared within {timeout_s} s")
+    raise AssertionError(f"no process of rank {rank} ({command}) appeared within {timeout_s} s")
 
 
 def wait_until_joined(tmp_path: Path, rank: int, timeout_s: float = 90) -> None:
@@ -326,18 +329,9 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     assert worker_processes(tmp_path) == []
 
 
-def accept_rank(agent: subprocess.Popen[str], rank: int, timeout_s: float = 90) -> psutil.Process:
+def accept_rank(agent: subprocess.Popen[Any], rank: int) -> psutil.Process:
     """The `gpucert accept` process of `rank` among a torchrun agent's children, once it has started."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for child in psutil.Process(agent.pid).children(recursive=True):
-            try:
-                if child.environ().get("RANK") == str(rank) and "accept" in child.cmdline():
-                    return child
-            except psutil.Error:
-                continue
-        time.sleep(0.5)
-    raise AssertionError(f"rank {rank} did not start within {timeout_s:g} s")
+    return _worker_of_rank(psutil.Process(agent.pid), rank, 90, "accept")
 
 
 def one_torchrun_in_matmul(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
