@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests.runtime.test_cluster_runs import free_port
 
 from gpucert.runtime.launch_env import RANK_VARIABLES
 
@@ -50,10 +50,9 @@ class Node:
         return self.log.read_text(errors="replace")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def worker_env() -> dict[str, str]:
+    """This environment without any launcher's rank variables, one thread a process (2 CPU cores)."""
+    return {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture
@@ -63,7 +62,7 @@ def two_nodes(tmp_path: Path) -> Iterator[Callable[[dict[int, list[str]]], list[
     config = tmp_path / "tiny.yaml"
     config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
     nodes: list[Node] = []
-    env = {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    env = worker_env()
     port = free_port()
 
     def start(extra: dict[int, list[str]]) -> list[Node]:
@@ -153,7 +152,7 @@ def test_a_sigterm_ends_a_run_saying_where_and_releases_its_directory(tmp_path: 
     config = tmp_path / "tiny.yaml"
     config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
     run, log = tmp_path / "run", tmp_path / "out.log"
-    env = {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "OMP_NUM_THREADS": "1"}
+    env = worker_env()
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpucert.finetune.train", str(config), "--output-dir", str(run)],

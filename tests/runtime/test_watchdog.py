@@ -8,16 +8,15 @@ for one and abort.
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from tests.finetune.test_job_failures import worker_env
+from tests.runtime.test_cluster_runs import free_port
 
 from gpucert.runtime.group import ABORTED_EXIT
-from gpucert.runtime.launch_env import RANK_VARIABLES
 
 pytestmark = pytest.mark.slow  # two processes and their rendezvous: seconds
 
@@ -36,15 +35,8 @@ RANK = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_two_ranks(rank0_work_s: float) -> list[subprocess.CompletedProcess[str]]:
-    base = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
-    base |= {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    base = {**worker_env(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", RANK, str(rank0_work_s)],
