@@ -63,6 +63,9 @@ MEASURED = [
     # 2026-11-23: each MLP one function, silu(gate) * up recomputed in its backward kernel (h100-fused-mlp.txt).
     ("r16 micro-batch 3, fused MLP", dataclasses.replace(R16, adapters_in_gemm=True, fused_mlp=True), 3, "none", 57.6),
     ("r16 fp8 micro-batch 3", dataclasses.replace(R16, precision="fp8"), 3, "none", 67.6),
+    # 2026-11-23, FlashAttention-3 (h100-fp8-fa3.txt; the second chosen by train.micro_batch=auto).
+    ("r16 fp8 micro-batch 2, FlashAttention-3", dataclasses.replace(R16, precision="fp8"), 2, "none", 50.2),
+    ("r16 fp8 micro-batch 3, FlashAttention-3", dataclasses.replace(R16, precision="fp8"), 3, "none", 67.7),
     ("r64 micro-batch 2", dataclasses.replace(R16, lora_r=64), 2, "none", 52.5),
     ("r64 dropout 0.05 micro-batch 2", R64_DROPOUT, 2, "none", 67.2),
     ("speed recipe (r64 dropout 0.05, packed, flex) micro-batch 2", R64_DROPOUT, 2, "none", 69.6),
