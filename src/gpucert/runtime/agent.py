@@ -26,7 +26,15 @@ from typing import Any
 import torch.distributed as dist
 
 from gpucert.runtime.config import RuntimeConfig
-from gpucert.runtime.group import POLL_S, AbortRecord, RendezvousError, connect_store, read_abort, record_abort
+from gpucert.runtime.group import (
+    POLL_S,
+    AbortRecord,
+    RendezvousError,
+    connect_store,
+    read_abort,
+    read_phase,
+    record_abort,
+)
 from gpucert.runtime.identity import RankIdentity, node_labels
 from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
 from gpucert.runtime.spawn import WorkerExit, run_workers
@@ -219,7 +227,7 @@ class NodeAgent:
                 AbortRecord(
                     who=self._describe(job, exit.rank, exit.local_rank),
                     cause=exit.cause + (f": {detail}" if detail else ""),
-                    phase=self._phase(job, exit.rank),
+                    phase=read_phase(job, exit.rank, "start-up"),
                     rank=exit.rank,
                     node=self.label,
                 ),
@@ -243,7 +251,7 @@ class NodeAgent:
             failure = AbortRecord(who=f"node {self.label}", cause=f"lost the run's store: {exc}", phase=name)
             return StepResult(ok=False, failure=failure, lost=str(exc))
         if outcome.timed_out and failure is None:
-            phases = "; ".join(f"rank {r}: {self._phase(job, r)}" for r in ranks)
+            phases = "; ".join(f"rank {r}: {read_phase(job, r, 'start-up')}" for r in ranks)
             failure = record_abort(
                 job,
                 AbortRecord(
@@ -271,10 +279,6 @@ class NodeAgent:
             ident = RankIdentity.from_dict(json.loads(job.get(f"rank/{rank}")))
             return dataclasses.replace(ident, node=self.label).describe()
         return f"rank {rank} ({self.label} local rank {local_rank})"
-
-    @staticmethod
-    def _phase(job: Any, rank: int) -> str:
-        return job.get(f"phase/{rank}").decode() if job.check([f"phase/{rank}"]) else "start-up"
 
     def finish(self, verdict: int | None, lost: bool = False) -> int:
         """Node 0 publishes the run's exit code; the others wait for it (bounded) and exit with it too. After a

@@ -56,6 +56,11 @@ def record_abort(store: Any, record: AbortRecord) -> AbortRecord:
     return AbortRecord(**json.loads(current)) if current else record
 
 
+def read_phase(store: Any, rank: int, default: str = "start") -> str:
+    """Where rank `rank` last said it was (Runtime.set_phase), or `default` if it never said."""
+    return store.get(f"phase/{rank}").decode() if store.check([f"phase/{rank}"]) else default
+
+
 def read_abort(store: Any) -> AbortRecord | None:
     if not store.check(["abort"]):
         return None

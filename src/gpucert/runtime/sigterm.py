@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from gpucert.runtime.group import AbortRecord, read_abort, watch_store
+from gpucert.runtime.group import AbortRecord, read_abort, read_phase, watch_store
 
 if TYPE_CHECKING:
     from gpucert.runtime.group import Runtime
@@ -169,8 +169,7 @@ def why_terminated(rt: Runtime, store: Any, settle_s: float = SETTLE_S) -> Abort
                 continue  # stopped by the launcher too, or finished and left: not the one that ended
         phase = "start"
         with contextlib.suppress(RuntimeError):
-            if store.check([f"phase/{peer.rank}"]):
-                phase = store.get(f"phase/{peer.rank}").decode()
+            phase = read_phase(store, peer.rank)
         return AbortRecord(
             who=peer.describe(),
             cause=f"its process (pid {peer.pid}) ended without a word (killed: SIGKILL, the kernel's OOM killer?), "

@@ -28,6 +28,7 @@ from gpucert.runtime.group import (
     connect_store,
     leave_failed,
     read_abort,
+    read_phase,
     record_abort,
     say,
 )
@@ -126,7 +127,7 @@ class Watchdog:
                 if store.check([f"closed/{r}"]):
                     continue  # it finished its part and left (stop_runtime): silent, not dead
                 peer = self.rt.peers[r]
-                phase = store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "start"
+                phase = read_phase(store, r)
                 return record_abort(
                     store,
                     AbortRecord(
