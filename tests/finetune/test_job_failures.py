@@ -50,6 +50,16 @@ class Node:
         return self.log.read_text(errors="replace")
 
 
+def wait_until_training(output: Callable[[], str], procs: list[subprocess.Popen[bytes]]) -> None:
+    """Until the output shows step 3 (the run is mid-training); fails if a process ended first, or past
+    START_TIMEOUT_S."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not re.search(r"\[finetune\] step 3/", output()):
+        assert all(p.poll() is None for p in procs), output()[-3000:]
+        assert time.monotonic() < deadline, f"no training step within {START_TIMEOUT_S} s:\n{output()[-3000:]}"
+        time.sleep(0.2)
+
+
 def worker_env() -> dict[str, str]:
     """This environment without any launcher's rank variables, one thread a process (2 CPU cores)."""
     return {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "OMP_NUM_THREADS": "1"}
@@ -100,11 +110,7 @@ def wait_all(nodes: list[Node], since: float) -> float:
 
 def test_a_killed_rank_ends_both_nodes_and_is_named(two_nodes: Callable[..., list[Node]]) -> None:
     node0, node1 = two_nodes({})
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not re.search(r"\[finetune\] step 3/", node0.output()):
-        assert node0.agent.poll() is None and node1.agent.poll() is None, node0.output()[-3000:]
-        assert time.monotonic() < deadline, f"no training step within {START_TIMEOUT_S} s:\n{node0.output()[-3000:]}"
-        time.sleep(0.2)
+    wait_until_training(node0.output, [node0.agent, node1.agent])
     workers = [
         p for p in psutil.Process(node1.agent.pid).children(recursive=True) if "gpucert.finetune.train" in p.cmdline()
     ]
@@ -160,11 +166,7 @@ def test_a_sigterm_ends_a_run_saying_where_and_releases_its_directory(tmp_path: 
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not re.search(r"\[finetune\] step 3/", log.read_text(errors="replace")):
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, f"no training step within {START_TIMEOUT_S} s"
-        time.sleep(0.2)
+    wait_until_training(lambda: log.read_text(errors="replace"), [proc])
     assert (run / ".gpucert.lock").exists()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=END_TIMEOUT_S) == 3
