@@ -236,6 +236,11 @@ class TrainConfig:
     merge_adapter: bool = False
     # Peak dense BF16 TFLOP/s for MFU; None takes the hardware profile's.
     peak_tflops: float | None = None
+    # With model.compile: torch.compile's caches (inductor's compiled graphs, tuned block sizes, Triton kernels)
+    # live here, so later runs and every rank of a job load the compile work instead of redoing it
+    # (finetune/compile_cache.py); put it on a shared filesystem for multi-node jobs. None: $TORCHINDUCTOR_CACHE_DIR
+    # when set, else the per-user ~/.cache/gpucert/compile ($XDG_CACHE_HOME/gpucert/compile).
+    compile_cache_dir: str | None = None
 
     def problems(self) -> list[str]:
         return [
