@@ -243,3 +243,44 @@ def test_messages_with_non_finite_arguments_are_dropped() -> None:
         ]
     )
     assert conversations == [] and report.dropped["non_finite_number"].count == 2
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def test_a_call_written_in_message_content_is_read_into_tool_calls_or_drops_the_row() -> None:
+    written = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    user = {"role": "user", "content": "Weather in Oslo?"}
+    rows = [
+        {"messages": [user, {"role": "assistant", "content": f"Checking. {written}"}], "tools": [WEATHER]},
+        {"messages": [user, {"role": "assistant", "content": f"{written} Done."}], "tools": [WEATHER]},
+        {
+            "messages": [
+                user,
+                {
+                    "role": "assistant",
+                    "content": written,
+                    "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+                },
+            ],
+            "tools": [WEATHER],
+        },
+    ]
+    conversations, report = parse_messages_rows(rows)
+    assert conversations[0].messages[-1] == {
+        "role": "assistant",
+        "content": "Checking.",
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+    }
+    assert report.repaired["foreign_call_syntax"].count == 1
+    assert report.dropped["foreign_call_syntax"].count == 2 and len(conversations) == 1
+
+
+def test_an_alpaca_output_holding_a_call_is_dropped() -> None:
+    rows = [
+        {"instruction": "Weather in Oslo?", "output": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
+        {"instruction": "Weather in Oslo?", "output": "<tool_call> get the weather </tool_call>"},
+        {"instruction": "Name a JSON key.", "output": 'The key "name" names a thing.'},
+    ]
+    conversations, report = parse_alpaca_rows(rows)
+    assert len(conversations) == 1 and report.dropped["foreign_call_syntax"].count == 2

@@ -330,3 +330,80 @@ def test_report_counts_every_case_with_row_and_excerpt() -> None:
 def test_rows_of_the_report_can_be_named_by_their_source_line() -> None:
     _, report = parse_rows([row("nonsense")], locations=["data.jsonl:7"])
     assert report.dropped["no_leading_turn"].examples[0].at == "data.jsonl:7"
+
+
+# A call written in another syntax: read as a call when nothing else can be meant, else the row is dropped.
+TAGGED = '<tool_call>\n{"name": "translate_text", "arguments": {"text": "hola"}}\n</tool_call>'
+RESPONSE_CUT = '\n\n\nFUNCTION RESPONSE: {"translation": "hello"}'
+
+
+@pytest.mark.parametrize(
+    ("written", "prose"),
+    [
+        (TAGGED, ""),
+        (f"Let me translate that. {TAGGED}", "Let me translate that."),
+        ("""<function_call> {"name": "translate_text", "arguments": '{"text": "hola"}'}""", ""),
+        ('{"name": "translate_text", "arguments": {"text": "hola"}}', ""),
+        ("""<FunctionCall> {"name": "translate_text", "parameters": {"text": "hola"}} </FunctionCall>""", ""),
+        ("translate_text(text='hola')", ""),
+        ("[translate_text(text='hola')]", ""),
+    ],
+)
+def test_a_call_in_another_syntax_is_read_as_a_call_when_unambiguous(written: str, prose: str) -> None:
+    # The tail (the call's response) is cut: nothing but the call's syntax tells it is one.
+    chat = f"USER: Translate hola\n\n\nASSISTANT: {written} <|endoftext|>{RESPONSE_CUT}"
+    conversations, report = parse_rows([row(chat)])
+    assert len(conversations) == 1, report.dropped
+    message = conversations[0].messages[-1]
+    assert message["content"] == prose
+    assert message["tool_calls"] == [
+        {"type": "function", "function": {"name": "translate_text", "arguments": {"text": "hola"}}}
+    ]
+    assert report.repaired["foreign_call_syntax"].count == 1
+    assert "translate_text" in report.repaired["foreign_call_syntax"].examples[0].excerpt
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        f"{TAGGED} Anything else?",  # prose after the call
+        "<tool_call> translate hola please </tool_call>",  # no call inside the tags
+        f"{TAGGED}\n{TAGGED.replace('</tool_call>', '')} {TAGGED}",  # a tag opened twice
+        '[TOOL_CALLS] [{"name": "translate_text", "arguments": {"text": "hola"}}]',
+        'I would call {"name": "translate_text", "arguments": {"text": "hola"}} now.',
+        "You could run translate_text(text='hola') yourself.",
+        "translate_text(text=hola)",  # not a literal
+        f'{TAGGED}\n<functioncall> {{"name": "translate_text", "arguments": \'{{}}\'}}',  # two syntaxes
+    ],
+)
+def test_a_call_in_another_syntax_that_is_ambiguous_drops_the_row(written: str) -> None:
+    chat = f"USER: Translate hola\n\n\nASSISTANT: {written} <|endoftext|>{RESPONSE_CUT}"
+    conversations, report = parse_rows([row(chat)], locations=["rows.jsonl:3"])
+    assert conversations == [] and list(report.dropped) == ["foreign_call_syntax"], report.dropped
+    example = report.dropped["foreign_call_syntax"].examples[0]
+    assert example.at == "rows.jsonl:3" and "<functioncall>" in example.excerpt
+
+
+def test_call_syntax_in_input_turns_and_plain_prose_is_not_a_call() -> None:
+    chat = (
+        f"USER: What does {TAGGED} mean?\n\n\n"
+        "ASSISTANT: It is a tool call tag; translate_text takes a text. The name field names it. <|endoftext|>"
+    )
+    conversations, report = parse_rows([row(chat)])
+    assert len(conversations) == 1 and not report.repaired and not report.dropped
+    assert "tool_calls" not in conversations[0].messages[-1]
+
+
+def test_every_stray_end_of_text_marker_is_removed_and_counted() -> None:
+    chat = (
+        "USER: Hi <|endoftext|>\n\n\n"
+        "ASSISTANT: Hello! <|endoftext|> How can I help? <|endoftext|> <|endoftext|>\n\n\n"
+        "USER: Nothing.\n\n\nASSISTANT: Bye. <|endoftext|>"
+    )
+    conversations, report = parse_rows([row(chat)])
+    assert [m["content"] for m in conversations[0].messages[1:]] == ["Hi", "Hello! How can I help?", "Nothing.", "Bye."]
+    # Three markers inside turns; the closing marker of each assistant turn is the format, not a repair.
+    assert report.repaired["stray_end_of_text"].count == 3
+    assert "user turn" in report.repaired["stray_end_of_text"].examples[0].excerpt
+    _, clean = parse_rows([row("USER: Hi\n\n\nASSISTANT: Hello! <|endoftext|>")])
+    assert not clean.repaired

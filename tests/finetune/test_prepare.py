@@ -88,7 +88,7 @@ def test_stats(tmp_path: Path, tokenizer) -> None:
     stats = prepare_dataset(config(tmp_path), tokenizer).stats
     assert (stats["rows"], stats["parsed"], stats["unparsable"]) == (120, 117, 3)
     assert len(stats["unparsable_examples"]) == 3
-    assert stats["data_method_version"] == DATA_METHOD_VERSION == "2"
+    assert stats["data_method_version"] == DATA_METHOD_VERSION == "3"
     # Each data-quality case of the parser, with examples naming the row and its line in the source file.
     assert {case: t["count"] for case, t in stats["dropped"].items()} == {
         "bad_arguments": 2,

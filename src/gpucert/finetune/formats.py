@@ -25,6 +25,7 @@ from typing import Any
 
 from gpucert.finetune.config import DataConfig
 from gpucert.finetune.glaive import (
+    FOREIGN_CALL,
     Conversation,
     Converter,
     GlaiveFormatError,
@@ -33,6 +34,7 @@ from gpucert.finetune.glaive import (
     convert_rows,
     json_value,
     parse_rows,
+    read_foreign_calls,
 )
 from gpucert.finetune.sample_data import SAMPLE_PATH
 
@@ -70,6 +72,12 @@ def alpaca_to_conversation(row: Mapping[str, Any], repairs: list[Repair] | None 
     if not isinstance(extra, str):
         raise RowFormatError("'input' is not a string", "bad_field")
     prompt = instruction.strip() + (INPUT_HEADER + extra.strip() if extra.strip() else "")
+    _, calls = read_foreign_calls(output, None, (), "alpaca output")
+    if calls:
+        # Alpaca has no calls: a call written in its output would be trained as text.
+        raise RowFormatError(
+            f"'output' holds a function call, which alpaca rows cannot carry: {output[:80]!r}", FOREIGN_CALL
+        )
     return Conversation(
         messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": output.strip()}]
     )
@@ -116,7 +124,7 @@ def _tool_call(entry: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
-def _message(entry: Any, i: int) -> dict[str, Any]:
+def _message(entry: Any, i: int, repairs: list[Repair] | None, declared: list[str]) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(entry, dict):
         raise RowFormatError(f"{where} is not an object", "bad_message")
@@ -135,6 +143,12 @@ def _message(entry: Any, i: int) -> dict[str, Any]:
         calls = _maybe_json(entry.get("tool_calls") or [], f"{where}.tool_calls")
         if not isinstance(calls, list):
             raise RowFormatError(f"{where}.tool_calls is not a list", "bad_call")
+        # A call written in the content (`<tool_call>` text) is read into tool_calls, or drops the row.
+        content, foreign = read_foreign_calls(content, repairs, declared, "tool_calls")
+        if foreign and calls:
+            raise RowFormatError(f"{where} has tool_calls and a call written in its content", FOREIGN_CALL)
+        message["content"] = content
+        calls = calls or foreign
         if calls:
             message["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
         if not content.strip() and not calls:
@@ -148,13 +162,15 @@ def messages_to_conversation(row: Mapping[str, Any], repairs: list[Repair] | Non
     messages = _maybe_json(row.get("messages"), "messages")
     if not isinstance(messages, list) or not messages:
         raise RowFormatError("'messages' is not a non-empty list", "missing_field")
-    converted = [_message(m, i) for i, m in enumerate(messages)]
-    if not any(m["role"] == "assistant" for m in converted):
-        raise RowFormatError("no assistant message", "no_assistant_turn")
     tools = _maybe_json(row.get("tools") or [], "tools")
     if not isinstance(tools, list):
         raise RowFormatError("'tools' is not a list", "bad_tool")
-    return Conversation(messages=converted, tools=[_tool(t, i) for i, t in enumerate(tools)])
+    checked = [_tool(t, i) for i, t in enumerate(tools)]
+    declared = [t["function"]["name"] for t in checked]
+    converted = [_message(m, i, repairs, declared) for i, m in enumerate(messages)]
+    if not any(m["role"] == "assistant" for m in converted):
+        raise RowFormatError("no assistant message", "no_assistant_turn")
+    return Conversation(messages=converted, tools=checked)
 
 
 def _convert_all(

@@ -37,6 +37,15 @@ _NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _ARGS_OPEN = re.compile(r"""["'](\w+)["']\s*:\s*'""")
 # `\/` after an odd run of backslashes: JSON's escaped slash, which a Python literal keeps as two characters.
 _JSON_SLASH = re.compile(r"(?<!\\)((?:\\\\)*)\\/")
+# Call syntaxes of other formats, which Glaive's own `<functioncall>` never is: tags (Hermes / Qwen
+# `<tool_call>`, `<function_call>`, `<functioncall>` spelled otherwise, their closing tags), Mistral's
+# `[TOOL_CALLS]`, Llama 3's `<|python_tag|>`; and a bare call object `{"name": ..., "arguments": ...}`.
+_FOREIGN_TAG = re.compile(r"<\|?\s*/?\s*(?:tool|function)[ _-]?calls?\s*\|?>|\[TOOL_CALLS\]|<\|python_tag\|>", re.I)
+_BARE_CALL = re.compile(r"""\{\s*["']name["']\s*:\s*["'][^"'\n]*["']\s*,\s*["'](?:arguments|parameters)["']\s*:""")
+FOREIGN_CALL = "foreign_call_syntax"
+STRAY_END = "stray_end_of_text"
+# A marker found anywhere but at the end of an assistant turn, with the spaces before it.
+_STRAY_END_RE = re.compile(r"[ \t]*" + re.escape(END_OF_TURN))
 MAX_EXAMPLES = 10
 # Examples kept per case in the report, and the longest excerpt of a row shown in one.
 CASE_EXAMPLES = 3
@@ -314,8 +323,8 @@ def _tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _turns(chat: str) -> list[tuple[str, str, bool]]:
-    """`USER: ...\\n\\n\\nASSISTANT: ...` -> [(role, text, ended)]: ` <|endoftext|>` stripped, `ended` when the
-    turn closed with it."""
+    """`USER: ...\\n\\n\\nASSISTANT: ...` -> [(role, text, ended)]: an assistant turn's closing ` <|endoftext|>`
+    stripped, `ended` when it closed with one. Any other marker stays in the text, for `_remove_stray_ends`."""
     text = chat.strip()
     matches = list(_TURN_START.finditer(text))
     if not matches or matches[0].start() != 0:
@@ -325,14 +334,28 @@ def _turns(chat: str) -> list[tuple[str, str, bool]]:
     turns = []
     for match, following in zip(matches, [*matches[1:], None], strict=True):
         end = following.start() if following is not None else len(text)
+        role = ROLES[match.group(1)]
         raw = text[match.end() : end].rstrip()
-        turns.append((ROLES[match.group(1)], raw.replace(END_OF_TURN, "").strip(), raw.endswith(END_OF_TURN)))
+        ended = role == "assistant" and raw.endswith(END_OF_TURN)
+        turns.append((role, (raw[: -len(END_OF_TURN)] if ended else raw).strip(), ended))
     return turns
 
 
+def _remove_stray_ends(turns: list[tuple[str, str, bool]], repairs: list[Repair] | None) -> None:
+    """Remove every end-of-text marker left inside a turn (not an assistant turn's closing one), each counted:
+    the tokenizer reads the literal text as its end token, so training on it would teach the model to stop
+    mid-turn."""
+    for i, (role, body, ended) in enumerate(turns):
+        for stray in _STRAY_END_RE.finditer(body):
+            _note(repairs, STRAY_END, f"{END_OF_TURN} inside a {role} turn removed: {_snippet(body, stray.end())}")
+        turns[i] = (role, _STRAY_END_RE.sub("", body).strip(), ended)
+
+
 def split_turns(chat: str) -> list[tuple[str, str]]:
-    """`USER: ...\\n\\n\\nASSISTANT: ...` -> [(role, text)], with ` <|endoftext|>` stripped."""
-    return [(role, body) for role, body, _ in _turns(chat)]
+    """`USER: ...\\n\\n\\nASSISTANT: ...` -> [(role, text)], with every ` <|endoftext|>` removed."""
+    turns = _turns(chat)
+    _remove_stray_ends(turns, None)
+    return [(role, body) for role, body, _ in turns]
 
 
 def _check_stray_roles(turns: Sequence[tuple[str, str, bool]]) -> None:
@@ -365,12 +388,15 @@ def _cut_truncated_tail(turns: list[tuple[str, str, bool]], repairs: list[Repair
         _note(repairs, "truncated_final_turn", f"cut {len(cut)} final turn(s), last {last[0]}: {_snippet(last[1])}")
 
 
-def parse_chat(chat: str, repairs: list[Repair] | None = None) -> list[dict[str, Any]]:
+def parse_chat(chat: str, repairs: list[Repair] | None = None, declared: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The chat's turns as messages. `declared`: the functions of the system prompt, whose calls written as
+    Python (`f(x=1)`) are a call in another syntax too."""
     messages: list[dict[str, Any]] = []
     last_calls: list[str] = []
     turns = _turns(chat)
     _check_stray_roles(turns)
     _cut_truncated_tail(turns, repairs)
+    _remove_stray_ends(turns, repairs)
     for role, text, _ in turns:
         if role == "user":
             if not text:
@@ -383,7 +409,7 @@ def parse_chat(chat: str, repairs: list[Repair] | None = None) -> list[dict[str,
                 )
             messages.append({"role": "tool", "name": last_calls.pop(0), "content": text})
         else:
-            message = _assistant_message(text, repairs)
+            message = _assistant_message(text, repairs, declared)
             previous = messages[-1] if messages else None
             if previous is not None and previous["role"] == "assistant":
                 if previous == message:
@@ -406,12 +432,92 @@ def parse_chat(chat: str, repairs: list[Repair] | None = None) -> list[dict[str,
     return messages
 
 
-def _assistant_message(text: str, repairs: list[Repair] | None) -> dict[str, Any]:
+def _assistant_message(text: str, repairs: list[Repair] | None, declared: Sequence[str] = ()) -> dict[str, Any]:
     prose, *calls = text.split(CALL_TAG)
+    prose, foreign = read_foreign_calls(prose, repairs, declared, CALL_TAG)
+    if foreign and calls:
+        raise GlaiveFormatError(f"calls in two syntaxes, {CALL_TAG} and another: {_snippet(text)}", FOREIGN_CALL)
     message: dict[str, Any] = {"role": "assistant", "content": prose.strip()}
-    if calls:
-        message["tool_calls"] = [parse_call(call, repairs) for call in calls]
+    if calls or foreign:
+        message["tool_calls"] = foreign or [parse_call(call, repairs) for call in calls]
     return message
+
+
+def _foreign_start(text: str, declared: Sequence[str]) -> re.Match[str] | None:
+    """The first call written in another syntax in `text` (a tag, a bare call object, or a call of a declared
+    function written as Python with keyword arguments), or None."""
+    patterns = [_FOREIGN_TAG, _BARE_CALL]
+    if declared:
+        names = "|".join(re.escape(name) for name in sorted(declared, key=len, reverse=True))
+        patterns.append(re.compile(rf"\[?\s*\b(?:{names})\s*\(\s*[A-Za-z_]\w*\s*="))
+    found = [m for m in (p.search(text) for p in patterns) if m is not None]
+    return min(found, key=lambda m: m.start()) if found else None
+
+
+def read_foreign_calls(
+    text: str, repairs: list[Repair] | None, declared: Sequence[str] = (), syntax: str = CALL_TAG
+) -> tuple[str, list[dict[str, Any]]]:
+    """Supervised text holding a call written in a syntax other than the format's own (`syntax`, named in
+    messages): (the text before it, the calls read from it) when the rest of the text is nothing but such
+    calls and each reads as one, a repair counted under foreign_call_syntax; (text, []) when there is none.
+    Anything else (prose after the call, a call that does not read) drops the row under foreign_call_syntax:
+    kept as text, it would teach the model to write a call no parser of this format reads."""
+    start = _foreign_start(text, declared)
+    if start is None:
+        return text, []
+    prose, tail = text[: start.start()].rstrip(), text[start.start() :].strip()
+    try:
+        calls = _read_tagged(tail, repairs) if _FOREIGN_TAG.match(tail) else None
+        if calls is None:
+            calls = _read_python(tail, declared) if not tail.startswith("{") else [parse_call(tail, repairs)]
+    except GlaiveFormatError as exc:
+        raise GlaiveFormatError(
+            f"a call written as {start.group(0).strip()[:30]!r}, not as {syntax}, that does not read as "
+            f"one ({exc}): {_snippet(tail)}",
+            FOREIGN_CALL,
+        ) from None
+    _note(
+        repairs, FOREIGN_CALL, f"a call written as {start.group(0).strip()[:30]!r} read as {syntax}: {_snippet(tail)}"
+    )
+    return prose, calls
+
+
+def _read_tagged(tail: str, repairs: list[Repair] | None) -> list[dict[str, Any]]:
+    """`<tag> call </tag>`, one or more, and nothing else; the closing tag may be left off the last."""
+    calls, pos = [], 0
+    while pos < len(tail):
+        opening = _FOREIGN_TAG.match(tail, pos)
+        if opening is None or "/" in opening.group(0):
+            raise GlaiveFormatError(f"text beside the calls: {_snippet(tail, pos)}", "bad_call")
+        closing = _FOREIGN_TAG.search(tail, opening.end())
+        if closing is not None and "/" not in closing.group(0):
+            raise GlaiveFormatError(f"a call tag opened twice: {_snippet(tail, closing.start())}", "bad_call")
+        end = closing.start() if closing is not None else len(tail)
+        calls.append(parse_call(tail[opening.end() : end], repairs))
+        pos = closing.end() if closing is not None else len(tail)
+        while pos < len(tail) and tail[pos].isspace():
+            pos += 1
+    return calls
+
+
+def _read_python(tail: str, declared: Sequence[str]) -> list[dict[str, Any]]:
+    """`f(a=1, b="x")`, or a list of such calls as BFCL writes them: keyword arguments with literal values."""
+    try:
+        tree = ast.parse(tail, mode="eval").body
+    except SyntaxError:
+        raise GlaiveFormatError("not a Python call", "bad_call") from None
+    calls = []
+    for node in tree.elts if isinstance(tree, ast.List) else [tree]:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in declared):
+            raise GlaiveFormatError("not a call of a declared function", "bad_call")
+        if node.args or any(k.arg is None for k in node.keywords):
+            raise GlaiveFormatError("positional arguments, whose names the call does not give", "bad_call")
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+        except (ValueError, SyntaxError, TypeError, RecursionError):
+            raise GlaiveFormatError("an argument that is not a literal", "bad_call") from None
+        calls.append(_tool_call(node.func.id, json_value(arguments, from_literal=True)[0]))
+    return calls
 
 
 def _check_declared(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> None:
@@ -435,7 +541,7 @@ def parse_row(row: Mapping[str, Any], repairs: list[Repair] | None = None) -> Co
     if not isinstance(system, str) or not isinstance(chat, str):
         raise GlaiveFormatError("row lacks the string columns 'system' and 'chat'", "missing_columns")
     system_text, tools = parse_tools(system, repairs)
-    messages = parse_chat(chat, repairs)
+    messages = parse_chat(chat, repairs, [tool["function"]["name"] for tool in tools])
     _check_declared(messages, tools)
     if system_text:
         messages.insert(0, {"role": "system", "content": system_text})

@@ -51,7 +51,8 @@ from gpucert.finetune.template import IGNORE_INDEX, TemplateError, render, templ
 
 # Bumped whenever parsing, rendering, masking, splitting or packing changes what a prepared dataset holds.
 # 2: the Glaive data rules of docs/finetune-data.md (repairs and drops by case), local JSON read line by line.
-DATA_METHOD_VERSION = "2"
+# 3: a call written in another syntax is read as a call or drops the row; stray end-of-text markers counted.
+DATA_METHOD_VERSION = "3"
 READY = "READY"
 # data.source of the throughput benchmark: random tokens, one full-length document per row, every token labelled
 # (the unpadded mock data of published LoRA throughput figures, fine-tuning.md §3).
