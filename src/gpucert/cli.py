@@ -31,6 +31,7 @@ import gpucert
 from gpucert.bench.catalog import BENCHMARKS
 from gpucert.config.loader import ConfigError
 from gpucert.config.profiles import available_profiles, load_profile
+from gpucert.fleet.options import metrics_path
 from gpucert.status import Status
 
 if TYPE_CHECKING:
@@ -67,6 +68,13 @@ def _common_options() -> _Parser:
         type=Path,
         metavar="BUNDLE",
         help="read the node from a `gpucert capture` bundle instead of this machine",
+    )
+    common.add_argument(
+        "--metrics-file",
+        type=metrics_path,
+        metavar="PATH",
+        help="also write the report as Prometheus metrics (node_exporter textfile format, e.g. "
+        "/var/lib/node_exporter/textfile/gpucert-health.prom)",
     )
     return common
 
@@ -280,6 +288,10 @@ def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> in
     from gpucert.report.terminal import print_report
 
     report, path, code = outcome.report, outcome.path, outcome.exit_code
+    if report is not None and getattr(args, "metrics_file", None):
+        from gpucert.fleet.metrics import write_metrics
+
+        write_metrics(report, args.metrics_file)
     if report is not None:
         if args.json:
             print(json.dumps(report.to_dict(), indent=1))
