@@ -125,10 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN",
         help="run directory or report.json (two: compare); `merge DIR... -o OUT` joins per-node reports",
     )
-    report.add_argument("--html", action="store_true", help="write report.html next to the report and say where")
+    report.add_argument(
+        "--html", action="store_true", help="write report.html next to the report (two runs: comparison.html)"
+    )
     report.add_argument("--markdown", action="store_true", help="print Markdown instead of tables")
     report.add_argument("--threshold", type=float, default=5.0, help="%% worse that counts as a regression (compare)")
-    report.add_argument("--output", "-o", type=Path, help="merge: directory for the cluster report")
+    report.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="NAME=PCT",
+        help="compare: a per-metric tolerance in %%, e.g. matmul.bf16.max=8 (repeatable; see docs/reports.md)",
+    )
+    report.add_argument(
+        "--output", "-o", type=Path, help="merge: directory for the cluster report; compare --html: for comparison.html"
+    )
     capture = verbs.add_parser("capture", help="save raw hardware answers as a bundle for --replay and support")
     capture.add_argument("--output", "-o", type=Path, required=True, help="bundle directory to create")
     verbs.add_parser("profiles", help="list built-in hardware profiles")
@@ -318,16 +329,27 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
         from gpucert.report.compare import (
             compare_reports,
             comparison_status,
+            parse_tolerances,
             print_comparison,
             render_comparison_markdown,
         )
 
-        comparisons = compare_reports(reports[0], reports[1], threshold_pct=args.threshold)
+        try:
+            tolerances = parse_tolerances(args.tolerance)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        comparisons = compare_reports(reports[0], reports[1], threshold_pct=args.threshold, tolerances=tolerances)
         base, new = (str(path) for path in args.runs)
         if args.markdown:
             print(render_comparison_markdown(comparisons, base, new, threshold_pct=args.threshold, changed_only=True))
         else:
             print_comparison(console, comparisons, base, new, changed_only=True)
+        if args.html:
+            from gpucert.report.compare_html import render_comparison_html, write_comparison_html
+
+            page = render_comparison_html(comparisons, base, new, args.threshold, *reports)
+            directory = args.output or (args.runs[1] if args.runs[1].is_dir() else args.runs[1].parent)
+            print(f"html: {write_comparison_html(page, directory)}")  # a path whole, never wrapped
         return comparison_status(comparisons).exit_code
     (report,) = reports
     if args.html:

@@ -1,10 +1,13 @@
-"""Run comparison: the synthetic 4xH200 accept report against the same node with a few numbers worse, and
-small hand-made reports for each rule (direction by threshold and unit, threshold, status changes, pairing).
+"""Run comparison: the synthetic 4xH200 accept report against the same node with a few numbers worse, two real
+back-to-back CPU accept runs of one node and a real FAIL run of it, and small hand-made reports for each rule
+(direction by threshold and unit, noise band, INFO not judged, status changes, pairing), through the CLI too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,15 +15,19 @@ from rich.console import Console
 from tests.conftest import FIXTURES
 from tests.training_runs import evaluation_report, synthetic_metrics, training_report
 
+from gpucert.cli import main
 from gpucert.report.compare import (
     HIGHER,
     LOWER,
     Comparison,
     compare_reports,
     comparison_status,
+    parse_tolerances,
     print_comparison,
     render_comparison_markdown,
 )
+from gpucert.report.compare_html import render_comparison_html
+from gpucert.report.direction import noise_band_pct, relative_spread
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.report.store import load_report
 from gpucert.status import Status
@@ -28,6 +35,10 @@ from gpucert.status import Status
 SYNTHETIC = FIXTURES / "reports" / "accept-4xh200-synthetic.json"
 REGRESSED = FIXTURES / "reports" / "accept-4xh200-synthetic-regressed.json"
 HEALTH = FIXTURES.parent.parent / "docs" / "examples" / "h200x4-health.json"
+# `gpucert accept --profile cpu` twice, back to back, on one 2-core VM; then with a copy floor no CPU meets.
+CPU_A = FIXTURES / "reports" / "accept-cpu-a.json"
+CPU_B = FIXTURES / "reports" / "accept-cpu-b.json"
+CPU_FAIL = FIXTURES / "reports" / "accept-cpu-copy-floor-fail.json"
 
 META = RunMeta(
     tool_version="0.1.0",
@@ -273,36 +284,45 @@ def test_markdown_comparison(synthetic_comparisons: list[Comparison]) -> None:
     lines = text.splitlines()
     assert lines[0] == "# gpucert comparison: FAIL"
     assert "- **Baseline:** runs/a/report.json" in lines
-    assert "- **Threshold:** a number that moved the wrong way by more than 5 %" in lines
-    assert "- **Summary:** 7 regressed, 3 improved, 3 changed status (86 results compared)" in lines
+    assert "- **Rule:** a result newly FAIL or ERROR regresses; a number judged in both runs" in text
     assert (
-        "| **REGRESSED** | collective.all_reduce | 4 ranks (nccl) | 360.6 GB/s | 317.3 GB/s | -12.0 % | "
+        "- **Summary:** 7 regressed, 3 improved, 2 now failing, 3 changed status, 1 moved but not judged "
+        "(INFO or no direction) (86 results compared, 49 judged by value)" in lines
+    )
+    assert (
+        "| **REGRESSED** | collective.all_reduce | 4 ranks (nccl) | 360.6 GB/s | 317.3 GB/s | -12.0 % | ±5 % | "
         "higher is better | PASS → FAIL |" in lines
     )
-    assert "|  | collective.all_gather | 4 ranks (nccl) | 340.7 GB/s | 330.4 GB/s | -3.0 % |" in text
+    # The all_gather's repeats spread (cv 0.081 at the gate size) make its band 16.2 %: -3 % is noise.
+    assert "|  | collective.all_gather | 4 ranks (nccl) | 340.7 GB/s | 330.4 GB/s | -3.0 % | ±16.2 % |" in text
     assert "| **REGRESSED** | train.tokens_per_s_per_gpu | 4 x NVIDIA H200 | 44,591 tokens/s | 39,686 tokens/s" in text
     assert "| improved | p2p.pair | GPU 1 -> GPU 2 | 250.3 GB/s | 290.4 GB/s | +16.0 % |" in text
-    assert len([line for line in lines if line.startswith("| ")]) == 1 + 11  # header + changed rows
+    # Telemetry has no better direction: its peak temperature is shown, never counted.
+    assert "| not judged | telemetry.matmul | node | 66 C | 80 C | +21.2 % | ±5 % |  | PASS |" in lines
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + 12  # header + changed rows
     full = render_comparison_markdown(synthetic_comparisons)
     assert len([line for line in full.splitlines() if line.startswith("| ")]) == 1 + len(synthetic_comparisons)
 
 
 def test_markdown_escapes_pipes_and_says_when_nothing_changed() -> None:
     same = compare_reports(report(result("a|b", 1.0, "GB/s")), report(result("a|b", 1.0, "GB/s")))
-    assert "|  | a\\|b | node | 1 GB/s | 1 GB/s | +0.0 % |" in render_comparison_markdown(same)
+    assert "|  | a\\|b | node | 1 GB/s | 1 GB/s | +0.0 % | ±5 % |" in render_comparison_markdown(same)
     text = render_comparison_markdown(same, changed_only=True)
     assert "No result changed." in text
-    assert "no change beyond the threshold" in text
+    assert "no change beyond the noise band" in text
 
 
 def test_terminal_comparison_highlights_regressions(synthetic_comparisons: list[Comparison]) -> None:
-    console = Console(record=True, width=200, color_system="truecolor")
+    console = Console(record=True, width=200, color_system="truecolor", force_terminal=True)
     print_comparison(console, synthetic_comparisons, "last week", "today", changed_only=True)
     text = console.export_text(styles=False, clear=False)
     assert "last week → today" in text
     assert "REGRESSED" in text and "PASS → FAIL" in text and "improved" in text
     assert "gpu.memory" not in text  # unchanged rows are left out with changed_only
-    assert "comparison: FAIL  7 regressed, 3 improved, 3 changed status (86 results compared)" in text
+    assert (
+        "comparison: FAIL  7 regressed, 3 improved, 2 now failing, 3 changed status, 1 moved but not judged "
+        "(INFO or no direction) (86 results compared, 49 judged by value)" in text
+    )
     styled = console.export_text(styles=True)
     assert "\x1b[1;31mcollective.all_reduce" in styled  # bold red
 
@@ -312,7 +332,7 @@ def test_terminal_comparison_of_identical_reports() -> None:
     console = Console(record=True, width=200)
     print_comparison(console, compare_reports(base, base), changed_only=True)
     text = console.export_text()
-    assert text.strip() == "comparison: PASS  no change beyond the threshold (35 results compared)"
+    assert text.strip() == "comparison: PASS  no change beyond the noise band (35 results compared, 0 judged by value)"
 
 
 def test_health_readings_compare_by_status_not_by_value() -> None:
@@ -354,11 +374,15 @@ def test_training_runs_compare_each_number_the_right_way() -> None:
         "data.preparation": None,
         "train.memory_plan": None,  # an estimate, not a measurement
     }
+    # Only the final loss is held to a threshold (train.final_loss_max); the rest are INFO: shown as moved,
+    # never counted.
     regressed = [name for name, c in comparisons.items() if c.regressed]
-    assert regressed == ["final_loss", "eval_loss", "tokens_per_s_per_gpu", "mfu", "hfu", "peak_memory_gib"]
+    assert regressed == ["final_loss"]
+    moved = [name for name, c in comparisons.items() if c.moved_unjudged]
+    assert moved == ["eval_loss", "tokens_per_s_per_gpu", "mfu", "hfu", "peak_memory_gib"]
     assert comparisons["tokens_per_s_per_gpu"].change_pct == pytest.approx(100 * (4800 / 5397 - 1))
     assert comparison_status(list(comparisons.values())) is Status.FAIL
-    # The other way round every one of them improved, and nothing regressed.
+    # The other way round the final loss improved, and nothing regressed.
     back = compare_reports(slower, baseline)
     assert [c.name for c in back if c.improved] == regressed
     assert comparison_status(back) is Status.PASS
@@ -387,3 +411,170 @@ def test_evaluations_compare_scores_higher_and_loss_lower() -> None:
         "tool convert_currency",
         "tool get_weather",
     ]
+
+
+# --- Two real runs of one node, and a real FAIL ----------------------------------------------------------------
+
+
+def test_two_back_to_back_runs_of_one_healthy_node_compare_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every benchmark on the cpu profile is INFO; its figures moved up to +397 % between the runs."""
+    comparisons = compare_reports(load_report(CPU_A), load_report(CPU_B))
+    assert not [c for c in comparisons if c.regressed or c.improved or c.newly_failing]
+    moved = [c for c in comparisons if c.moved_unjudged]
+    assert len(moved) == 13 and {c.candidate_status for c in moved} == {Status.INFO}
+    assert comparison_status(comparisons) is Status.PASS
+    assert main(["report", str(CPU_A), str(CPU_B)]) == 0
+    assert "comparison: PASS  13 moved but not judged" in capsys.readouterr().out
+
+
+def test_a_run_with_a_fail_against_one_that_passed_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    """The only counted rows are the two new FAILs, not the noise of the figures around them."""
+    comparisons = compare_reports(load_report(CPU_A), load_report(CPU_FAIL))
+    counted = [(c.name, c.subject) for c in comparisons if c.regressed or c.newly_failing]
+    assert counted == [("memory.copy", "rank 0 (cpu)"), ("memory.copy", "rank 1 (cpu)")]
+    assert main(["report", str(CPU_A), str(CPU_FAIL), "--markdown"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("# gpucert comparison: FAIL")
+    assert "| **NOW FAILING** | memory.copy | rank 0 (cpu) | 0.01217 TB/s | 0.009837 TB/s | -19.2 % |" in out
+    # The other way round the failure went away: nothing got worse.
+    assert main(["report", str(CPU_FAIL), str(CPU_A)]) == 0
+
+
+def test_a_result_newly_failing_from_info_or_skip_is_a_fail() -> None:
+    for before in (Status.INFO, Status.SKIP):
+        comparisons = compare_reports(
+            report(result("memory.copy", 0.012, "TB/s", status=before)),
+            report(result("memory.copy", 0.012, "TB/s", status=Status.FAIL, expected=">= 1")),
+        )
+        assert only(comparisons).newly_failing and not only(comparisons).regressed
+        assert comparison_status(comparisons) is Status.FAIL
+
+
+def test_info_rows_are_shown_not_counted() -> None:
+    slower = {"unit": "tokens/s", "status": Status.INFO}
+    c = only(compare_reports(report(result("tps", 8622.0, **slower)), report(result("tps", 5153.0, **slower))))
+    assert c.direction == HIGHER and not c.judged and not c.regressed and c.moved_unjudged and c.changed
+    assert comparison_status([c]) is Status.PASS
+    assert "| not judged | tps | node | 8622 tokens/s | 5153 tokens/s | -40.2 % | ±5 % |" in (
+        render_comparison_markdown([c])
+    )
+    # Judged on one side only (a floor added to the profile since): the status change shows, the number not.
+    c = only(compare_reports(report(result("tps", 8622.0, **slower)), report(result("tps", 5153.0, "tokens/s"))))
+    assert c.status_changed and not c.judged and comparison_status([c]) is Status.PASS
+    # The same move between two judged results is a regression.
+    c = only(compare_reports(report(result("tps", 8622.0, "tokens/s")), report(result("tps", 5153.0, "tokens/s"))))
+    assert c.judged and c.regressed and comparison_status([c]) is Status.FAIL
+
+
+def timed(value: float, cv: float, **fields: Any) -> Result:
+    return result("memory.copy", value, "TB/s", details={"tbps": value, "timing": {"cv": cv, "repeats": 20}}, **fields)
+
+
+@pytest.mark.parametrize(
+    ("cv_before", "cv_after", "after", "band", "regressed"),
+    [
+        (0.01, 0.01, 3.75, 5.0, True),  # -6.25 %: beyond the 5 % tolerance, the spread is narrower
+        (0.05, 0.01, 3.75, 10.0, False),  # twice the larger cv: 10 %
+        (0.01, 0.05, 3.75, 10.0, False),  # either run's spread widens the band
+        (0.05, 0.05, 3.5, 10.0, True),  # -12.5 %: beyond the band
+    ],
+)
+def test_the_noise_band_is_the_tolerance_or_twice_the_repeats_spread(
+    cv_before: float, cv_after: float, after: float, band: float, regressed: bool
+) -> None:
+    c = only(compare_reports(report(timed(4.0, cv_before)), report(timed(after, cv_after))))
+    assert c.band_pct == pytest.approx(band)
+    assert c.regressed is regressed and c.judged
+
+
+def test_the_spread_is_read_where_each_benchmark_writes_it() -> None:
+    synthetic = load_report(SYNTHETIC)
+    spreads = {(r.name, r.subject): relative_spread(r) for r in synthetic.results}
+    copy = next(r for r in synthetic.results if r.name == "memory.copy")
+    assert spreads[(copy.name, copy.subject)] == copy.details["timing"]["cv"]
+    gather = next(r for r in synthetic.results if r.name == "collective.all_gather")
+    gate = gather.details["busbw_gbps"].index(gather.value)
+    assert relative_spread(gather) == gather.details["cv"][gate] > 0
+    matrix = next(r for r in synthetic.results if r.name == "p2p.matrix")
+    assert relative_spread(matrix) is not None
+    real = load_report(CPU_A)
+    train = next(r for r in real.results if r.name == "train.tokens_per_s_per_gpu")
+    assert relative_spread(train) == train.details["step_timing"][-1]["cv"]
+    # Nothing to read: the tolerance alone.
+    assert relative_spread(result("x", 1.0, "GB/s")) is None
+    assert noise_band_pct([result("x", 1.0, "GB/s"), None], 5.0) == 5.0
+
+
+def test_a_per_metric_tolerance_widens_one_metric_only() -> None:
+    base = report(result("a", 100.0, "GB/s"), result("b", 100.0, "GB/s"))
+    cand = report(result("a", 92.0, "GB/s"), result("b", 92.0, "GB/s"))
+    comparisons = compare_reports(base, cand, tolerances={"a": 10.0})
+    assert [(c.name, c.band_pct, c.regressed) for c in comparisons] == [("a", 10.0, False), ("b", 5.0, True)]
+    with pytest.raises(ValueError, match="tolerance of a must be >= 0"):
+        compare_reports(base, cand, tolerances={"a": -1.0})
+
+
+@pytest.mark.parametrize("item", ["matmul.bf16.max", "=8", "x=-1", "x=many", "x=nan"])
+def test_bad_tolerances_are_refused_naming_the_item(item: str) -> None:
+    with pytest.raises(ValueError, match="expected NAME=PCT"):
+        parse_tolerances([item])
+
+
+def test_tolerance_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_tolerances(["matmul.bf16.max=8", " memory.h2d = 12.5"]) == {"matmul.bf16.max": 8.0, "memory.h2d": 12.5}
+    # memory.h2d on GPU 1 is 12 % slower in the regressed fixture: 13 % of room lets it through.
+    args = ["report", str(SYNTHETIC), str(REGRESSED), "--markdown", "--tolerance", "memory.h2d=13"]
+    assert main(args) == 2
+    out = capsys.readouterr().out
+    assert "- **Summary:** 6 regressed," in out and "memory.h2d" not in out
+    assert main([*args[:-1], "memory.h2d=11"]) == 2
+    assert (
+        "| **REGRESSED** | memory.h2d | GPU 1 | 53.16 GB/s | 46.78 GB/s | -12.0 % | ±11 % |" in capsys.readouterr().out
+    )
+    assert main(["report", str(SYNTHETIC), str(REGRESSED), "--tolerance", "memory.h2d"]) == 3
+    assert "--tolerance 'memory.h2d': expected NAME=PCT" in capsys.readouterr().err
+
+
+# --- HTML ---------------------------------------------------------------------------------------------------
+
+
+def test_html_comparison_is_written_where_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "pages" / "week-48"
+    assert main(["report", str(CPU_A), str(CPU_FAIL), "--html", "-o", str(out)]) == 2
+    page = out / "comparison.html"
+    assert f"html: {page}" in capsys.readouterr().out
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<script" not in html and "http" not in html
+    assert '<span class="badge s-FAIL">FAIL</span>' in html
+    assert 'profile cpu-copy-floor, verdict <span class="s-FAIL">FAIL</span>' in html
+    assert '<tr class="regressed"><td class="verdict">NOW FAILING</td><td>memory.copy</td>' in html
+    assert html.count('<tr class="regressed">') == 2 * 2  # in "what changed" and in the full table
+    assert '<tr class="unjudged"><td class="verdict">not judged</td><td>burn.fp32</td>' in html
+
+
+def test_html_comparison_goes_beside_the_candidate_by_default(tmp_path: Path) -> None:
+    for name, source in (("a", CPU_A), ("b", CPU_B)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(source.read_text())
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--html"]) == 0
+    html = (tmp_path / "b" / "comparison.html").read_text()
+    assert '<span class="badge s-PASS">PASS</span>' in html
+    assert "13 moved but not judged" in html
+
+
+def test_html_comparison_escapes_report_text() -> None:
+    comparisons = compare_reports(
+        report(result("eval.tool", 91.0, "%", subject="tool <b>book</b>")),
+        report(result("eval.tool", 80.0, "%", subject="tool <b>book</b>")),
+    )
+    html = render_comparison_html(comparisons, "<a>", "b&c")
+    assert "<b>book</b>" not in html and "tool &lt;b&gt;book&lt;/b&gt;" in html
+    assert "&lt;a&gt; → b&amp;c" in html
+    assert "No result changed" in render_comparison_html(compare_reports(report(), report()))
+
+
+def test_the_real_fixtures_are_the_runs_they_say() -> None:
+    """Trimmed copies: a run's big lists (sweep shapes, burn windows, loss curves) are left out."""
+    for path, profile, status in ((CPU_A, "cpu", "PASS"), (CPU_B, "cpu", "PASS"), (CPU_FAIL, "cpu-copy-floor", "FAIL")):
+        data = json.loads(path.read_text())
+        assert (data["meta"]["profile"], data["status"], data["meta"]["host"]) == (profile, status, "vm")

@@ -1,18 +1,28 @@
-"""Comparing two reports: what got slower, what changed status, what one of them lacks.
+"""Comparing two reports: what got worse, what changed status, what one of them lacks.
 
 `gpucert report BASELINE CANDIDATE` pairs results by name and subject and prints one row per pair with a
 number on both sides, a status change or a value change, and one row per result only one report has.
-A number is a regression when it moved the wrong way by more than `threshold_pct`; which way is wrong comes
-from the result's own threshold (">= 340" means higher is better) or else from its unit (GB/s, TFLOP/s up;
-C, W, errors down). `comparison_status` is FAIL on any regression or any result that went from PASS/WARN to
-FAIL/ERROR, so the verb can exit non-zero on it.
+
+The rule (docs/reports.md says the same for users):
+- A result that is FAIL or ERROR in the candidate and was neither in the baseline is a regression
+  (`newly_failing`): a status change for the worse counts whatever the numbers did.
+- A number counts (`judged`) only where both runs judged it (PASS, WARN or FAIL: held to a threshold) and a
+  direction is declared: the result's own threshold (">= 340" means higher is better) or else its unit (GB/s,
+  TFLOP/s up; C, W, errors down). It regressed when it moved the wrong way by more than its noise band: the
+  tolerance (`threshold_pct`, or a per-metric one in `tolerances`), or twice the spread of the run's own
+  repeats where the result's details carry one and that is wider (direction.py `noise_band_pct`).
+- INFO rows (shown, not judged: nothing held them to a threshold) and numbers with no direction are shown, with
+  their change and band, and never counted: two runs of the same healthy node compare PASS however much an
+  unjudged figure wobbles.
+`comparison_status` is FAIL on any regression, WARN on a status that got worse short of FAIL or a result the
+candidate lost, else PASS, so the verb can exit non-zero on it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -20,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpucert.report.cluster import is_cluster
-from gpucert.report.direction import HIGHER, LOWER, direction_of
+from gpucert.report.direction import HIGHER, LOWER, direction_of, noise_band_pct
 from gpucert.report.schema import Report, Result, Value
 from gpucert.report.terminal import STATUS_STYLE
 from gpucert.status import Status
@@ -40,8 +50,12 @@ class Comparison:
     # (candidate - baseline) / baseline in %; None when either side is not a number or the baseline is 0.
     change_pct: float | None
     direction: str | None  # HIGHER, LOWER, or None where neither the threshold nor the unit says
-    regressed: bool  # worse by more than the threshold
-    improved: bool  # better by more than the threshold
+    # How far (in %) the number may move by chance; None without a number on both sides.
+    band_pct: float | None
+    # The number counts: judged (PASS/WARN/FAIL) in both runs and a direction declared.
+    judged: bool
+    regressed: bool  # judged, and worse by more than the band
+    improved: bool  # judged, and better by more than the band
 
     @property
     def only_in(self) -> str | None:
@@ -57,19 +71,34 @@ class Comparison:
 
     @property
     def newly_failing(self) -> bool:
-        """PASS or WARN before, FAIL or ERROR now."""
+        """Not failing before (SKIP, INFO, PASS or WARN), FAIL or ERROR now."""
         return (
-            self.baseline_status in (Status.PASS, Status.WARN)
+            self.baseline_status is not None
+            and self.baseline_status < Status.FAIL
             and self.candidate_status is not None
             and self.candidate_status >= Status.FAIL
         )
 
     @property
+    def beyond_band(self) -> bool:
+        """The number moved further than chance would move it, whether or not it is judged."""
+        if self.change_pct is None:
+            # From zero there is no percentage: any move is beyond the band.
+            return _number(self.baseline) == 0 and _number(self.candidate) not in (None, 0.0)
+        return self.band_pct is not None and abs(self.change_pct) > self.band_pct
+
+    @property
+    def moved_unjudged(self) -> bool:
+        """Shown for a reader, never counted: an INFO row (or one with no direction) beyond its band."""
+        return not self.judged and self.beyond_band
+
+    @property
     def changed(self) -> bool:
-        """Worth a reader's eye: moved beyond the threshold, changed status or value, or on one side only."""
+        """Worth a reader's eye: moved beyond its band, changed status or value, or on one side only."""
         return (
             self.regressed
             or self.improved
+            or self.moved_unjudged
             or self.status_changed
             or self.only_in is not None
             or (self.change_pct is None and self.baseline != self.candidate)
@@ -112,8 +141,13 @@ def _keyed(report: Report, single_node: bool) -> dict[tuple[str, str, int], Resu
     return keyed
 
 
+# Statuses that held a result to a threshold. INFO was shown, not judged; SKIP did not apply; ERROR measured
+# nothing trustworthy: none of them gives a number that can regress.
+JUDGED = frozenset({Status.PASS, Status.WARN, Status.FAIL})
+
+
 def _compare_pair(
-    name: str, subject: str, base: Result | None, cand: Result | None, threshold_pct: float
+    name: str, subject: str, base: Result | None, cand: Result | None, tolerance_pct: float
 ) -> Comparison:
     either = cand if cand is not None else base
     assert either is not None
@@ -121,17 +155,25 @@ def _compare_pair(
     c = _number(cand.value) if cand else None
     # The threshold that says which way is better may be on one side only (a floor added to the profile).
     direction = direction_of(next((r for r in (cand, base) if r is not None and r.expected), either))
-    change = None
+    judged = (
+        direction is not None
+        and base is not None
+        and cand is not None
+        and base.status in JUDGED
+        and cand.status in JUDGED
+    )
+    change = band = None
     regressed = improved = False
     if b is not None and c is not None:
+        band = noise_band_pct([base, cand], tolerance_pct)
         if b == c:
             change = 0.0
         elif b != 0:
             change = 100.0 * (c - b) / abs(b)
             worse = -change if direction == HIGHER else change if direction == LOWER else 0.0
-            regressed, improved = worse > threshold_pct, -worse > threshold_pct
-        elif c != 0 and direction is not None:
-            # From zero there is no percentage: any ECC error or XID where there were none is a regression.
+            regressed, improved = judged and worse > band, judged and -worse > band
+        elif judged:
+            # From zero there is no percentage: any error where there were none is a regression.
             regressed, improved = (c > 0) == (direction == LOWER), (c > 0) == (direction == HIGHER)
     return Comparison(
         name=name,
@@ -143,35 +185,65 @@ def _compare_pair(
         candidate_status=cand.status if cand else None,
         change_pct=change,
         direction=direction,
+        band_pct=band,
+        judged=judged,
         regressed=regressed,
         improved=improved,
     )
 
 
-def compare_reports(baseline: Report, candidate: Report, threshold_pct: float = 5.0) -> list[Comparison]:
+def compare_reports(
+    baseline: Report,
+    candidate: Report,
+    threshold_pct: float = 5.0,
+    tolerances: Mapping[str, float] | None = None,
+) -> list[Comparison]:
     """Pairs of results with a number on both sides, a status or value change, or on one side only.
 
-    Baseline order first, then what only the candidate has. A result with the same non-numeric value and
-    status in both (ECC on, MIG off) is left out: it says nothing about the change.
+    `threshold_pct` is the tolerance of every number, `tolerances` a per-metric one by result name (a noisier
+    figure given more room); either widens to the measurement's own spread. Baseline order first, then what
+    only the candidate has. A result with the same non-numeric value and status in both (ECC on, MIG off) is
+    left out: it says nothing about the change.
     """
-    if threshold_pct < 0:
-        raise ValueError(f"threshold_pct must be >= 0, got {threshold_pct}")
+    tolerances = tolerances or {}
+    for what, pct in [("threshold_pct", threshold_pct), *((f"tolerance of {k}", v) for k, v in tolerances.items())]:
+        if not pct >= 0:
+            raise ValueError(f"{what} must be >= 0 %, got {pct}")
     # Two one-node runs pair by GPU index whatever their hosts; once either is a cluster, by full subject
     # (a node's own run then pairs with its part in the cluster run).
     single_node = not is_cluster(baseline) and not is_cluster(candidate)
     base, cand = _keyed(baseline, single_node), _keyed(candidate, single_node)
     comparisons = []
     for key in [*base, *(k for k in cand if k not in base)]:
-        comp = _compare_pair(key[0], key[1], base.get(key), cand.get(key), threshold_pct)
+        comp = _compare_pair(key[0], key[1], base.get(key), cand.get(key), tolerances.get(key[0], threshold_pct))
         numeric = _number(comp.baseline) is not None and _number(comp.candidate) is not None
         if numeric or comp.changed:
             comparisons.append(comp)
     return comparisons
 
 
+def parse_tolerances(items: Sequence[str]) -> dict[str, float]:
+    """`--tolerance NAME=PCT` items as {result name: tolerance in %}; ValueError names the bad item."""
+    tolerances = {}
+    for item in items:
+        name, sep, pct = item.partition("=")
+        try:
+            value = float(pct)
+        except ValueError:
+            value = math.nan
+        if not sep or not name.strip() or not value >= 0:
+            raise ValueError(
+                f"--tolerance {item!r}: expected NAME=PCT with a result name and a percentage >= 0, "
+                "e.g. --tolerance matmul.bf16.max=8"
+            )
+        tolerances[name.strip()] = value
+    return tolerances
+
+
 def comparison_status(comparisons: Sequence[Comparison]) -> Status:
     """FAIL on a regression or a result newly FAIL/ERROR; WARN on another status that got worse or a result
-    the candidate lost (a check that stopped running hides whatever it used to catch); else PASS."""
+    the candidate lost (a check that stopped running hides whatever it used to catch); else PASS. Unjudged
+    rows never count, however far they moved."""
     if any(c.regressed or c.newly_failing for c in comparisons):
         return Status.FAIL
     worse = any(
@@ -228,19 +300,41 @@ def _verdict_text(c: Comparison) -> str:
         return "NOW FAILING"
     if c.improved:
         return "improved"
+    if c.moved_unjudged:
+        return "not judged"
     return ""
+
+
+def _band_text(c: Comparison) -> str:
+    return f"±{c.band_pct:.3g} %" if c.band_pct is not None else ""
 
 
 def summary_line(comparisons: Sequence[Comparison]) -> str:
     counts = [
         (sum(c.regressed for c in comparisons), "regressed"),
         (sum(c.improved for c in comparisons), "improved"),
+        (sum(c.newly_failing for c in comparisons), "now failing"),
         (sum(c.status_changed for c in comparisons), "changed status"),
         (sum(c.only_in == "baseline" for c in comparisons), "only in baseline"),
         (sum(c.only_in == "candidate" for c in comparisons), "only in candidate"),
     ]
     parts = [f"{n} {what}" for n, what in counts if n]
-    return (", ".join(parts) or "no change beyond the threshold") + f" ({len(comparisons)} results compared)"
+    unjudged = sum(c.moved_unjudged for c in comparisons)
+    if unjudged:
+        parts.append(f"{unjudged} moved but not judged (INFO or no direction)")
+    judged = sum(c.judged for c in comparisons)
+    return (", ".join(parts) or "no change beyond the noise band") + (
+        f" ({len(comparisons)} results compared, {judged} judged by value)"
+    )
+
+
+def rule_text(threshold_pct: float) -> str:
+    """The comparison rule in one sentence, for the views' headers."""
+    return (
+        "a result newly FAIL or ERROR regresses; a number judged in both runs (PASS/WARN/FAIL) with a direction "
+        f"regresses when it moves the wrong way by more than its band: {threshold_pct:g} %, or twice the spread of "
+        "its repeats where wider; INFO rows are shown, not judged"
+    )
 
 
 def render_comparison_markdown(
@@ -258,14 +352,14 @@ def render_comparison_markdown(
         f"- **Candidate:** {candidate_label}",
     ]
     if threshold_pct is not None:
-        lines.append(f"- **Threshold:** a number that moved the wrong way by more than {threshold_pct:g} %")
+        lines.append(f"- **Rule:** {rule_text(threshold_pct)}")
     lines += [f"- **Summary:** {summary_line(comparisons)}", ""]
     if not rows:
         lines += ["No result changed.", ""]
         return "\n".join(lines)
     lines += [
-        "| | check | subject | baseline | candidate | change | direction | status |",
-        "|---|---|---|---|---|---|---|---|",
+        "| | check | subject | baseline | candidate | change | band | direction | status |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in rows:
         flag = _verdict_text(c)
@@ -277,6 +371,7 @@ def render_comparison_markdown(
             _value_text(c.baseline, c.unit),
             _value_text(c.candidate, c.unit),
             _change_text(c),
+            _band_text(c),
             c.direction or "",
             _status_text(c),
         ]
@@ -294,7 +389,7 @@ def print_comparison(
 ) -> None:
     rows = [c for c in comparisons if c.changed] if changed_only else list(comparisons)
     table = Table(title=f"{baseline_label} → {candidate_label}")
-    for column in ("check", "subject", "baseline", "candidate", "change", "status", ""):
+    for column in ("check", "subject", "baseline", "candidate", "change", "band", "status", ""):
         table.add_column(column, overflow="fold")
     for c in rows:
         bad = c.regressed or c.newly_failing
@@ -306,8 +401,9 @@ def print_comparison(
             _value_text(c.baseline, c.unit),
             _value_text(c.candidate, c.unit),
             Text(_change_text(c), style=change_style),
+            _band_text(c),
             Text(_status_text(c), style=status_style if c.status_changed or c.only_in else ""),
-            Text(_verdict_text(c), style="bold red" if bad else "green"),
+            Text(_verdict_text(c), style="bold red" if bad else "green" if c.improved else "dim"),
         )
     if rows:
         console.print(table)
