@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument(
         "--slurm-node", help="this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)"
     )
+    health.add_argument(
+        "--npd",
+        action="store_true",
+        help="as a node-problem-detector custom plugin: one line on stdout, exit 0 OK, 1 a FAIL, 2 unknown (ERROR)",
+    )
     accept = verbs.add_parser(
         "accept", parents=[common, cluster], help="the acceptance suite: discover + health + benchmarks"
     )
@@ -303,6 +308,12 @@ def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> in
         from gpucert.fleet.metrics import write_metrics
 
         write_metrics(report, args.metrics_file)
+    if report is not None and getattr(args, "npd", False):
+        from gpucert.fleet.npd import plugin_answer
+
+        message, npd_code = plugin_answer(report)
+        print(message)
+        return npd_code
     if report is not None:
         if args.json:
             print(json.dumps(report.to_dict(), indent=1))
@@ -506,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
                 profile = load_profile(name)
                 console.print(f"{name}: {profile.description} (matches {profile.match or 'by name only'})")
             return 0
+        if getattr(args, "npd", False):
+            from gpucert.fleet.npd import run_plugin
+
+            return run_plugin(lambda: run_suite(args, console))
         return run_suite(args, console)
     except KeyboardInterrupt:
         # The workers were stopped on the way out (runtime/spawn.py); one line, the shell's code for SIGINT.
