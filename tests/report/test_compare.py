@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 from rich.console import Console
 from tests.conftest import FIXTURES
 from tests.training_runs import evaluation_report, synthetic_metrics, training_report
 
+import gpucert.report
 from gpucert.cli import main
 from gpucert.report.compare import (
     HIGHER,
@@ -575,6 +577,9 @@ def test_html_comparison_escapes_report_text() -> None:
 
 def test_the_real_fixtures_are_the_runs_they_say() -> None:
     """Trimmed copies: a run's big lists (sweep shapes, burn windows, loss curves) are left out."""
+    schema = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json").read_text())
+    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     for path, profile, status in ((CPU_A, "cpu", "PASS"), (CPU_B, "cpu", "PASS"), (CPU_FAIL, "cpu-copy-floor", "FAIL")):
         data = json.loads(path.read_text())
+        assert list(validator.iter_errors(data)) == []
         assert (data["meta"]["profile"], data["status"], data["meta"]["host"]) == (profile, status, "vm")
