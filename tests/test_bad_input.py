@@ -7,6 +7,9 @@ sections are in tests/config/test_validation.py, memory that cannot hold a size 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,6 +90,17 @@ CASES = [
     (["launch", "slurm", "accept", "--nodes", "2", "--time", "abc"], ["--time 'abc': expected sbatch's format"]),
     (["launch", "slurm", "accept", "--nodes", "2", "--follow-timeout", "-1"], ["--follow-timeout must be a positive"]),
     (["launch", "slurm", "bogus", "--nodes", "2"], ["invalid choice: 'bogus'"]),
+    # capture: the filesystem refuses (an OSError), named in one line
+    (["capture", "-o", "afile/x"], ["afile/x: Not a directory"]),
+    # finetune and evaluate (tests/test_recipes.py: the same through a fresh process, nothing heavy imported)
+    (["finetune", "--config", "nope.yaml"], ["--config nope.yaml: no such file", "recipes shipped with gpucert: "]),
+    (["finetune", "--config", "bad.yaml"], ["bad.yaml: line 2"]),
+    (["finetune", "--config", "fsdir"], ["--config fsdir: is a directory"]),
+    (["finetune", "--set", "lora.bogus=1"], ["--set lora.bogus=1: unknown key 'lora.bogus'"]),
+    (["finetune", "--output", "afile"], ["output_dir must be a directory", "afile"]),
+    (["finetune", "prepare", "--set", "data.source=nope.jsonl"], ["data.source: file nope.jsonl not found"]),
+    (["evaluate", "--adapter", "fsdir", "--data", "/nonexistent.jsonl"], ["data.source /nonexistent.jsonl: no such"]),
+    (["evaluate", "--adapter", "fsdir", "--data", "fsdir"], ["data.source fsdir: is a directory"]),
 ]
 
 
@@ -126,3 +140,28 @@ def test_bad_input_exits_3_naming_it_with_nothing_written(
     assert "error: " in err
     assert "Traceback" not in err
     assert listing(workdir) == before  # no runs/, no --output, no job directory
+
+
+def can_mount_tmpfs() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d"
+    return subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="no unprivileged user+mount namespace to mount a small tmpfs in")
+def test_a_data_cache_on_a_full_filesystem_is_named_in_one_line(tmp_path: Path) -> None:
+    """`finetune prepare` into a 64 KiB tmpfs (its own mount namespace): datasets' writer fails with a bare
+    `[Errno 28] No space left on device` naming no path; gpucert says which cache filled, without a traceback."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {cache} && cd {tmp_path} && "
+        f"exec {sys.executable} -m gpucert finetune prepare --set data.cache_dir={cache}/data"
+    )
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert f"gpucert: error: no space left on {cache}/data (" in done.stderr, done.stderr[-3000:]
+    assert "set data.cache_dir to a larger filesystem" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -29,7 +29,7 @@ from rich.console import Console
 
 import gpucert
 from gpucert.bench.catalog import BENCHMARKS
-from gpucert.config.loader import ConfigError
+from gpucert.config.loader import ConfigError, describe_os_error
 from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.fleet.options import metrics_path
 from gpucert.status import Status
@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_parser("launch", help="a multi-node job: Slurm (submitted and followed), torchrun commands, Kubernetes")
     finetune = verbs.add_parser("finetune", help="LoRA fine-tuning (offline default: tiny model, bundled data)")
     finetune.add_argument("stage", nargs="?", choices=["prepare"], help="prepare: build the data cache only")
+    finetune.add_argument("--list-recipes", action="store_true", help="the recipes --config takes by name, and exit")
     commands.add_arguments(finetune)
     finetune.add_argument("--resume", help="none, auto (latest complete checkpoint) or a checkpoint directory")
     finetune.add_argument("--output", "-o", help="run directory (default runs/<time>-finetune)")
@@ -500,14 +501,15 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"not captured: {problem}", style="yellow")
             console.print(f"bundle written to {args.output} (replay: gpucert discover --replay {args.output})")
             return 0
-        if args.verb == "finetune":
+        if args.verb in ("finetune", "evaluate"):
             from gpucert.finetune import commands
+            from gpucert.finetune.config import recipe_lines, resolve_recipe
 
-            return commands.finetune(args)
-        if args.verb == "evaluate":
-            from gpucert.finetune import commands
-
-            return commands.evaluate(args)
+            if getattr(args, "list_recipes", False):
+                print("\n".join(recipe_lines()))
+                return 0
+            args.config = resolve_recipe(args.config)  # a recipe name or a path; refused here if neither
+            return commands.finetune(args) if args.verb == "finetune" else commands.evaluate(args)
         if args.verb == "report":
             return run_report(args, console)
         if args.verb == "cluster":
@@ -528,6 +530,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ConfigError, ValueError) as exc:
         print(f"gpucert: error: {exc}", file=sys.stderr)
+        return ERROR_EXIT
+    except OSError as exc:
+        # The environment refused (a full disk, a missing or unreadable file): one line naming the path, no traceback.
+        print(f"gpucert: error: {describe_os_error(exc)}", file=sys.stderr)
         return ERROR_EXIT
     except RuntimeError as exc:
         from gpucert.runtime.errors import RendezvousError

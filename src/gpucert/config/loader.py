@@ -23,6 +23,15 @@ class ConfigError(ValueError):
     """A config or profile that cannot be used as written."""
 
 
+def describe_os_error(exc: OSError) -> str:
+    """An OSError as one line that names the path it concerns: `[Errno 28] No space left on device: '/x'` reads
+    `/x: No space left on device`; a message of our own (no errno) is kept as it is."""
+    if exc.errno is None or not exc.strerror:
+        return str(exc) or type(exc).__name__
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {exc.strerror}" if paths else f"{exc.strerror} (errno {exc.errno})"
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()

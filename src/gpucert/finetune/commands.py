@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.config import FinetuneConfig, check_data_source, load_finetune_config
 from gpucert.finetune.hub import resolve_adapter
 
 
@@ -45,14 +45,15 @@ def load(args: argparse.Namespace, extra: list[str] | None = None, training: boo
 
 
 def finetune(args: argparse.Namespace) -> int:
-    from gpucert.finetune.train import finetune_exit_code
-
     # json.dumps quotes the value, so YAML reads a path like 2026-01-01 or a word like "on" as a string.
     extra = [f"resume={json.dumps(args.resume)}"] if args.resume else []
     extra += [f"output_dir={json.dumps(str(args.output))}"] if args.output else []
     cfg = load(args, extra, training=args.stage != "prepare")
     if args.stage == "prepare":
         return prepare(cfg)
+    # Imported once the config is checked: torch and transformers take seconds, a bad key a few milliseconds.
+    from gpucert.finetune.train import finetune_exit_code
+
     return finetune_exit_code(cfg)
 
 
@@ -73,6 +74,7 @@ def evaluate(args: argparse.Namespace) -> int:
     renders it. The exit code is the report's verdict; a bad adapter or output directory exits 3 before any
     model is loaded."""
     cfg = load(args, [f"data.source={json.dumps(args.data)}"] if args.data else [])
+    check_data_source(cfg.data)  # a missing --data file is named before torch is imported
     # A run directory means its final adapter; a missing path is refused here, never tried as a hub id.
     adapter, note = resolve_adapter(args.adapter)
     if note:

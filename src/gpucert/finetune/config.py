@@ -3,6 +3,11 @@
 Units and meanings live in the names; every field says what it changes. `tiny.yaml` is the offline default:
 a small randomly initialised Qwen2-architecture model and the bundled Glaive-format sample data.
 
+A recipe is a YAML shipped in gpucert.configs/finetune/, named by its stem (`--config qwen2-7b-glaive`) or given
+as a path (`resolve_recipe`, `recipe_lines` for `gpucert finetune --list-recipes`). Nothing here imports torch,
+transformers or datasets: the CLI checks --config, --set and a local data file with this module alone, in well
+under a second, before the modules that train or evaluate are imported.
+
 Every value is checked when the config is loaded (`load_finetune_config`), before a run directory, a data
 cache entry or a model exists: a bad one is a ConfigError (exit 3) naming the key, the rule and where the
 value came from, e.g. `--set train.micro_batch=0: train.micro_batch must be >= 1, found 0`.
@@ -12,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from gpucert.config.loader import ConfigError, load_config
@@ -282,6 +289,19 @@ class EvalThresholds:
     overall_min_pct: float | None = None
     # Mean cross-entropy per supervised held-out token, nats.
     loss_max: float | None = None
+    # `gpucert evaluate --suite bfcl`: % of a BFCL category's entries fully right (finetune/bfcl.py), and the
+    # unweighted mean of the categories evaluated.
+    bfcl_simple_min_pct: float | None = None
+    bfcl_multiple_min_pct: float | None = None
+    bfcl_parallel_min_pct: float | None = None
+    bfcl_parallel_multiple_min_pct: float | None = None
+    bfcl_irrelevance_min_pct: float | None = None
+    bfcl_live_simple_min_pct: float | None = None
+    bfcl_live_multiple_min_pct: float | None = None
+    bfcl_live_parallel_min_pct: float | None = None
+    bfcl_live_parallel_multiple_min_pct: float | None = None
+    bfcl_live_irrelevance_min_pct: float | None = None
+    bfcl_overall_min_pct: float | None = None
 
     def problems(self) -> list[str]:
         found = []
@@ -412,3 +432,87 @@ def _source(message: str, path: Path | None, overrides: Sequence[str]) -> str:
         if item.split("=", 1)[0].strip() == key:
             return f"--set {item}"
     return str(path) if path else "defaults"
+
+
+# The recipe `gpucert finetune` runs without --config.
+DEFAULT_RECIPE = "tiny"
+# data.source suffixes read as a local file (formats.LOCAL_BUILDERS holds the same keys).
+LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+def recipe_dir() -> Path:
+    """configs/finetune/ of a checkout, gpucert/configs/finetune/ of an installed wheel."""
+    return Path(str(resources.files("gpucert.configs").joinpath("finetune")))
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in recipe_dir().glob("*.yaml"))
+
+
+def recipe_summary(path: Path) -> str:
+    """The recipe's opening comment, its first sentence: what it trains on what."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    text = " ".join(lines)
+    return text.split(". ", 1)[0].rstrip(".") if text else ""
+
+
+def recipe_lines() -> list[str]:
+    """One line per shipped recipe: name, summary, and the file, for `gpucert finetune --list-recipes`."""
+    directory = recipe_dir()
+    return [
+        f"{name}: {recipe_summary(directory / f'{name}.yaml')} ({directory / f'{name}.yaml'})"
+        for name in recipe_names()
+    ]
+
+
+def resolve_recipe(given: str | os.PathLike[str] | None) -> Path:
+    """The file --config means: an existing file as given, else a shipped recipe of that name (`qwen2-7b-glaive`
+    or `qwen2-7b-glaive.yaml`), None the default recipe. A ConfigError naming the path and listing the recipes
+    otherwise."""
+    if given is None:
+        return recipe_dir() / f"{DEFAULT_RECIPE}.yaml"
+    name = os.fspath(given)
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        raise ConfigError(f"--config {name}: is a directory; expected a finetune YAML file or a recipe name")
+    stem = name[: -len(path.suffix)] if path.suffix in (".yaml", ".yml") else name
+    # A bare name only: a path with a directory in it means that file, never a shipped recipe.
+    if os.sep not in stem and "/" not in stem and (recipe_dir() / f"{stem}.yaml").is_file():
+        return recipe_dir() / f"{stem}.yaml"
+    relative = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+    raise ConfigError(
+        f"--config {name}: no such file{relative} and no recipe of that name; recipes shipped with gpucert: "
+        f"{', '.join(recipe_names())} (gpucert finetune --list-recipes says what each trains)"
+    )
+
+
+def local_data_problem(data: DataConfig) -> str | None:
+    """Why data.source, a local file (a path or a .json/.jsonl/.parquet name), cannot be read, or None: a hub
+    dataset id, "sample" and "synthetic" are left to preparation."""
+    if data.source in ("sample", "synthetic"):
+        return None
+    path = Path(data.source).expanduser()
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return f"data.source {data.source}: is a directory; expected a .json, .jsonl or .parquet file"
+    if path.suffix.lower() not in LOCAL_DATA_SUFFIXES:
+        return None  # a hub dataset id (namespace/name)
+    relative = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+    return (
+        f"data.source {data.source}: no such file{relative}; expected a local .json/.jsonl/.parquet file, "
+        '"sample", "synthetic" or a hub dataset id'
+    )
+
+
+def check_data_source(data: DataConfig) -> None:
+    """Refuse, before any model or tokenizer is loaded, a local data file that is not there."""
+    problem = local_data_problem(data)
+    if problem:
+        raise ConfigError(problem)

@@ -43,6 +43,7 @@ from datasets import Dataset, DatasetInfo, Features, List, Value, load_from_disk
 from datasets.table import InMemoryTable
 from filelock import FileLock
 
+from gpucert.finetune.checkpoint import NoSpaceError, is_no_space, no_space_message
 from gpucert.finetune.config import DataConfig, FinetuneConfig
 from gpucert.finetune.formats import DataError, load_conversations, source_path
 from gpucert.finetune.glaive import Conversation, ParseReport
@@ -295,9 +296,14 @@ def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) 
         else:
             stats = _build_conversations(cfg, tokenizer, fingerprint, tmp)
         _finish(tmp, target, fingerprint, stats)
-    except BaseException:
+    except BaseException as exc:
         # Refused data, a full disk, Ctrl-C: no half-written directory stays behind for the next run to trip on.
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and is_no_space(exc):  # datasets' writer names no path: name the cache
+            raise NoSpaceError(
+                f"{no_space_message(target.parent, exc, 'the prepared data')}: nothing of it was kept. Free space "
+                "there or set data.cache_dir to a larger filesystem"
+            ) from exc
         raise
 
 
