@@ -510,7 +510,7 @@ def test_markdown_of_two_nodes_has_a_cluster_section_then_one_per_node(two_nodes
 
 
 def test_terminal_of_two_nodes(two_nodes: Report) -> None:
-    console = Console(record=True, width=160)
+    console = Console(record=True, width=160, force_terminal=True)  # a terminal: tables
     print_report(two_nodes, console, show_inventory=False, report_path=None)
     text = console.export_text()
     assert text.startswith("cluster: 2 nodes x 4 GPUs = 8 NVIDIA H200")

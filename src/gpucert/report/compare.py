@@ -32,7 +32,7 @@ from rich.text import Text
 from gpucert.report.cluster import is_cluster
 from gpucert.report.direction import HIGHER, LOWER, direction_of, noise_band_pct
 from gpucert.report.schema import Report, Result, Value
-from gpucert.report.terminal import STATUS_STYLE
+from gpucert.report.terminal import STATUS_STYLE, plain_line, plain_output, print_line
 from gpucert.status import Status
 
 
@@ -213,6 +213,13 @@ def compare_reports(
     # (a node's own run then pairs with its part in the cluster run).
     single_node = not is_cluster(baseline) and not is_cluster(candidate)
     base, cand = _keyed(baseline, single_node), _keyed(candidate, single_node)
+    # A misspelt name would leave its tolerance silently unused.
+    unknown = sorted(set(tolerances) - {name for name, _, _ in [*base, *cand]})
+    if unknown:
+        raise ValueError(
+            f"tolerance for {', '.join(unknown)}: no result of that name in either report; "
+            "names are the check column's, e.g. matmul.bf16.max"
+        )
     comparisons = []
     for key in [*base, *(k for k in cand if k not in base)]:
         comp = _compare_pair(key[0], key[1], base.get(key), cand.get(key), tolerances.get(key[0], threshold_pct))
@@ -309,6 +316,19 @@ def _band_text(c: Comparison) -> str:
     return f"±{c.band_pct:.3g} %" if c.band_pct is not None else ""
 
 
+def _plain_row(c: Comparison) -> str:
+    """A pair in the plain layout of every verb: the candidate's status and value, the baseline's as what it is
+    compared with, and what changed."""
+    status = c.candidate_status or c.baseline_status
+    band = f"noise band {_band_text(c)}" if c.band_pct is not None else ""
+    changed = [_verdict_text(c), _change_text(c), band, _status_text(c) if c.status_changed else ""]
+    baseline = f"baseline {_value_text(c.baseline, c.unit)}"
+    message = ", ".join(t for t in changed if t) or "unchanged"
+    return plain_line(
+        status.value if status else "-", c.name, c.subject, _value_text(c.candidate, c.unit), baseline, message
+    )
+
+
 def summary_line(comparisons: Sequence[Comparison]) -> str:
     counts = [
         (sum(c.regressed for c in comparisons), "regressed"),
@@ -388,6 +408,12 @@ def print_comparison(
     changed_only: bool = False,
 ) -> None:
     rows = [c for c in comparisons if c.changed] if changed_only else list(comparisons)
+    plain = plain_output(console)
+    if plain and rows:
+        print_line(console, f"{baseline_label} → {candidate_label}")
+        print_line(console, "status | check | subject | candidate | baseline | change")
+        for c in rows:
+            print_line(console, _plain_row(c))
     table = Table(title=f"{baseline_label} → {candidate_label}")
     for column in ("check", "subject", "baseline", "candidate", "change", "band", "status", ""):
         table.add_column(column, overflow="fold")
@@ -405,9 +431,10 @@ def print_comparison(
             Text(_status_text(c), style=status_style if c.status_changed or c.only_in else ""),
             Text(_verdict_text(c), style="bold red" if bad else "green" if c.improved else "dim"),
         )
-    if rows:
+    if rows and not plain:
         console.print(table)
     status = comparison_status(comparisons)
-    console.print(
-        Text.assemble(("comparison: ", "bold"), (status.value, STATUS_STYLE[status]), f"  {summary_line(comparisons)}")
+    print_line(
+        console,
+        Text.assemble(("comparison: ", "bold"), (status.value, STATUS_STYLE[status]), f"  {summary_line(comparisons)}"),
     )

@@ -1,8 +1,20 @@
-"""Terminal rendering (rich) of a report: the inventory for `discover`, the judged results for the rest."""
+"""Terminal rendering (rich) of a report: the inventory for `discover`, the judged results for the rest.
+
+Two formats. On a terminal, tables (rich fits them to the window). Where stdout is not a terminal (a pipe,
+`tee`, a Slurm job log, CI) or with `gpucert --format plain`, plain lines: rich would fit a table to 80
+columns there and fold every message into fragments of a few characters. A plain result is one line, never
+wrapped, in the same layout for every verb:
+
+    status | check | subject | value | expected | message
+    FAIL  | gpu.count | node-a | 4 GPUs | == 8 | expected 8 GPUs, found 4 [threshold: ...] → what to do
+
+so `grep '^FAIL'`, `grep gpu.count` or `awk -F ' [|] '` read a log file as they read the JSON report.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
@@ -13,6 +25,9 @@ from gpucert.report.cluster import cluster_summary, is_cluster, split_by_node
 from gpucert.report.schema import Report, Result
 from gpucert.status import Status
 
+FORMATS = ("auto", "table", "plain")
+_format = "auto"
+
 STATUS_STYLE = {
     Status.SKIP: "dim",
     Status.INFO: "cyan",
@@ -21,6 +36,80 @@ STATUS_STYLE = {
     Status.FAIL: "bold red",
     Status.ERROR: "bold magenta",
 }
+
+
+def set_format(name: str) -> None:
+    """How every report prints from now on: "table", "plain", or "auto" (tables on a terminal, else plain)."""
+    global _format
+    if name not in FORMATS:
+        raise ValueError(f"output format {name!r}: expected one of {', '.join(FORMATS)}")
+    _format = name
+
+
+def plain_output(console: Console) -> bool:
+    """Lines rather than tables: asked for, or "auto" and the console does not write to a terminal (rich's
+    test, which honours FORCE_COLOR and TTY_COMPATIBLE)."""
+    return _format == "plain" or (_format == "auto" and not console.is_terminal)
+
+
+def make_console(stderr: bool = False) -> Console:
+    """The command line's console. No markup: node labels (`host[n1]`), messages and paths print as they are,
+    never read as rich tags. Where output is plain, long lines are not wrapped either (soft wrap)."""
+    console = Console(stderr=stderr, highlight=False, markup=False)
+    console.soft_wrap = plain_output(console)
+    return console
+
+
+def print_line(console: Console, line: str | Text) -> None:
+    """One line as it is: never wrapped or cropped to the console's width (a pipe's is 80 columns)."""
+    console.print(line if isinstance(line, Text) else Text(line), soft_wrap=True)
+
+
+PLAIN_HEADER = "status | check | subject | value | expected | message"
+
+
+def _field(value: object) -> str:
+    # A field is never empty and never breaks its line: an embedded newline (a model's output quoted in an
+    # evaluation message) is written as \n.
+    text = str(value).replace("\r\n", "\n").replace("\n", "\\n")
+    return text if text.strip() else "-"
+
+
+def plain_line(status: str, check: str, subject: str, value: str, expected: str | None, message: str) -> str:
+    """The one plain layout: status (padded to the longest word, ERROR), check, subject, value, expected and
+    message, separated by ' | '; the message comes last, so a '|' inside it cannot shift a field."""
+    fields = (check, subject, value, expected or "-", message)
+    return " | ".join([f"{status:<5}", *(_field(f) for f in fields)])
+
+
+def result_line(result: Result) -> str:
+    """A result as one plain line; a WARN, FAIL or ERROR also says where its threshold came from and what to do,
+    which the table view prints in its problems list."""
+    message = result.message
+    if result.status >= Status.WARN:
+        if result.threshold_source:
+            message += f" [threshold: {result.threshold_source}]"
+        if result.remediation:
+            message += f" → {result.remediation}"
+    return plain_line(result.status.value, result.name, result.subject, format_value(result), result.expected, message)
+
+
+def table_lines(table: Table) -> list[str]:
+    """A table as plain lines: its title, then one line per row with each cell named by its column's header
+    (a headerless table's first cell names the row). The inventory prints the same facts in both formats."""
+    headers = [str(column.header) for column in table.columns]
+    columns = [[c.plain if isinstance(c, Text) else str(c) for c in column.cells] for column in table.columns]
+    title = table.title.plain if isinstance(table.title, Text) else table.title
+    lines = [f"{title}:"] if title else []
+    for row in zip(*columns, strict=True):
+        if table.show_header and headers[0]:
+            lines.append("  " + ", ".join(f"{h}: {v}" for h, v in zip(headers, row, strict=True) if v))
+        elif table.show_header:
+            rest = ", ".join(f"{h}: {v}" for h, v in zip(headers[1:], row[1:], strict=True) if v)
+            lines.append(f"  {row[0]}: {rest}")
+        else:
+            lines.append(f"  {row[0]}: {', '.join(v for v in row[1:] if v)}")
+    return lines
 
 
 def format_value(result: Result) -> str:
@@ -220,23 +309,91 @@ def _print_cluster(report: Report, console: Console, show_inventory: bool) -> No
                 console.print(part)
 
 
+def verdict_line(report: Report) -> Text:
+    counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
+    return Text.assemble(
+        ("verdict: ", "bold"),
+        (report.status.value, STATUS_STYLE[report.status]),
+        f"  ({counts}; exit code {report.status.exit_code})",
+    )
+
+
 def _print_verdict(report: Report, console: Console) -> None:
     problems = problem_lines(report.results)
     if problems:
         console.print(Text("problems:", style="bold"))
         for line in problems:
             console.print(line)
-    counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
-    console.print(
-        Text.assemble(
-            ("verdict: ", "bold"),
-            (report.status.value, STATUS_STYLE[report.status]),
-            f"  ({counts}; exit code {report.status.exit_code})",
-        )
-    )
+    console.print(verdict_line(report))
+
+
+def _plain_problems(results: list[Result]) -> str | None:
+    """The problems named on one line, worst first: each is printed in full among the results, so that
+    `grep -c '^FAIL'` counts every FAIL once."""
+    problems = sorted((r for r in results if r.status >= Status.WARN), key=lambda r: r.status, reverse=True)
+    if not problems:
+        return None
+    return "problems: " + ", ".join(f"{r.status.value} {r.name} ({r.subject})" for r in problems)
+
+
+def _plain_results(results: Iterable[Result], console: Console) -> None:
+    for r in results:
+        line = Text(result_line(r))
+        line.stylize(STATUS_STYLE[r.status], 0, len(r.status.value))  # shows only where the console has colour
+        print_line(console, line)
+
+
+def _plain_inventory(inv: dict[str, Any], console: Console) -> None:
+    for table in inventory_tables(inv):
+        for line in table_lines(table) if isinstance(table, Table) else [table.plain]:
+            print_line(console, line)
+
+
+def _print_plain(report: Report, console: Console, show_inventory: bool) -> None:
+    """The report as plain lines: what ran, the inventory as lines when asked, then one line per result (a
+    cluster's own results first, then each node's after a line naming it), the problems and the verdict."""
+    if is_cluster(report):
+        cluster, sections = split_by_node(report)
+        print_line(console, f"cluster: {cluster_summary(report.nodes) if report.nodes else f'{len(sections)} nodes'}")
+        if show_inventory:
+            for section in sections:
+                if section.inventory:
+                    print_line(console, f"node {section.label}: {section.inventory.get('summary', '')}")
+                    _plain_inventory(section.inventory, console)
+        print_line(console, header_line(report))
+        if report.results:
+            print_line(console, PLAIN_HEADER)
+            _plain_results(cluster, console)
+            for section in sections:
+                summary = section.inventory.get("summary")
+                print_line(
+                    console, f"node {section.label}: {section.status.value}" + (f"  ({summary})" if summary else "")
+                )
+                _plain_results(section.results, console)
+    else:
+        inv = report.inventory
+        print_line(console, Text(f"{inv['hostname']}: {inv['summary']}", style="bold"))
+        if inv.get("replayed_from"):
+            print_line(console, f"(replayed from {inv['replayed_from']})")
+        if show_inventory:
+            _plain_inventory(inv, console)
+        print_line(console, header_line(report))
+        if report.results:
+            print_line(console, PLAIN_HEADER)
+            _plain_results(report.results, console)
+    if report.results:
+        problems = _plain_problems(report.results)
+        if problems:
+            print_line(console, problems)
+        print_line(console, verdict_line(report))
 
 
 def print_report(report: Report, console: Console, show_inventory: bool, report_path: str | None) -> None:
+    if plain_output(console):
+        _print_plain(report, console, show_inventory)
+        if report_path:
+            print_line(console, f"report: {report_path}")
+        return
     if is_cluster(report):
         _print_cluster(report, console, show_inventory)
         if report.results:
