@@ -514,6 +514,8 @@ def test_a_per_metric_tolerance_widens_one_metric_only() -> None:
     assert [(c.name, c.band_pct, c.regressed) for c in comparisons] == [("a", 10.0, False), ("b", 5.0, True)]
     with pytest.raises(ValueError, match="tolerance of a must be >= 0"):
         compare_reports(base, cand, tolerances={"a": -1.0})
+    with pytest.raises(ValueError, match="tolerance for c: no result of that name in either report"):
+        compare_reports(base, cand, tolerances={"a": 10.0, "c": 10.0})
 
 
 @pytest.mark.parametrize("item", ["matmul.bf16.max", "=8", "x=-1", "x=many", "x=nan"])
@@ -535,6 +537,8 @@ def test_tolerance_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> No
     )
     assert main(["report", str(SYNTHETIC), str(REGRESSED), "--tolerance", "memory.h2d"]) == 3
     assert "--tolerance 'memory.h2d': expected NAME=PCT" in capsys.readouterr().err
+    assert main(["report", str(SYNTHETIC), str(REGRESSED), "--tolerance", "memory.hd2=13"]) == 3
+    assert "tolerance for memory.hd2: no result of that name in either report" in capsys.readouterr().err
 
 
 # --- HTML ---------------------------------------------------------------------------------------------------
