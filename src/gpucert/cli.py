@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "runs",
         nargs="+",
         metavar="RUN",
-        help="run directory or report.json (two: compare); `merge DIR... -o OUT` joins per-node reports",
+        help="run directory or report.json (two: compare); `merge DIR... -o OUT` joins per-node reports; "
+        "`history NODE [RUNS_DIR]`: a node's figures over time, drift against its first run",
     )
     report.add_argument(
         "--html", action="store_true", help="write report.html next to the report (two runs: comparison.html)"
@@ -331,6 +332,10 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
 
     if args.runs[0] == "merge":
         return run_merge(args, console)
+    if args.runs[0] == "history":
+        from gpucert.fleet.history import run_history
+
+        return run_history(args.runs[1:], args.threshold, console)
     args.runs = [Path(run) for run in args.runs]
     if len(args.runs) > 2:
         raise ConfigError("report takes one run (render) or two runs (baseline, candidate)")

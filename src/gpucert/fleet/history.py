@@ -1,0 +1,294 @@
+"""Each node's history: its measured figures over time, and drift against its own baseline.
+
+    gpucert report history NODE [RUNS_DIR]      (RUNS_DIR: default runs/, the runs_dir every verb writes to)
+
+Every run directory under RUNS_DIR (`<time>-<host>/report.json`) is indexed into RUNS_DIR/history.sqlite, once:
+a run directory deleted later keeps its figures there. A figure is a result with a number and a direction
+(report/direction.py: benchmarks, training, evaluation), per node, check and subject (`node GPU 2`).
+
+For each figure of NODE, the baseline is its first run measured with the same method version as its latest
+(figures of another METHOD_VERSION were measured differently and are not compared). The latest value is judged
+twice: against the profile (the status the run gave it) and against the baseline: worse by more than the
+tolerance (--threshold, 5 %; or twice the repeats' spread where wider) is a WARN drift, e.g. "matmul.bf16.max
+on node GPU 2: 688.6 TFLOP/s, 14.0 % below its baseline 800.5 (2026-11-22)". One run only is INFO: nothing to
+compare yet. The exit code is the worst of both, as for any report (0 PASS, 1 WARN, 2 FAIL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gpucert.config.loader import ConfigError
+from gpucert.report.direction import HIGHER, NOISE_SIGMAS, direction_of, relative_spread
+from gpucert.report.schema import Report
+from gpucert.report.store import load_report
+from gpucert.status import Status, worst
+
+HISTORY_FILE = "history.sqlite"
+SCHEMA_VERSION = 1
+# The newest values shown beside the baseline.
+SHOWN_VALUES = 6
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    verb TEXT NOT NULL,
+    host TEXT NOT NULL,
+    status TEXT NOT NULL,
+    tool_version TEXT NOT NULL,
+    method_version TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    UNIQUE (path, started_at)
+);
+CREATE TABLE IF NOT EXISTS figures (
+    run_id INTEGER NOT NULL REFERENCES runs (id),
+    node TEXT NOT NULL,
+    name TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    gpu_index INTEGER,
+    uuid TEXT,
+    value REAL NOT NULL,
+    unit TEXT,
+    status TEXT NOT NULL,
+    direction TEXT NOT NULL,
+    spread REAL
+);
+CREATE INDEX IF NOT EXISTS figures_by_node ON figures (node, name, subject);
+"""
+
+
+@contextlib.contextmanager
+def open_history(path: Path) -> Iterator[sqlite3.Connection]:
+    """The history database at `path`, created if need be; committed and closed when the block ends."""
+    try:
+        conn = sqlite3.connect(path, timeout=30)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path}: cannot open the history database: {exc}") from None
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, SCHEMA_VERSION):
+            raise ConfigError(f"{path}: history schema {version}, this gpucert reads {SCHEMA_VERSION}")
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        yield conn
+        conn.commit()
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path}: the history database is unusable: {exc}") from None
+    finally:
+        conn.close()
+
+
+def add_report(conn: sqlite3.Connection, report: Report, path: Path, mtime_ns: int = 0) -> bool:
+    """Index one report's figures; False when this run (its directory and start time) is already there."""
+    meta = report.meta
+    cursor = conn.execute(
+        "INSERT OR IGNORE INTO runs (path, started_at, verb, host, status, tool_version, method_version, profile,"
+        " mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            str(path),
+            meta.started_at,
+            meta.verb,
+            meta.host,
+            report.status.value,
+            meta.tool_version,
+            meta.method_version,
+            meta.profile,
+            mtime_ns,
+        ),
+    )
+    if cursor.rowcount == 0:
+        conn.execute(
+            "UPDATE runs SET mtime_ns = ? WHERE path = ? AND started_at = ?", (mtime_ns, str(path), meta.started_at)
+        )
+        return False
+    run_id = cursor.lastrowid
+    head = meta.nodes[0] if meta.nodes else meta.host
+    rows = []
+    for r in report.results:
+        direction = direction_of(r)
+        if direction is None or isinstance(r.value, bool) or not isinstance(r.value, (int, float)):
+            continue
+        node = r.node if r.node is not None else (head if len(meta.nodes) <= 1 else "")
+        uuid = r.details.get("uuid") if isinstance(r.details, dict) else None
+        spread = relative_spread(r)
+        rows.append(
+            (
+                run_id,
+                node,
+                r.name,
+                r.subject,
+                r.gpu_index,
+                uuid,
+                float(r.value),
+                r.unit,
+                r.status.value,
+                direction,
+                spread,
+            )
+        )
+    conn.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    return True
+
+
+def index_runs(conn: sqlite3.Connection, runs_dir: Path) -> tuple[int, list[str]]:
+    """Index every `runs_dir/*/report.json` not indexed yet: (runs added, reports that could not be read)."""
+    added, problems = 0, []
+    # A report is read again only when its file changed (a fixed --output written over by the next run).
+    seen = set(conn.execute("SELECT path, mtime_ns FROM runs"))
+    for path in sorted(runs_dir.glob("*/report.json")):
+        directory, mtime_ns = str(path.parent.resolve()), path.stat().st_mtime_ns
+        if (directory, mtime_ns) in seen:
+            continue
+        try:
+            report = load_report(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        added += add_report(conn, report, Path(directory), mtime_ns)
+    return added, problems
+
+
+@dataclass(frozen=True)
+class Point:
+    started_at: str
+    value: float
+    status: Status
+    spread: float | None
+    method_version: str
+    run: str
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    subject: str
+    unit: str | None
+    direction: str
+    points: list[Point]  # oldest first, all of the latest point's method version
+    older_method: int  # points left out: measured with another method version
+
+
+def node_series(conn: sqlite3.Connection, node: str) -> list[Series]:
+    """Every figure of `node` over time, in the order the checks first ran."""
+    rows = conn.execute(
+        "SELECT f.name, f.subject, f.unit, f.direction, r.started_at, f.value, f.status, f.spread, r.method_version,"
+        " r.path FROM figures f JOIN runs r ON r.id = f.run_id WHERE f.node = ? ORDER BY r.started_at, f.rowid",
+        (node,),
+    ).fetchall()
+    grouped: dict[tuple[str, str], list[tuple[str | None, str, Point]]] = {}
+    for name, subject, unit, direction, started, value, status, spread, method, run in rows:
+        point = Point(started, value, Status(status), spread, method, run)
+        grouped.setdefault((name, subject), []).append((unit, direction, point))
+    series = []
+    for (name, subject), entries in grouped.items():
+        unit, direction, latest = entries[-1]
+        same = [p for _, _, p in entries if p.method_version == latest.method_version]
+        series.append(Series(name, subject, unit, direction, same, len(entries) - len(same)))
+    return series
+
+
+def known_nodes(conn: sqlite3.Connection) -> list[str]:
+    return [row[0] for row in conn.execute("SELECT DISTINCT node FROM figures WHERE node != '' ORDER BY node")]
+
+
+@dataclass(frozen=True)
+class Drift:
+    series: Series
+    change_pct: float | None  # latest against baseline, signed (+ is higher); None with one run
+    band_pct: float
+    status: Status  # against the baseline: PASS within the band, WARN worse beyond it, INFO one run only
+    message: str
+
+
+def judge_drift(series: Series, tolerance_pct: float) -> Drift:
+    """The latest value against the baseline (the first of the same method): worse beyond the noise band is WARN."""
+    base, latest = series.points[0], series.points[-1]
+    spreads = [p.spread for p in (base, latest) if p.spread is not None]
+    band = max([tolerance_pct, *(100.0 * NOISE_SIGMAS * s for s in spreads)])
+    unit = f" {series.unit}" if series.unit else ""
+    if len(series.points) == 1:
+        return Drift(series, None, band, Status.INFO, f"{series.name} on {series.subject}: one run, the baseline")
+    if base.value == 0:
+        return Drift(series, None, band, Status.INFO, f"{series.name} on {series.subject}: baseline is 0, no ratio")
+    change = 100.0 * (latest.value - base.value) / abs(base.value)
+    worse = -change if series.direction == HIGHER else change
+    way = "below" if change < 0 else "above"
+    said = (
+        f"{series.name} on {series.subject}: {latest.value:g}{unit}, {abs(change):.1f} % {way} its baseline "
+        f"{base.value:g}{unit} ({base.started_at[:10]})"
+    )
+    if worse > band:
+        return Drift(series, change, band, Status.WARN, f"{said}; more than the {band:.1f} % allowed: re-measure it")
+    return Drift(series, change, band, Status.PASS, f"{said}; within {band:.1f} %")
+
+
+def run_history(rest: list[str], tolerance_pct: float, console: Console) -> int:
+    """`gpucert report history NODE [RUNS_DIR]`: index RUNS_DIR, show NODE's figures and drift; the exit code."""
+    if not 1 <= len(rest) <= 2:
+        raise ConfigError("report history takes a node and optionally the runs directory: history NODE [RUNS_DIR]")
+    node, runs_dir = rest[0], Path(rest[1] if len(rest) == 2 else "runs")
+    if not runs_dir.is_dir():
+        raise ConfigError(f"{runs_dir}: no such runs directory (gpucert writes runs to runs_dir, default runs/)")
+    with open_history(runs_dir / HISTORY_FILE) as conn:
+        _added, problems = index_runs(conn, runs_dir)
+        series = node_series(conn, node)
+        nodes = known_nodes(conn)
+    for problem in problems:
+        console.print(f"not indexed: {problem}", style="yellow")
+    if not series:
+        raise ConfigError(
+            f"no measured figures of node {node!r} in {runs_dir} (nodes with figures: {', '.join(nodes) or 'none'}); "
+            "run gpucert accept or bench on it first"
+        )
+    drifts = [judge_drift(s, tolerance_pct) for s in series]
+    print_history(node, runs_dir, drifts, console)
+    return worst([d.status for d in drifts] + [d.series.points[-1].status for d in drifts]).exit_code
+
+
+def _short(started_at: str) -> str:
+    return started_at[:16].replace("T", " ")
+
+
+def print_history(node: str, runs_dir: Path, drifts: list[Drift], console: Console) -> None:
+    runs = {p.run for d in drifts for p in d.series.points}
+    console.print(f"{node}: {len(drifts)} figures from {len(runs)} runs in {runs_dir}")
+    columns = ["check", "subject", "unit", "baseline", "values over time (newest last)", "change", "profile", "drift"]
+    table = Table(*columns, show_lines=False) if console.is_terminal else None
+    for d in drifts:
+        s, base = d.series, d.series.points[0]
+        values = " ".join(f"{p.value:g}" for p in s.points[-SHOWN_VALUES:])
+        if len(s.points) > SHOWN_VALUES:
+            values = "... " + values
+        change = "" if d.change_pct is None else f"{d.change_pct:+.1f} %"
+        row = [
+            s.name,
+            s.subject,
+            s.unit or "",
+            f"{base.value:g} ({_short(base.started_at)})",
+            values,
+            change,
+            s.points[-1].status.value,
+            d.status.value,
+        ]
+        if table is not None:
+            table.add_row(*row)
+        else:
+            console.print(" | ".join(row), soft_wrap=True)
+    if table is not None:
+        console.print(table)
+    for d in drifts:
+        if d.status is Status.WARN:
+            console.print(f"WARN {d.message}", soft_wrap=True)
+    older = sum(d.series.older_method for d in drifts)
+    if older:
+        console.print(f"{older} older values measured with another method version are not compared", style="dim")
