@@ -587,3 +587,12 @@ def test_the_real_fixtures_are_the_runs_they_say() -> None:
         data = json.loads(path.read_text())
         assert list(validator.iter_errors(data)) == []
         assert (data["meta"]["profile"], data["status"], data["meta"]["host"]) == (profile, status, "vm")
+
+
+def test_terminal_table_keeps_check_names_whole() -> None:
+    """With the band column the table is wider than 120 columns: values wrap, names do not."""
+    console = Console(record=True, width=120, force_terminal=True, color_system=None)
+    print_comparison(console, compare_reports(load_report(CPU_A), load_report(CPU_FAIL)), changed_only=True)
+    text = console.export_text()
+    assert "│ train.tokens_per_s_per_gpu │" in text and "│ collective.broadcast " in text
+    assert max(len(line) for line in text.splitlines() if line.startswith("│")) <= 120

@@ -415,7 +415,9 @@ def print_comparison(
         for c in rows:
             print_line(console, _plain_row(c))
     table = Table(title=f"{baseline_label} → {candidate_label}")
-    for column in ("check", "subject", "baseline", "candidate", "change", "band", "status", ""):
+    # A check's name is what a reader looks for: the other columns wrap first (rich narrows the wrappable ones).
+    table.add_column("check", overflow="fold", no_wrap=True)
+    for column in ("subject", "baseline", "candidate", "change", "band", "status", ""):
         table.add_column(column, overflow="fold")
     for c in rows:
         bad = c.regressed or c.newly_failing
