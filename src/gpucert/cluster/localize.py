@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -59,6 +59,8 @@ class NodeSpec:
     name: str
     host: str
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES of the node's processes; None: all the host's GPUs
+    # Its leaf switch (rack), from `host@rack` or Slurm's topology; None: the topology is unknown.
+    rack: str | None = None
 
 
 def _expand_gpus(text: str) -> str:
@@ -73,15 +75,19 @@ def _expand_gpus(text: str) -> str:
 
 
 def parse_node(text: str) -> NodeSpec:
-    """`host` or `host:GPUS` (GPUS like 0, 0-3 or 0,2: that host's GPUs, as one node of the search)."""
-    host, sep, gpus = text.strip().partition(":")
+    """`host` or `host:GPUS` (GPUS like 0, 0-3 or 0,2: that host's GPUs, as one node of the search), either
+    followed by `@RACK`, the node's leaf switch (pairs are then planned rack by rack, then across racks)."""
+    where, at, rack = text.strip().partition("@")
+    if at and not _HOST.match(rack):
+        raise ConfigError(f"{text!r}: expected host@RACK with RACK a switch or rack name (letters, digits, _.-)")
+    host, sep, gpus = where.partition(":")
     if not _HOST.match(host):
         raise ConfigError(f"host {host!r} (in {text!r}): expected a hostname or IPv4 address (letters, digits, _.-)")
     if not sep:
-        return NodeSpec(host, host)
+        return NodeSpec(host, host, rack=rack or None)
     if not _GPUS.match(gpus):
         raise ConfigError(f"{text!r}: expected host:GPUS with GPUS like 0, 0-3 or 0,2 (CUDA_VISIBLE_DEVICES)")
-    return NodeSpec(f"{host}:{gpus}", host, _expand_gpus(gpus))
+    return NodeSpec(f"{host}:{gpus}", host, _expand_gpus(gpus), rack or None)
 
 
 def parse_hosts(items: Sequence[str]) -> list[NodeSpec]:
@@ -92,6 +98,12 @@ def parse_hosts(items: Sequence[str]) -> list[NodeSpec]:
         raise ConfigError(f"node(s) listed twice: {', '.join(twice)}")
     if len(nodes) < 2:
         raise ConfigError(f"localize needs at least 2 nodes to pair, found {len(nodes)}: {', '.join(names) or '-'}")
+    unlabelled = [n.name for n in nodes if n.rack is None]
+    if unlabelled and len(unlabelled) < len(nodes):
+        raise ConfigError(
+            f"node(s) {', '.join(unlabelled[:5])}{' ...' if len(unlabelled) > 5 else ''} have no @RACK where others "
+            "do: label every node (host@rack) or none"
+        )
     return nodes
 
 
@@ -112,7 +124,32 @@ def slurm_nodes(env: Mapping[str, str], run: Callable[[list[str]], str]) -> list
             "no nodes to localize: give --hosts H1 H2 ... (or --hostfile), or run inside a Slurm allocation "
             "(`gpucert launch slurm localize --nodes N`, or sbatch/salloc)"
         )
-    return parse_hosts(run(["scontrol", "show", "hostnames", nodelist]).split())
+    nodes = parse_hosts(run(["scontrol", "show", "hostnames", nodelist]).split())
+    racks = slurm_racks(run)
+    if not all(n.host in racks for n in nodes):
+        return nodes  # a topology that leaves some of our nodes out: plan as if none were known
+    return [NodeSpec(n.name, n.host, n.gpus, racks[n.host]) for n in nodes]
+
+
+def slurm_racks(run: Callable[[list[str]], str]) -> dict[str, str]:
+    """Each node's leaf switch from Slurm's topology (topology.conf, `scontrol show topology`): the switches
+    of level 0. Empty where Slurm has no tree topology (topology/none) or cannot say."""
+    from gpucert.launch.slurm import SlurmError
+
+    try:
+        text = run(["scontrol", "show", "topology"])
+    except SlurmError:
+        return {}
+    racks: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("Level") == "0" and fields.get("SwitchName") and fields.get("Nodes"):
+            try:
+                hosts = run(["scontrol", "show", "hostnames", fields["Nodes"]]).split()
+            except SlurmError:
+                return {}
+            racks.update((h, fields["SwitchName"]) for h in hosts)
+    return racks
 
 
 # Pairing
@@ -529,47 +566,357 @@ def slow_gpu_nodes(results: Sequence[Result]) -> dict[str, list[str]]:
     return found
 
 
+# Planning: what the pair jobs so far say of each node, and which pairs run next
+#
+# Every round runs its pair jobs at once, so a round costs one pair job's time whether it holds 2 pairs or 500:
+# the planner fills rounds, it does not save jobs. Round 1 screens every node (rack by rack where racks are
+# known: a pair then tests two nodes and their leaf switch); where racks are known, round 2 screens again across
+# racks (the leaf's uplinks and the spine). A node whose pair failed is re-paired with known-good nodes (of its
+# own rack first, so a fault above the leaf does not condemn it) until two re-pairs say the same (one, where the
+# job could not run at all: a crash is never a noisy reading); a failed pair whose two nodes both pass with
+# known-good ones is run once more before its link is named. Where racks are known, failed cross-rack pairs that
+# gather on one rack name that rack's uplinks, not its nodes.
+
+# Failures with known-good partners that make an intermittent node (some pass, some fail).
+INTERMITTENT_FAILS = 2
+# A rack's uplinks are named from this many failed cross-rack pairs (each of whose nodes passes with
+# known-good ones) towards at least 2 other racks: fewer is a noisy pair or a single path.
+RACK_MIN_FAILS = 3
+
+
+def _other(outcome: PairOutcome, name: str) -> str:
+    head, other = outcome.pair.nodes
+    return other.name if head.name == name else head.name
+
+
+def _crashed(outcome: PairOutcome) -> bool:
+    return not outcome.ran and not outcome.corrupt
+
+
+@dataclass
+class Standing:
+    """What the pair jobs so far say of one node: the pairs it failed and passed with partners that vouch for
+    themselves (not slow, not condemned, no failure of their own that nothing explains)."""
+
+    name: str
+    rack: str | None
+    runs: int = 0  # judged pair jobs it was in (PASS, FAIL or ERROR)
+    suspect: bool = False  # a failed pair job that no condemned partner explains
+    fails: list[tuple[PairOutcome, Result]] = field(default_factory=list)
+    passes: list[tuple[PairOutcome, Result]] = field(default_factory=list)
+    partners: set[str] = field(default_factory=set)
+
+    @property
+    def firm_fails(self) -> int:
+        """Failures no noisy reading makes: a crash, or a slow pair with a known-good node of its own rack."""
+        return sum(
+            _crashed(o) or (self.rack is not None and o.pair.head.rack == o.pair.other.rack) for o, _r in self.fails
+        )
+
+    @property
+    def condemned(self) -> str | None:
+        if self.fails and not self.passes:
+            return "bad"
+        if len(self.fails) >= INTERMITTENT_FAILS and self.firm_fails >= INTERMITTENT_FAILS:
+            return "intermittent"
+        return None
+
+    @property
+    def settled(self) -> bool:
+        """Enough said to stop re-pairing it (the round budget may stop it first)."""
+        if not self.fails:
+            return bool(self.passes)
+        if not self.passes:
+            # Two re-pairs that failed; or a crash with a re-pair partner, where another pair failed too (one
+            # crash alone may be that partner's).
+            later = [o for o, _r in self.fails if o.pair.round > 1]
+            return len(later) >= 2 or (any(_crashed(o) for o in later) and len(self.fails) >= 2)
+        if any(_crashed(o) for o, _r in self.fails):
+            # A crash with a known-good partner is no noisy reading: look harder for a node that fails at times.
+            return len(self.fails) >= INTERMITTENT_FAILS or len(self.passes) >= 3
+        return len(self.fails) + len(self.passes) >= 3
+
+
+@dataclass
+class Findings:
+    """What the pair jobs so far say: each node's standing, the racks whose uplinks failed cross-rack pairs point
+    at, and the pairs that failed between two nodes that pass elsewhere (those the racks do not explain)."""
+
+    standing: dict[str, Standing]
+    racks: dict[tuple[str, ...], list[tuple[PairOutcome, Result]]]
+    links: dict[frozenset[str], list[tuple[PairOutcome, Result]]]
+
+
+def assess(nodes: Sequence[NodeSpec], judged: Sequence[tuple[PairOutcome, Result]], slow: Collection[str]) -> Findings:
+    """A condemned node explains its partners' failures and a named rack the failed pairs through its uplinks,
+    which can clear nodes and so make them vouch for others: repeated until nothing changes (a few passes)."""
+    racks = {n.name: n.rack for n in nodes}
+    runs: dict[str, list[tuple[PairOutcome, Result]]] = {n.name: [] for n in nodes}
+    for o, r in judged:
+        for n in o.pair.nodes:
+            runs[n.name].append((o, r))
+    # Where round 1 could judge no pair (too few to compare, no floor), a pair job that ran vouches for its
+    # nodes: that still tells a node that cannot run a pair job at all.
+    first_passed = any(o.pair.round == 1 and r.status is Status.PASS for o, r in judged)
+    passing = {Status.PASS} if first_passed else {Status.PASS, Status.SKIP}
+    named = rack_faults(_uplink_runs(judged, runs), len({n.rack for n in nodes}))
+    explained = {id(o) for rs in named.values() for o, _r in rs} | _transient(judged)
+    condemned: set[str] = set()
+    for _ in range(6):
+        standing = _standings(runs, racks, slow, condemned, explained, passing)
+        now = {name for name, st in standing.items() if st.condemned}
+        if now == condemned:
+            break
+        condemned = now
+    links = {
+        k: rs for k, rs in link_candidates(judged, standing).items() if not any(id(o) in explained for o, _r in rs)
+    }
+    return Findings(standing, named, links)
+
+
+def _transient(judged: Sequence[tuple[PairOutcome, Result]]) -> set[int]:
+    """Slow pairs that passed when the same two nodes ran again: a noisy reading, held against neither node."""
+    passed = {frozenset(n.name for n in o.pair.nodes) for o, r in judged if r.status is Status.PASS}
+    return {id(o) for o, r in judged if _failed(r) and o.ran and frozenset(n.name for n in o.pair.nodes) in passed}
+
+
+def _uplink_runs(
+    judged: Sequence[tuple[PairOutcome, Result]], runs: Mapping[str, list[tuple[PairOutcome, Result]]]
+) -> list[tuple[PairOutcome, Result]]:
+    """Failed cross-rack pairs that measured, both of whose nodes passed a pair within their rack and failed
+    none there: what a fault above the leaf switches looks like."""
+
+    def in_rack(o: PairOutcome) -> bool:
+        return o.pair.head.rack == o.pair.other.rack
+
+    def fine_in_rack(name: str) -> bool:
+        mine = [r for o, r in runs[name] if in_rack(o)]
+        return any(r.status is Status.PASS for r in mine) and not any(_failed(r) for r in mine)
+
+    return [
+        (o, r)
+        for o, r in judged
+        if _failed(r) and o.ran and o.pair.head.rack is not None and not in_rack(o)
+        if all(fine_in_rack(n.name) for n in o.pair.nodes)
+    ]
+
+
+def _standings(
+    runs: Mapping[str, list[tuple[PairOutcome, Result]]],
+    racks: Mapping[str, str | None],
+    slow: Collection[str],
+    condemned: Collection[str],
+    explained: Collection[int],
+    passing: Collection[Status],
+) -> dict[str, Standing]:
+    unexplained = {
+        name: [o for o, r in rs if _failed(r) and _other(o, name) not in condemned and id(o) not in explained]
+        for name, rs in runs.items()
+    }
+
+    def vouches(name: str, outcome: PairOutcome, failed: bool) -> bool:
+        if name in slow or name in condemned or any(o is not outcome for o in unexplained[name]):
+            return False
+        # For a failed pair, the partner must have passed another: a pair that only failed proves nothing.
+        return not failed or any(r.status in passing for o, r in runs[name] if o is not outcome)
+
+    standing = {}
+    for name, rs in runs.items():
+        st = Standing(name, racks[name], len(rs), bool(unexplained[name]), partners={_other(o, name) for o, _ in rs})
+        for o, r in rs:
+            if id(o) in explained:
+                continue
+            if (_failed(r) or r.status in passing) and vouches(_other(o, name), o, _failed(r)):
+                (st.fails if _failed(r) else st.passes).append((o, r))
+        standing[name] = st
+    return standing
+
+
+def screen_pairs(
+    nodes: Sequence[NodeSpec], seed: int, round_no: int, across: bool
+) -> tuple[list[Pair], list[NodeSpec]]:
+    """Disjoint pairs of `nodes`: at random where racks are unknown (round 1 as first_round draws it), rack by
+    rack (the racks' odd ones out across racks), or across racks (`across`: each node with one of another
+    rack wherever the racks' sizes allow)."""
+    if not nodes or any(n.rack is None for n in nodes):
+        if round_no == 1:
+            return first_round(nodes, seed)
+        order = list(nodes)
+        random.Random(f"{seed}/{round_no}").shuffle(order)
+    else:
+        rng = random.Random(f"{seed}/{round_no}")
+        by_rack: dict[str, list[NodeSpec]] = {}
+        for n in nodes:
+            by_rack.setdefault(n.rack or "", []).append(n)
+        racks = sorted(by_rack)
+        rng.shuffle(racks)
+        for rack in racks:
+            rng.shuffle(by_rack[rack])
+        if across:
+            # Row j holds the j-th node of every rack, in a fresh order per row: neighbours are of different racks,
+            # and a rack's nodes meet many racks (a failing uplink then points at one rack, not at a pair of them).
+            order = []
+            for j in range(max(len(m) for m in by_rack.values())):
+                row = [by_rack[rack][j] for rack in racks if j < len(by_rack[rack])]
+                rng.shuffle(row)
+                order += row
+        else:
+            order, spare = [], []
+            for rack in racks:
+                members = by_rack[rack]
+                even = len(members) - len(members) % 2
+                order += members[:even]
+                spare += members[even:]
+            order += spare
+    pairs = [Pair(round_no, i // 2, order[i], order[i + 1]) for i in range(0, len(order) - 1, 2)]
+    return pairs, order[2 * len(pairs) :]
+
+
+def link_candidates(
+    judged: Sequence[tuple[PairOutcome, Result]], standing: Mapping[str, Standing]
+) -> dict[frozenset[str], list[tuple[PairOutcome, Result]]]:
+    """Pairs that failed although each of their nodes passes with known-good ones and neither is condemned:
+    every run of each such pair, by its two node names."""
+    runs: dict[frozenset[str], list[tuple[PairOutcome, Result]]] = {}
+    for o, r in judged:
+        runs.setdefault(frozenset(n.name for n in o.pair.nodes), []).append((o, r))
+    found = {}
+    for key, rs in runs.items():
+        sts = [standing[name] for name in key]
+        if any(_failed(r) for _o, r in rs) and all(st.passes and not st.condemned for st in sts):
+            found[key] = rs
+    return found
+
+
+def plan_round(
+    nodes: Sequence[NodeSpec],
+    judged: Sequence[tuple[PairOutcome, Result]],
+    slow: Collection[str],
+    round_no: int,
+    seed: int,
+    screens: int,
+) -> list[Pair]:
+    """The pairs of round `round_no` (2 on): re-pairs of unsettled suspects with known-good nodes, one more run
+    of each pair that failed between two nodes that pass elsewhere, then (up to round `screens`) a screen of
+    the nodes still free. Empty: nothing left to learn."""
+    findings = assess(nodes, judged, slow)
+    standing = findings.standing
+    rng = random.Random(f"{seed}/{round_no}/plan")
+    busy: set[str] = set()
+    pairs: list[Pair] = []
+
+    def add(head: NodeSpec, other: NodeSpec) -> None:
+        pairs.append(Pair(round_no, len(pairs), head, other))
+        busy.update((head.name, other.name))
+
+    goods = [n for n in nodes if standing[n.name].passes and not standing[n.name].suspect and n.name not in slow]
+    rng.shuffle(goods)
+    suspects = [n for n in nodes if (standing[n.name].suspect or not standing[n.name].runs)]
+    for node in suspects:
+        st = standing[node.name]
+        if st.settled:
+            continue
+        free = [g for g in goods if g.name not in busy and g.name != node.name]
+        if free:
+            # Its own rack first (a fault above the leaf does not reach that pair), a partner it has not had.
+            add(min(free, key=lambda g: (g.rack != node.rack, g.name in st.partners)), node)
+    for rs in findings.links.values():
+        o = rs[0][0]
+        if len(rs) == 1 and not busy & {n.name for n in o.pair.nodes}:
+            add(o.pair.head, o.pair.other)
+    if round_no <= screens:
+        free = [n for n in nodes if n.name not in busy and not standing[n.name].condemned]
+        racks_known = bool(nodes) and all(n.rack is not None for n in nodes)
+        more, _ = screen_pairs(free, seed, round_no, across=racks_known and round_no % 2 == 0)
+        for p in more:
+            add(p.head, p.other)
+    return pairs
+
+
+def default_screens(nodes: Sequence[NodeSpec]) -> int:
+    """Screening rounds: one, and a second across racks where racks are known and there are several."""
+    return 2 if len({n.rack for n in nodes}) > 1 and all(n.rack is not None for n in nodes) else 1
+
+
+def rack_faults(
+    crossing: list[tuple[PairOutcome, Result]], racks: int
+) -> dict[tuple[str, ...], list[tuple[PairOutcome, Result]]]:
+    """Racks whose uplinks the failed cross-rack pairs point at: the rack that most of them touch, named when
+    they reach RACK_MIN_FAILS towards at least 2 other racks; its pairs set aside, then the next. With only two
+    racks (`racks`) the pairs cannot tell which leaf's uplinks: both racks are named, as one finding."""
+    named: dict[tuple[str, ...], list[tuple[PairOutcome, Result]]] = {}
+    if racks == 2:
+        if len(crossing) >= RACK_MIN_FAILS:
+            named[tuple(sorted({n.rack or "" for o, _r in crossing for n in o.pair.nodes}))] = crossing
+        return named
+    while crossing:
+        by_rack: dict[str, list[tuple[PairOutcome, Result]]] = {}
+        for o, r in crossing:
+            for n in o.pair.nodes:
+                by_rack.setdefault(n.rack or "", []).append((o, r))
+        rack, rs = max(by_rack.items(), key=lambda kv: (len(kv[1]), kv[0]))
+        towards = {n.rack for o, _r in rs for n in o.pair.nodes if n.rack != rack}
+        if len(rs) < RACK_MIN_FAILS or len(towards) < 2:
+            break
+        named[(rack,)] = rs
+        crossing = [x for x in crossing if x not in rs]
+    return named
+
+
 def conclude(
     nodes: Sequence[NodeSpec],
     judged: Sequence[tuple[PairOutcome, Result]],
     slow_gpus: Mapping[str, list[str]],
     left_out: Sequence[NodeSpec],
 ) -> list[Result]:
-    """One `localize.node` result per node and one `localize.link` per link found bad."""
+    """One `localize.node` result per node, one `localize.rack` per rack whose uplinks are found bad and one
+    `localize.link` per other link found bad."""
     first = [(o, r) for o, r in judged if o.pair.round == 1]
-    later = [(o, r) for o, r in judged if o.pair.round > 1]
     round1 = {n.name: r.status for o, r in first for n in o.pair.nodes}
+    findings = assess(nodes, judged, slow_gpus)
+    standing = findings.standing
 
     def partner_text(name: str) -> str:
         # A re-pair partner passed round 1, or (where no pair could be judged) at least ran its pair job.
         return f"known-good {name}" if round1.get(name) is Status.PASS else f"{name} (its round-1 pair ran, unjudged)"
 
+    def latest(runs: Sequence[tuple[PairOutcome, Result]], node: NodeSpec) -> tuple[PairOutcome, Result]:
+        # The last re-pair it was the subject of, else its last pair.
+        return max(runs, key=lambda x: (x[0].pair.other == node and x[0].pair.round > 1, x[0].pair.round))
+
     results = []
-    cleared: set[str] = set()
     for node in nodes:
-        mine = [(o, r) for o, r in first if node in o.pair.nodes]
-        again = [(o, r) for o, r in later if o.pair.other == node]
+        st = standing[node.name]
         subject: dict[str, Any] = dict(subject=node.name, node=node.name, category=CLUSTER, name="localize.node")
         gpus = slow_gpus.get(node.name)
-        if again:
-            o, r = again[-1]
-            partner = o.pair.head.name
-            if _failed(r):
-                results.append(
-                    Result(
-                        **subject,
-                        status=Status.FAIL,
-                        message=f"bad node {node.name}: its re-pair with {partner_text(partner)} failed too "
-                        f"({r.message})",
-                        expected=f"a passing pair with {partner_text(partner)}",
-                        threshold_source="localize: re-pair with a known-good node",
-                        remediation=f"drain {node.name}; check its NICs (ibstat, port rates, errors), GPU clocks "
-                        "and the pair job's logs",
-                        details={"partner": partner, "round": o.pair.round},
-                    )
+        if st.condemned:
+            o, r = latest(st.fails, node)
+            partner = _other(o, node.name)
+            tally = f"; {len(st.fails)} of {len(st.fails) + len(st.passes)} pairs with known-good partners failed"
+            if st.condemned == "bad":
+                how = "re-pair" if o.pair.round > 1 and o.pair.other == node else "pair"
+                message = f"bad node {node.name}: its {how} with {partner_text(partner)} failed too ({r.message})"
+            else:
+                crashed = sum(_crashed(x) for x, _r in st.fails)
+                message = (
+                    f"intermittent node {node.name}: {len(st.fails)} of {len(st.fails) + len(st.passes)} pair jobs "
+                    f"with known-good partners failed ({crashed} gave no result); the last, with {partner}: "
+                    f"{r.message}"
                 )
-                continue
-            cleared.add(node.name)
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.FAIL,
+                    message=message + (tally if st.condemned == "bad" and len(st.fails) > 1 else ""),
+                    expected=f"a passing pair with {partner_text(partner)}",
+                    threshold_source="localize: re-pair with a known-good node",
+                    remediation=f"drain {node.name}; check its NICs (ibstat, port rates, errors), GPU clocks "
+                    "and the pair jobs' logs",
+                    details={"partner": partner, "round": o.pair.round, "failed_with": sorted(_other(x, node.name)
+                             for x, _r in st.fails)},
+                )
+            )  # fmt: skip
+            continue
         if gpus:
             results.append(
                 Result(
@@ -582,16 +929,28 @@ def conclude(
                 )
             )
             continue
-        if node.name in cleared:
-            o, r = again[-1]
+        if st.passes and len(st.fails) >= INTERMITTENT_FAILS:
             results.append(
                 Result(
                     **subject,
-                    status=Status.PASS,
-                    message=f"{node.name} passes with {partner_text(o.pair.head.name)} ({r.message})",
+                    status=Status.WARN,
+                    message=f"intermittent: {len(st.fails)} of {len(st.fails) + len(st.passes)} pair jobs with "
+                    f"known-good partners were slow; {node.name} or a path it shares (its leaf switch's uplinks)",
+                    remediation="rerun localize with every node's rack (host@rack, or Slurm's topology.conf): "
+                    "pairs within the rack tell the node from the uplinks",
                 )
             )
             continue
+        judged_passes = [(o, r) for o, r in st.passes if r.status is Status.PASS]
+        if judged_passes:
+            o, r = latest(judged_passes, node)
+            partner = _other(o, node.name)
+            said = partner_text(partner) if o.pair.round > 1 else partner
+            results.append(
+                Result(**subject, status=Status.PASS, message=f"{node.name} passes with {said} ({r.message})")
+            )
+            continue
+        mine = [(o, r) for o, r in first if node in o.pair.nodes]
         if not mine:
             why = "was left out of round 1 (odd count) and no known-good node was found to pair it with"
             if node not in left_out:
@@ -599,7 +958,7 @@ def conclude(
             results.append(Result(**subject, status=Status.SKIP, message=f"not judged: {node.name} {why}"))
             continue
         o, r = mine[0]
-        partner = next(n for n in o.pair.nodes if n != node).name
+        partner = _other(o, node.name)
         if r.status is Status.PASS:
             results.append(
                 Result(**subject, status=Status.PASS, message=f"{node.name} passes with {partner} ({r.message})")
@@ -628,22 +987,56 @@ def conclude(
                     remediation="rerun localize with more nodes (a node of a passing pair tells the two apart)",
                 )
             )
-    for o, r in first:
-        head, other = (n.name for n in o.pair.nodes)
-        if _failed(r) and {head, other} <= cleared:
-            results.append(
-                Result(
-                    name="localize.link",
-                    subject=o.pair.subject,
-                    status=Status.FAIL,
-                    category=CLUSTER,
-                    message=f"bad link {o.pair.subject}: each node passes with a known-good node, but not with the "
-                    f"other ({r.message})",
-                    threshold_source="localize: both nodes cleared by re-pairs",
-                    remediation="the path between these two nodes is slow: check the switch ports and cables on "
-                    "it (ibdiagnet, port error counters) and the rails each NIC is on",
-                )
+    for racks, rs in sorted(findings.racks.items()):
+        towards = sorted({n.rack or "" for o, _r in rs for n in o.pair.nodes if n.rack not in racks})
+        if len(racks) == 1:
+            where = f"rack {racks[0]}'s uplinks"
+            message = (
+                f"{where}: {len(rs)} pairs from it to racks {', '.join(towards)} failed while each of their "
+                "nodes passes with known-good ones (its nodes pass within the rack)"
             )
+        else:
+            where = f"the uplinks of rack {racks[0]} or {racks[1]}"
+            message = (
+                f"{where}: {len(rs)} pairs between the two racks failed while each of their nodes passes with "
+                "known-good ones; with two racks, pairs cannot tell which leaf switch's uplinks"
+            )
+        results.append(
+            Result(
+                name="localize.rack",
+                subject="rack " + " + ".join(racks),
+                status=Status.FAIL,
+                category=CLUSTER,
+                message=message,
+                threshold_source="localize: failed cross-rack pairs whose nodes are cleared",
+                remediation=f"check the cables and ports between {' and '.join(racks)}'s leaf switch(es) and the "
+                "spines (port error counters, ibdiagnet, link speeds)",
+                details={"racks": list(racks), "pairs": [o.pair.subject for o, _r in rs], "towards": towards},
+            )
+        )
+    for rs in findings.links.values():
+        if any(r.status is Status.PASS for _o, r in rs):
+            continue  # failed once, passed when run again: a noisy reading, not a bad link
+        o, r = rs[-1]
+        slowed = any(x.ran for x, _r in rs)
+        results.append(
+            Result(
+                name="localize.link",
+                subject=o.pair.subject,
+                status=Status.FAIL if slowed else Status.WARN,
+                category=CLUSTER,
+                message=(
+                    f"bad link {o.pair.subject}: each node passes with a known-good node, but not with the other "
+                    if slowed
+                    else f"the pair job {o.pair.subject} gave no result, although each node passes with a known-good "
+                    "node "
+                )
+                + f"({len(rs)} of {len(rs)} runs failed; {r.message})",
+                threshold_source="localize: both nodes cleared by re-pairs",
+                remediation="the path between these two nodes is slow: check the switch ports and cables on "
+                "it (ibdiagnet, port error counters) and the rails each NIC is on",
+            )
+        )
     return results
 
 
@@ -708,8 +1101,8 @@ def _profile_arg(config: RunConfig, profile: Profile) -> str:
 def search(
     plan: Plan, say: Callable[[str], None], env: Mapping[str, str]
 ) -> tuple[list[tuple[PairOutcome, Result]], list[NodeSpec]]:
-    """Round 1, then the re-pair rounds: every pair job with its judged result, and the node round 1 left out.
-    Nodes with a slow GPU are not taken as known-good partners."""
+    """The search with real pair jobs (host list or srun steps): every pair job with its judged result, and the
+    nodes round 1 left out."""
     from gpucert.report.cluster import cross_node_outliers
 
     config, loc = plan.config, plan.config.localize
@@ -726,23 +1119,43 @@ def search(
         say(f"round {pairs[0].round}: {len(pairs)} pair job(s) at once: " + ", ".join(p.subject for p in pairs))
         return run_pairs(jobs, loc.pair_timeout_s, config.runtime.kill_grace_s, say)
 
-    pairs, left_out = first_round(plan.nodes, choose_seed(config))
+    def slow_of(first: list[PairOutcome]) -> dict[str, list[str]]:
+        parts = node_parts(first, figure_name(config))
+        return slow_gpu_nodes(
+            cross_node_outliers([Result.from_dict(r) for p in parts for r in p["results"]], plan.profile)
+        )
+
+    return drive(plan.nodes, choose_seed(config), loc.max_rounds, run_round, slow_of, rule, what)
+
+
+def drive(
+    nodes: Sequence[NodeSpec],
+    seed: int,
+    max_rounds: int,
+    run_round: Callable[[list[Pair]], list[PairOutcome]],
+    slow_of: Callable[[list[PairOutcome]], Mapping[str, list[str]]],
+    rule: Rule,
+    what: str,
+    screens: int | None = None,
+) -> tuple[list[tuple[PairOutcome, Result]], list[NodeSpec]]:
+    """The search over `nodes`, whatever runs the pair jobs (`run_round`: real jobs, or the simulator's model
+    of them): round 1, then plan_round's rounds until it has nothing left or max_rounds re-pair rounds ran.
+    Returns every pair job with its judged result, and the nodes round 1 left out. slow_of names the nodes with
+    a slow GPU from round 1's pair jobs; those are never taken as known-good partners."""
+    pairs, left_out = screen_pairs(nodes, seed, 1, across=False)
     first = run_round(pairs)
     measured = {id(o): o.busbw_gbps for o in first if o.busbw_gbps is not None and not o.corrupt}
     ran = bool(measured)
     judged = [(o, judge_pair(o, [v for k, v in measured.items() if k != id(o)], rule, what, ran)) for o in first]
-    node_results = [Result.from_dict(r) for part in node_parts(first, figure_name(config)) for r in part["results"]]
-    slow = slow_gpu_nodes(cross_node_outliers(node_results, plan.profile))
-    # Known-good partners: nodes of passing pairs; where no pair could be judged (too few to compare, no
-    # floor), nodes of pairs that ran, which still tells a node that cannot run a pair job at all.
-    goods = [n for o, r in judged if r.status is Status.PASS for n in o.pair.nodes if n.name not in slow] or [
-        n for o, r in judged if r.status is Status.SKIP for n in o.pair.nodes if n.name not in slow
-    ]
-    suspects = [n for o, r in judged if _failed(r) for n in o.pair.nodes] + list(left_out)
+    slow = slow_of(first)
     # Round 2 on is held to what passing pairs reached (all measured pairs, where none passed by a rule).
     passing = [o.busbw_gbps for o, r in judged if r.status is Status.PASS and o.busbw_gbps is not None]
     level = passing or list(measured.values())
-    for later in repair_rounds(suspects, goods, loc.max_rounds):
+    screens = default_screens(nodes) if screens is None else screens
+    for round_no in range(2, max_rounds + 2):
+        later = plan_round(nodes, judged, slow, round_no, seed, screens)
+        if not later:
+            break
         judged += [(o, judge_pair(o, level, rule, what, ran)) for o in run_round(later)]
     return judged, left_out
 
