@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", action="store_true", help="write report.html next to the report (two runs: comparison.html)"
     )
     report.add_argument("--markdown", action="store_true", help="print Markdown instead of tables")
+    report.add_argument(
+        "--metrics-file", type=metrics_path, metavar="PATH", help="one run or merge: also write Prometheus metrics"
+    )
     report.add_argument("--threshold", type=float, default=5.0, help="%% worse that counts as a regression (compare)")
     report.add_argument(
         "--tolerance",
@@ -369,6 +372,10 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
             print(f"html: {write_comparison_html(page, directory)}")  # a path whole, never wrapped
         return comparison_status(comparisons).exit_code
     (report,) = reports
+    if args.metrics_file:
+        from gpucert.fleet.metrics import write_metrics
+
+        write_metrics(report, args.metrics_file)
     if args.html:
         directory = args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent
         path = write_html(report, directory)
@@ -486,6 +493,10 @@ def run_merge(args: argparse.Namespace, console: Console) -> int:
     if args.output is None:
         raise ConfigError("report merge needs --output DIR for the cluster report")
     report = write_merged([Path(p) for p in args.runs[1:]], args.output, ["gpucert", *sys.argv[1:]])
+    if args.metrics_file:
+        from gpucert.fleet.metrics import write_metrics
+
+        write_metrics(report, args.metrics_file)
     print_report(report, console, show_inventory=False, report_path=str(args.output / "report.json"))
     return report.status.exit_code
 

@@ -4,6 +4,7 @@ and a real Prometheus (Debian's package) scraping them and answering a query for
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +224,21 @@ def test_real_prometheus_scrapes_a_fail(tmp_path: Path, prometheus_binary: str) 
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_report_writes_metrics_of_a_run_and_of_a_merge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "accept.prom"
+    assert main(["report", str(SYNTHETIC), "--metrics-file", str(path)]) == 2
+    assert path.read_text() == render_metrics(load_report(SYNTHETIC))
+    runs = []
+    for node in ("gpu-a", "gpu-b"):
+        # A bundle names its host; its sysfs links are copied as links.
+        bundle = shutil.copytree(NODE_BUNDLES / "h200x4", tmp_path / "bundles" / node, symlinks=True)
+        runs.append(str(tmp_path / node))
+        argv = ["health", "--replay", str(bundle), "--set", "health.expected_gpus=4", "--json"]
+        assert main([*argv, "-o", runs[-1]]) == 0
+    merged = tmp_path / "cluster.prom"
+    assert main(["report", "merge", *runs, "-o", str(tmp_path / "merged"), "--metrics-file", str(merged)]) == 0
+    found = samples(merged.read_text())
+    assert {labels["node"] for labels, _ in found["gpucert_run_status"]} == {"gpu-a", "gpu-b", ""}
+    assert {labels["node"] for labels, _ in found["gpucert_result_status"]} >= {"gpu-a", "gpu-b"}
