@@ -32,6 +32,7 @@ from gpucert.bench.catalog import BENCHMARKS
 from gpucert.config.loader import ConfigError, describe_os_error
 from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.fleet.options import metrics_path
+from gpucert.report.terminal import FORMATS, make_console, set_format
 from gpucert.status import Status
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="gpucert", description="Acceptance testing for NVIDIA GPU nodes and clusters.")
     parser.add_argument("--version", action="version", version=f"gpucert {gpucert.__version__}")
+    output_format = "results as tables (terminal) or one line each (pipes, files); auto: tables on a terminal"
+    parser.add_argument("--format", choices=FORMATS, default="auto", help=output_format)
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     common = _common_options()
     verbs.add_parser("discover", parents=[common], help="inventory of this node")
@@ -196,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--adapter", type=Path, required=True, help="adapter directory (PEFT format)")
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
     evaluate.add_argument("--output", "-o", help="report directory (default: evaluation/ beside the adapter)")
+    for verb in [*verbs.choices.values(), *cluster_checks.choices.values()]:  # after the verb too; SUPPRESS: no reset
+        verb.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help=output_format)
     return parser
 
 
@@ -473,7 +478,7 @@ def run_launch(argv: list[str]) -> int:
     from gpucert.launch import command
     from gpucert.launch.slurm import SlurmError
 
-    console = Console(stderr=True, highlight=False, markup=False)
+    console = make_console(stderr=True)
     try:
         return command.run(argv, _Parser, lambda line: console.print(line, style="dim"))
     except (ConfigError, SlurmError, ValueError) as exc:
@@ -506,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["launch"]:
         return run_launch(argv[1:])
     args = build_parser().parse_args(argv)
-    # No markup: node labels (`host[n1]`), messages and paths are shown as they are, never read as rich tags.
-    console = Console(stderr=False, highlight=False, markup=False)
+    set_format(args.format)
+    console = make_console()
     try:
         if args.verb == "capture":
             from gpucert.hardware.capture import capture_node
