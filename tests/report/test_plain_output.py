@@ -1,0 +1,327 @@
+"""Reports printed where stdout is not a terminal (a pipe, `tee`, a Slurm job log, CI): one whole line per result,
+in one layout for every verb, never a table folded to 80 columns.
+
+Each verb's report is built by the code that builds real ones (or is a captured run) and printed to a file, as a
+pipe is; the CLI runs in a subprocess with stdout a pipe. A line is whole when it starts with the result's status,
+names its check and subject, and carries its message (and, for a problem, what to do) to the end; the number of
+lines is the number of results plus the fixed frame, so a wrapped line would show as one too many.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from tests.conftest import FIXTURES, NODE_BUNDLES
+from tests.training_runs import training_report
+
+import gpucert.report.terminal as terminal
+from gpucert.cluster import slurm_checks
+from gpucert.cluster.fs_checks import judge_mounts
+from gpucert.cluster.localize import NodeSpec, Pair, PairOutcome, Rule, conclude, judge_pair
+from gpucert.finetune.config import EvalThresholds
+from gpucert.finetune.eval_report import evaluation_report, evaluation_results
+from gpucert.finetune.evaluate import expected_turns, score
+from gpucert.report.cluster import is_cluster, split_by_node
+from gpucert.report.compare import compare_reports, print_comparison
+from gpucert.report.schema import Report, Result
+from gpucert.report.store import load_report
+from gpucert.report.terminal import print_report
+from gpucert.status import Status
+
+REPO = FIXTURES.parent.parent
+ACCEPT = FIXTURES / "reports" / "accept-4xh200-synthetic.json"
+REGRESSED = FIXTURES / "reports" / "accept-4xh200-synthetic-regressed.json"
+# A two-node accept run on two H200s (a localize pair job), as the cluster views print it.
+TWO_NODES = FIXTURES / "localize" / "h200x2-slowed" / "pairs" / "r1-00" / "report.json"
+STATUS_WORD = re.compile(r"^(SKIP|INFO|PASS|WARN|FAIL|ERROR) *\| ")
+HEADER = "status | check | subject | value | expected | message"
+GPUCERT = [sys.executable, "-m", "gpucert"]
+
+
+@pytest.fixture(autouse=True)
+def _auto_format() -> Iterator[None]:
+    """Each test starts, and leaves the module, with the default: tables on a terminal, lines elsewhere."""
+    yield
+    if hasattr(terminal, "set_format"):
+        terminal.set_format("auto")
+
+
+# Each verb's report, built as the verb builds it.
+
+
+def _as_verb(verb: str, results: list[Result]) -> Report:
+    base = load_report(ACCEPT)
+    return dataclasses.replace(base, meta=dataclasses.replace(base.meta, verb=verb), results=results)
+
+
+def accept() -> Report:
+    return load_report(ACCEPT)
+
+
+def bench() -> Report:
+    return _as_verb("bench matmul", [r for r in load_report(ACCEPT).results if r.name.startswith("matmul.")])
+
+
+def finetune() -> Report:
+    return training_report()
+
+
+def evaluate() -> Report:
+    cases = [json.loads(line) for line in (FIXTURES / "finetune_eval" / "cases.jsonl").read_text().splitlines()]
+    turns = [t for i, c in enumerate(cases) for t in expected_turns(c["conversation"], index=i)]
+    scores = score(turns, [c["output"] for c in cases])
+    thresholds = EvalThresholds(overall_min_pct=40, args_match_min_pct=50)
+    return evaluation_report(
+        evaluation_results(scores, 0.5, thresholds, "configs/finetune/x.yaml"),
+        command=["gpucert", "evaluate", "--adapter", "runs/x/adapter"],
+        config={},
+        started_at=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc),
+        finished_at=datetime(2026, 11, 30, 12, 3, tzinfo=timezone.utc),
+        inventory=load_report(ACCEPT).inventory,
+    )
+
+
+def cluster_slurm() -> Report:
+    partitions = slurm_checks.judge_partitions([{"PartitionName": "gpu", "State": "DOWN", "Nodes": "gpu[01-16]"}])
+    controller = slurm_checks.judge_controller(None, "slurm_load_ctl_conf error: Unable to contact slurm controller")
+    return _as_verb("cluster slurm", [controller, *partitions])
+
+
+def cluster_fs() -> Report:
+    nfs = {"source": "fs1:/export/shared", "target": "/shared", "fstype": "nfs4", "options": ["rw", "vers=4.2"]}
+    other = {**nfs, "source": "fs2:/export/scratch"}
+    return _as_verb("cluster fs", judge_mounts("/shared/x", {"node1": nfs, "node2": other, "node3": nfs}))
+
+
+def cluster_localize() -> Report:
+    a, b, c, d = (NodeSpec(n, n) for n in ("gpu01", "gpu02", "gpu03", "gpu04"))
+    rule = Rule(floor=None, floor_source=None, pct=10.0, pct_source="profile h200: benchmarks.cluster_deviation_pct")
+
+    def outcome(round_: int, index: int, head: NodeSpec, other: NodeSpec, busbw: float) -> PairOutcome:
+        return PairOutcome(Pair(round_, index, head, other), Path("/shared/loc/pairs"), busbw_gbps=busbw)
+
+    first = [outcome(1, 0, a, b, 40.0), outcome(1, 1, c, d, 20.0)]
+    judged = [
+        (o, judge_pair(o, [p.busbw_gbps for p in first if p is not o], rule, "Ring all_gather 1 GiB")) for o in first
+    ]
+    again = [outcome(2, 0, a, c, 40.0), outcome(2, 1, b, d, 21.0)]
+    judged += [(o, judge_pair(o, [40.0], rule, "Ring all_gather 1 GiB")) for o in again]
+    return _as_verb("cluster localize", conclude([a, b, c, d], judged, {}, []))
+
+
+def two_nodes() -> Report:
+    return load_report(TWO_NODES)
+
+
+VERBS: dict[str, Callable[[], Report]] = {
+    "accept": accept,
+    "bench": bench,
+    "finetune": finetune,
+    "evaluate": evaluate,
+    "cluster slurm": cluster_slurm,
+    "cluster fs": cluster_fs,
+    "cluster localize": cluster_localize,
+    "accept on two nodes": two_nodes,
+}
+
+
+# What a whole line is.
+
+
+def _field(text: str) -> str:
+    return text.replace("\n", "\\n")
+
+
+def assert_one_whole_line_per_result(text: str, results: list[Result]) -> None:
+    """Every result on exactly one line that starts with its status and holds its fields whole, the message
+    (with what to do, for a problem) to the end of the line."""
+    lines = [line.split(" | ", 5) for line in text.splitlines() if STATUS_WORD.match(line)]
+    assert len(lines) == len(results), "\n".join(" | ".join(line) for line in lines)
+    left = list(lines)
+    for r in results:
+        line = next(
+            (f for f in left if (f[0].strip(), f[1], f[2]) == (r.status.value, r.name, _field(r.subject))), None
+        )
+        assert line is not None, f"no whole line for {r.status.value} {r.name} ({r.subject}) in:\n{text}"
+        left.remove(line)
+        assert len(line) == 6 and line[4] == _field(r.expected or "-"), line
+        assert line[5].startswith(_field(r.message)), (line[5], r.message)
+        if r.status >= Status.WARN and r.remediation:
+            assert line[5].endswith(_field(r.remediation)), line[5]
+
+
+def frame_lines(report: Report, report_path: bool) -> int:
+    """The lines around the results: what ran, the column header, node sections, problems, verdict, path."""
+    first = 2 + bool(report.inventory.get("replayed_from")) if not is_cluster(report) else 2
+    sections = len(split_by_node(report)[1]) if is_cluster(report) else 0
+    problems = any(r.status >= Status.WARN for r in report.results)
+    return first + 1 + sections + problems + 1 + report_path
+
+
+def printed(report: Report, show_inventory: bool = False, width: int = 80) -> str:
+    """The report as `gpucert ... | cat` prints it: to a file, where rich's width is 80 columns."""
+    out = io.StringIO()
+    print_report(
+        report, Console(file=out, width=width), show_inventory=show_inventory, report_path="runs/x/report.json"
+    )
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_verbs_report_prints_one_whole_line_per_result_to_a_file(verb: str) -> None:
+    report = VERBS[verb]()
+    text = printed(report)
+    assert_one_whole_line_per_result(text, report.results)
+    lines = text.splitlines()
+    assert len(lines) == len(report.results) + frame_lines(report, report_path=True), text
+    assert HEADER in lines
+    assert lines[-2].startswith(f"verdict: {report.status.value}  (") and lines[-2].endswith(
+        f"exit code {report.status.exit_code})"
+    )
+    assert lines[-1] == "report: runs/x/report.json"
+    if report.status >= Status.WARN:
+        problems = next(line for line in lines if line.startswith("problems: "))
+        assert all(
+            f"{r.status.value} {r.name} ({r.subject})" in problems for r in report.results if r.status >= Status.WARN
+        )
+
+
+def test_the_same_lines_at_any_width() -> None:
+    report = evaluate()
+    assert printed(report, width=40) == printed(report, width=80) == printed(report, width=300)
+
+
+def test_a_message_with_a_newline_and_a_bar_stays_on_its_line() -> None:
+    odd = Result(
+        name="eval.example",
+        subject="held-out turn 3",
+        status=Status.FAIL,
+        message="expected get_weather(city='Paris'), found:\n<tool_call> | {'name': 'get_weather'}" + " x" * 200,
+        expected=">= 1 call",
+        remediation="train longer",
+    )
+    text = printed(_as_verb("evaluate", [odd]))
+    assert_one_whole_line_per_result(text, [odd])
+    [line] = [line for line in text.splitlines() if line.startswith("FAIL")]
+    assert "found:\\n<tool_call> | {'name'" in line and line.endswith(" x → train longer")
+
+
+def test_discover_prints_the_inventory_as_lines() -> None:
+    report = dataclasses.replace(load_report(REPO / "docs" / "examples" / "h200x4-discover.json"), results=[])
+    lines = printed(report, show_inventory=True).splitlines()
+    gpus = [line for line in lines if line.startswith("  #: ")]
+    assert len(gpus) == 4
+    assert all(", name: H200, bus id: " in line and ", temp: " in line for line in gpus)
+    host = lines.index("Host:")
+    assert lines[host + 1].startswith("  CPU: ") and lines[host + 2].startswith("  memory: ")
+    # After what ran, every line is a title or a row of the inventory: none is the tail of another.
+    assert lines[0].startswith(f"{report.inventory['hostname']}: 4x NVIDIA H200 | ")
+    assert lines[-2].startswith("gpucert discover, profile ") and lines[-1] == "report: runs/x/report.json"
+    assert all(line.endswith(":") or line.startswith("  ") for line in lines[1:-2]), lines
+    assert not any(set(line) & set("│┃┏┗━─") for line in lines)
+
+
+def test_a_comparison_prints_one_whole_line_per_changed_result() -> None:
+    base, new = load_report(ACCEPT), load_report(REGRESSED)
+    comparisons = compare_reports(base, new)
+    changed = [c for c in comparisons if c.changed]
+    assert changed
+    out = io.StringIO()
+    print_comparison(Console(file=out, width=80), comparisons, "last week", "today", changed_only=True)
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["last week → today", "status | check | subject | candidate | baseline | change"]
+    assert len(lines) == 2 + len(changed) + 1
+    for c, line in zip(changed, lines[2:-1], strict=True):
+        fields = line.split(" | ", 5)
+        assert (fields[1], fields[2]) == (c.name, c.subject) and fields[4].startswith("baseline "), line
+        assert fields[0].strip() == (c.candidate_status or c.baseline_status).value  # type: ignore[union-attr]
+    assert any("REGRESSED" in line for line in lines)
+    assert lines[-1].startswith("comparison: FAIL  ")
+
+
+def test_the_format_is_chosen_by_the_output_or_forced() -> None:
+    report = bench()
+
+    def shown(terminal_: bool) -> str:
+        out = io.StringIO()
+        print_report(report, Console(file=out, width=120, force_terminal=terminal_), False, None)
+        return out.getvalue()
+
+    tables, lines = "┏", f"\n{HEADER}\n"
+    assert tables in shown(True) and lines in shown(False)  # auto
+    terminal.set_format("plain")
+    assert lines in shown(True) and tables not in shown(True)
+    terminal.set_format("table")
+    assert tables in shown(False)
+    with pytest.raises(ValueError, match="'csv': expected one of auto, table, plain"):
+        terminal.set_format("csv")
+
+
+def test_the_cli_console_does_not_wrap_long_lines_in_a_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """Progress lines (`running benchmark ...`, a node that joined) go through the same console."""
+    line = "node gpu07 joined " + "x" * 300
+    terminal.make_console().print(line, style="dim")
+    assert capsys.readouterr().out == line + "\n"
+
+
+# The command line, its stdout a pipe.
+
+
+def run_gpucert(*args: str) -> subprocess.CompletedProcess[str]:
+    # As a pipe is: nothing in the environment says "a terminal" or "this wide".
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    return subprocess.run([*GPUCERT, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
+def test_health_of_a_captured_node_to_a_pipe(tmp_path: Path) -> None:
+    done = run_gpucert("health", "--replay", str(NODE_BUNDLES / "h100"), "--output", str(tmp_path / "run"))
+    report = load_report(tmp_path / "run")
+    assert done.returncode == report.status.exit_code, done.stderr
+    assert_one_whole_line_per_result(done.stdout, report.results)
+    assert len(done.stdout.splitlines()) == len(report.results) + frame_lines(report, report_path=True), done.stdout
+
+
+def test_report_of_a_run_to_a_pipe_and_the_format_option() -> None:
+    done = run_gpucert("report", str(ACCEPT))
+    report = load_report(ACCEPT)
+    assert done.returncode == report.status.exit_code, done.stderr
+    assert_one_whole_line_per_result(done.stdout, report.results)
+    lines = done.stdout.splitlines()
+    inventory = lines[1 : lines.index("gpucert accept, profile h200  (gpucert 0.1.0, method 1, schema 1.0)")]
+    assert len([line for line in inventory if line.startswith("  #: ")]) == 4
+    assert all(line.endswith(":") or line.startswith("  ") for line in inventory), inventory
+    assert len(lines) == len(report.results) + frame_lines(report, report_path=False) + len(inventory)
+
+    tables = run_gpucert("report", str(ACCEPT), "--format", "table")
+    assert "┏" in tables.stdout and not any(STATUS_WORD.match(line) for line in tables.stdout.splitlines())
+
+
+def test_report_a_b_to_a_pipe() -> None:
+    done = run_gpucert("report", str(ACCEPT), str(REGRESSED))
+    changed = [c for c in compare_reports(load_report(ACCEPT), load_report(REGRESSED)) if c.changed]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 + len(changed) + 1, done.stdout
+    assert all(STATUS_WORD.match(line) for line in lines[2:-1]) and lines[-1].startswith("comparison: ")
+
+
+@pytest.mark.slow
+def test_accept_on_this_machine_to_a_pipe(tmp_path: Path) -> None:
+    skip = "matmul,memory,p2p,collectives,train,burn"
+    done = run_gpucert("accept", "--profile", "cpu", "--skip", skip, "--output", str(tmp_path / "run"))
+    report = load_report(tmp_path / "run")
+    assert done.returncode == report.status.exit_code, done.stderr
+    assert_one_whole_line_per_result(done.stdout, report.results)
+    lines = done.stdout.splitlines()
+    host = lines.index("Host:")
+    assert all(line.startswith("  ") and ": " in line for line in lines[host + 1 : host + 8]), lines
