@@ -4,11 +4,14 @@ and a real Prometheus (Debian's package) scraping them and answering a query for
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -242,3 +245,66 @@ def test_report_writes_metrics_of_a_run_and_of_a_merge(tmp_path: Path, capsys: p
     found = samples(merged.read_text())
     assert {labels["node"] for labels, _ in found["gpucert_run_status"]} == {"gpu-a", "gpu-b", ""}
     assert {labels["node"] for labels, _ in found["gpucert_result_status"]} >= {"gpu-a", "gpu-b"}
+
+
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "gpucert-alerts.yaml"
+
+
+def _series(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_alert_rules_fire_on_a_real_fail(tmp_path: Path, prometheus_binary: str) -> None:
+    """promtool (Debian's prometheus package) checks deploy/prometheus/gpucert-alerts.yaml and evaluates it on the
+    series of a real FAIL report: GpucertCheckFailed fires for the failing check, with its labels, and no other."""
+    promtool = str(Path(prometheus_binary).with_name("promtool"))
+    path = tmp_path / "gpucert-health.prom"
+    argv = ["health", "--replay", str(NODE_BUNDLES / "h100"), "--set", "health.expected_gpus=8", "--json"]
+    assert main([*argv, "-o", str(tmp_path / "run"), "--metrics-file", str(path)]) == 2
+    found = samples(path.read_text())
+    inputs = [
+        {"series": name + _series(labels), "values": f"{value:g}x5"}
+        for name, rows in found.items()
+        if name != "gpucert_run_finished_timestamp_seconds"  # promtool's clock starts at 0: no staleness here
+        for labels, value in rows
+    ]
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    failed = next(r for r in rules if r["alert"] == "GpucertCheckFailed")
+    (labels,) = [labels for labels, value in found["gpucert_result_status"] if value == 4]
+
+    def render(template: str) -> str:
+        """Go's template, as far as the rules use it: {{ $labels.x }} and {{ if $labels.x }}...{{ end }}."""
+        condition = r"\{\{ if \$labels\.(\w+) \}\}(.*?)\{\{ end \}\}"
+        shown = re.sub(condition, lambda m: m.group(2) if labels[m.group(1)] else "", template)
+        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], shown)
+
+    test = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "2m",
+                        "alertname": "GpucertCheckFailed",
+                        "exp_alerts": [
+                            {
+                                # Prometheus drops a label whose value is empty (gpu, uuid on a node check).
+                                "exp_labels": {**{k: v for k, v in labels.items() if v}, **failed["labels"]},
+                                "exp_annotations": {k: render(v) for k, v in failed["annotations"].items()},
+                            }
+                        ],
+                    },
+                    {"eval_time": "2m", "alertname": "GpucertCheckError", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    for args in (["check", "rules", str(ALERTS)], ["test", "rules", str(tmp_path / "test.yaml")]):
+        command = [promtool, *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert labels["check"] == "gpu.count"
