@@ -50,6 +50,11 @@ except OSError:
 t = m["tokens_per_s_per_gpu"]
 print(f"  {name}: {m['world_size']} x {m['device']} | effective {t['effective']:,.0f} tok/s/GPU | MFU "
       f"{(m['mfu'] or 0):.1%} | peak {m['peak_memory_gib'] or 0:.1f} GiB | T_eff {m['t_eff']:.0f} | oom {m['oom']}")
+if m.get("time_to_first_step_s") is not None:
+    c = m.get("compile") or {}
+    w = ((c.get("ranks") or [{}])[0].get("warm_up") or {})
+    print(f"  {name}: first step after {m['time_to_first_step_s']:.1f} s (compile warm-up {c.get('warm_up_s') or 0:.1f} s, "
+          f"step {m['first_step_s']:.1f} s) | {w.get('counters')} | {w.get('phases_s')}")
 PY
   rm -rf "/tmp/runs/$name/checkpoints" "/tmp/runs/$name/adapter"
   tar czf "$OUT/runs.tgz" -C /tmp/results .  # after every run: a timed-out call still brings back the finished ones

@@ -262,10 +262,35 @@ def data_result(dataset: dict[str, Any]) -> Result:
     )
 
 
+def _first_step(metrics: dict[str, Any]) -> Result:
+    """Time from the process's start to the end of its first step, and the compile inside it (train.py's
+    compile_summary; finetune/compile_cache.py)."""
+    total, compile_ = metrics["time_to_first_step_s"], metrics.get("compile") or {}
+    warm = compile_.get("warm_up_s")
+    ranks = compile_.get("ranks") or []
+    compiled = sum(((r.get("warm_up") or {}).get("counters") or {}).get("fxgraph_cache_miss", 0) for r in ranks)
+    loaded = sum(((r.get("warm_up") or {}).get("counters") or {}).get("fxgraph_cache_hit", 0) for r in ranks)
+    how = (
+        f"; compile warm-up {warm:.1f} s ({compiled} graphs compiled, {loaded} loaded from {compile_['cache_dir']})"
+        if warm is not None
+        else ""
+    )
+    return _info(
+        "time_to_first_step",
+        total,
+        "s",
+        f"first step done {total:.1f} s after the process started (the step itself {metrics['first_step_s']:.1f} s)"
+        f"{how}; no threshold in the recipe",
+        details={"first_step_s": metrics["first_step_s"], "compile": compile_},
+    )
+
+
 def run_results(metrics: dict[str, Any]) -> list[Result]:
     """Every result of a run: the judged criteria first, then the measurements (INFO or SKIP), then the data."""
     criteria = [Result.from_dict(c) for c in metrics["criteria"]]
     measured = [_steps(metrics), _eval_loss(metrics), _throughput(metrics)]
+    if metrics.get("time_to_first_step_s") is not None:  # absent from runs before it was measured
+        measured.append(_first_step(metrics))
     measured.append(_utilisation(metrics, "mfu", metrics.get("mfu"), "LoRA-aware MFU"))
     if metrics["config"]["model"]["gradient_checkpointing"]:
         measured.append(_utilisation(metrics, "hfu", metrics.get("hfu"), "HFU (with checkpoint recompute)"))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import resource
 import sys
@@ -43,6 +44,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,15 @@ from gpucert.finetune.checkpoint import (
     read_trainer_state,
     save_adapter,
     save_checkpoint,
+)
+from gpucert.finetune.compile_cache import (
+    WarmUp,
+    cache_counters,
+    compile_phases_s,
+    resolve_cache_dir,
+    signature,
+    use_cache_dir,
+    warm_up,
 )
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
 from gpucert.finetune.fused import clear_pending
@@ -298,6 +309,55 @@ def train_step(
     return stats, upcoming
 
 
+def compile_step(model: nn.Module, host: HostBatch, cfg: FinetuneConfig, rt: Runtime) -> None:
+    """A forward and backward of the step's first micro-batch that leaves no trace: what the first step compiles
+    is compiled (or loaded from the cache) here, the gradients are dropped and the random state is put back, so
+    the run trains exactly as without it (resume included)."""
+    batch = to_device(host.micro[0], rt.device)
+    layout = host.layouts[0].to(rt.device, non_blocking=True)
+    devices = []
+    if rt.device.type == "cuda":
+        devices = [rt.device.index if rt.device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        loss_sum, _ = forward_loss(model, batch, cfg.model.attn_implementation, layout)
+        loss_sum.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def compile_signature(cfg: FinetuneConfig, rt: Runtime, micro_batch: int, mode: str) -> str:
+    """What decides the compiled graphs, for the cache's warm marker: a change in any of these may compile anew."""
+    try:
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = None
+    return signature(
+        {
+            "model": asdict(cfg.model),
+            "lora": asdict(cfg.lora),
+            "max_length": cfg.data.max_length,
+            "packing": cfg.data.packing,
+            "micro_batch": micro_batch,
+            "parallel": mode,
+            "torch": torch.__version__,
+            "triton": triton,
+            "device": torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else "cpu",
+        }
+    )
+
+
+def process_started_at() -> float | None:
+    """When this process started (seconds since the epoch), from /proc; None where there is no /proc."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    # Field 22 of stat (starttime, clock ticks after boot); fields[0] is field 3.
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 @torch.no_grad()
 def evaluate_loss(model: nn.Module, rows: Dataset, cfg: FinetuneConfig, rt: Runtime, pad_id: int) -> dict[str, Any]:
     """Token-weighted loss over the whole eval split, rows dealt round-robin to ranks."""
@@ -443,10 +503,38 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
     per_epoch, total_steps = plan_steps(len(data.train), global_batch, tc.epochs, tc.max_steps)
     warmup_steps = math.ceil(tc.warmup_ratio * total_steps)
 
+    compile_dir: Path | None = None
+    if cfg.model.compile:
+        compile_dir = resolve_cache_dir(tc.compile_cache_dir)
+        use_cache_dir(compile_dir)  # before anything compiles
     rt.set_phase("model load")
+    # Where the time before the first step goes, beside the compile: start-up (imports, joining the job), data
+    # preparation, the model's load.
+    setup_s = {"start_up": started - (process_started_at() or started), "data": time.time() - started}
+    loading = time.time()
     peft_model, info = load_model(
         cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length, sharded=mode == "fsdp2"
     )
+    setup_s["model_load"] = time.time() - loading
+    warm: WarmUp | None = None
+    if compile_dir is not None and mode != "fsdp2":
+        # Before DDP wraps it (a backward through a wrapped model is a gradient all-reduce): one rank per device
+        # compiles while the others wait, unless the cache is warm. FSDP2's hooks are part of its compiled layers,
+        # so under FSDP2 every rank compiles (or loads) in its first step.
+        rt.set_phase("compile warm-up")
+        first_rows = epoch_order(len(data.train), tc.seed, 0)[:global_batch]
+        ids = rank_micro_batches(first_rows, rt.rank, plan.micro_batch, tc.grad_accum)[:1]
+        warm_host = read_host_batch(ids, data.train, pad_id, forward_plan(peft_model).pad_to, rt.device.type == "cuda")
+        peft_model.train()
+        warm = warm_up(
+            partial(compile_step, peft_model, warm_host, cfg, rt),
+            rt.rank,
+            rt.world_size,
+            rt.device,
+            compile_dir,
+            compile_signature(cfg, rt, plan.micro_batch, mode),
+        )
+        log(warm_up_line(warm, compile_dir))
     model = wrap(peft_model, rt, mode)
     model.train()
     counts = info.flop_counts()
@@ -481,6 +569,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
 
     oom: str | None = None
     steps_this_process = 0
+    first_step: dict[str, Any] | None = None
     try:
         orders: dict[int, list[int]] = {}
 
@@ -511,6 +600,12 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             state.step += 1
             state.index += global_batch
             steps_this_process += 1
+            if steps_this_process == 1:
+                first_step = first_step_record(stats.time_s, process_started_at() or started, setup_s)
+                log(
+                    f"first step after {first_step['time_to_first_step_s']:.1f} s "
+                    f"(the step itself {stats.time_s:.1f} s)"
+                )
             record = step_record(state.step, stats, counts, rt, peak_tflops, steps_this_process)
             state.loss_history.append(stats.loss)
             state.step_log.append(record)
@@ -540,6 +635,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
         save_adapter(model, tokenizer, adapter_dir, rt)
     rt.set_phase("summary")
     result = summarise(cfg, rt, info, data, state, run_dir, started, peak, oom, resume_from)
+    result.update(compile_summary(rt, compile_dir, warm, first_step))
     result["memory_plan"] = {**plan.to_dict(), "peak_memory_gib": result["peak_memory_gib"]}
     # After summarise's last collective: a 7B merge on slow storage must not hold the other ranks inside one.
     if oom is None and rt.is_main and tc.merge_adapter:
@@ -567,6 +663,61 @@ def resume_hint(saved_rows: int, grad_accum: int, world: int, plan: Plan) -> str
         f" (train.micro_batch auto chose {plan.micro_batch} here; the checkpoint trained "
         f"{saved_rows // (grad_accum * world)}: --set train.micro_batch={saved_rows // (grad_accum * world)})"
     )
+
+
+def warm_up_line(warm: WarmUp, cache_dir: Path) -> str:
+    c = warm.counters
+    how = {
+        "alone": "",
+        "first": " (compiled first, the other ranks waiting)",
+        "after": f" (after waiting {warm.waited_s:.1f} s for the ranks that compiled first)",
+        "together": " (cache warm: every rank at once)",
+    }[warm.order]
+    return (
+        f"compile warm-up {warm.seconds:.1f} s on rank {warm.rank}{how}: compiled graphs "
+        f"{c['fxgraph_cache_hit']} loaded, {c['fxgraph_cache_miss']} compiled; cache {cache_dir}"
+    )
+
+
+def first_step_record(step_s: float, since: float, setup_s: dict[str, float]) -> dict[str, Any]:
+    """This rank's first step: how long after the process started it ended, the setup before the compile
+    warm-up, and torch's compile counters and compile time by phase by then (the warm-up's and the step's)."""
+    return {
+        "time_to_first_step_s": time.time() - since,
+        "first_step_s": step_s,
+        "setup_s": setup_s,
+        "counters": cache_counters(),
+        "phases_s": compile_phases_s(),
+    }
+
+
+def compile_summary(
+    rt: Runtime, cache_dir: Path | None, warm: WarmUp | None, first: dict[str, Any] | None
+) -> dict[str, Any]:
+    """metrics.json's time to the first step (the slowest rank's) and the compile block: the cache directory, the
+    warm-up's time, and per rank its warm-up and torch's cache hits and misses. Collective."""
+    mine: dict[str, Any] = {
+        "rank": rt.rank,
+        "warm_up": warm.to_dict() if warm else None,
+        "first_step": first,
+    }
+    ranks: list[Any] = [mine]
+    if rt.world_size > 1:
+        ranks = [None] * rt.world_size
+        dist.all_gather_object(ranks, mine)
+    firsts = [r["first_step"] for r in ranks if r["first_step"]]
+    warms = [r["warm_up"] for r in ranks if r["warm_up"]]
+    return {
+        "time_to_first_step_s": max(f["time_to_first_step_s"] for f in firsts) if firsts else None,
+        "first_step_s": max(f["first_step_s"] for f in firsts) if firsts else None,
+        "compile": {
+            "cache_dir": str(cache_dir),
+            "warm_up_s": max(w["seconds"] + w["waited_s"] for w in warms) if warms else None,
+            "ranks": ranks,
+        }
+        if cache_dir is not None
+        else None,
+    }
 
 
 def seed_everything(seed: int) -> None:
