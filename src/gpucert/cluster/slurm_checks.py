@@ -320,9 +320,27 @@ def drain_reason(results: list[Result]) -> str | None:
     return text + more
 
 
-def apply_drain(node: str, results: list[Result], timeout_s: float, ask: Any = None) -> tuple[str, bool]:
-    """Drain `node` on a FAIL; on a verdict that drains nothing, resume it when gpucert drained it (reason
-    starting `gpucert: `), as NHC does; a drain set by anyone else is left alone. (what was done, succeeded)"""
+# How many consecutive passing runs a gpucert drain has seen is kept in its reason (`gpucert: gpu.ecc ... [passes
+# 1 of 3]`): where operators look (sinfo -R), and surviving any restart of gpucert or of the node.
+_PASSES = re.compile(r" \[passes (\d+) of \d+\]$")
+# What `scontrol show node` appends to a reason: who set it and when (` [root@2026-11-22T19:40:01]`).
+_SET_BY = re.compile(r" \[[^\[\]@ ]+@[^\[\] ]+\]$")
+
+
+def passes_so_far(reason: str) -> tuple[str, int]:
+    """(the drain reason as gpucert set it, the consecutive passes counted in it) from scontrol's Reason."""
+    reason = _SET_BY.sub("", reason)
+    match = _PASSES.search(reason)
+    return (reason[: match.start()], int(match.group(1))) if match else (reason, 0)
+
+
+def apply_drain(
+    node: str, results: list[Result], timeout_s: float, ask: Any = None, resume_after: int = 1
+) -> tuple[str, bool]:
+    """Drain `node` on a FAIL (a drain of gpucert's own restarts its count); resume it when gpucert drained it
+    (reason starting `gpucert: `) and `resume_after` consecutive runs have passed, each pass before the last
+    counted in the reason; a run with an ERROR (a check that could not run) is no pass and changes nothing. A
+    drain set by anyone else is left alone. (what was done, succeeded)"""
     ask = ask or _ask
     reason = drain_reason(results)
     if reason is not None:
@@ -338,6 +356,16 @@ def apply_drain(node: str, results: list[Result], timeout_s: float, ask: Any = N
         return f"Slurm knows no node {node} (--slurm-node)", False
     state, was = found[0].state, found[0].reason or ""
     if "DRAIN" in state and was.startswith(DRAIN_PREFIX):
+        base, passes = passes_so_far(was)
+        if any(r.status is Status.ERROR for r in results):
+            return f"{node} stays drained: a check could not run, which is no pass ({base})", True
+        passes += 1
+        if passes < resume_after:
+            counted = f"{base} [passes {passes} of {resume_after}]"
+            _, error = ask(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={counted}"], timeout_s)
+            if error is not None:
+                return f"could not count the pass on {node}: {error}", False
+            return f"{node} stays drained: its checks pass, {passes} of {resume_after} runs in a row ({base})", True
         _, error = ask(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout_s)
         if error is not None:
             return f"could not resume {node}: {error}", False
