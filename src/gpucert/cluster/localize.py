@@ -714,11 +714,12 @@ def _standings(
         for name, rs in runs.items()
     }
 
-    def vouches(name: str, outcome: PairOutcome, failed: bool) -> bool:
-        if name in slow or name in condemned or any(o is not outcome for o in unexplained[name]):
+    def vouches(name: str, judged: str, failed: bool) -> bool:
+        # Its failures with the node it judges do not count against it: they are the question.
+        if name in slow or name in condemned or any(_other(o, name) != judged for o in unexplained[name]):
             return False
-        # For a failed pair, the partner must have passed another: a pair that only failed proves nothing.
-        return not failed or any(r.status in passing for o, r in runs[name] if o is not outcome)
+        # For a failed pair, the partner must have passed with another node: failing together proves nothing.
+        return not failed or any(r.status in passing and _other(o, name) != judged for o, r in runs[name])
 
     standing = {}
     for name, rs in runs.items():
@@ -726,7 +727,7 @@ def _standings(
         for o, r in rs:
             if id(o) in explained:
                 continue
-            if (_failed(r) or r.status in passing) and vouches(_other(o, name), o, _failed(r)):
+            if (_failed(r) or r.status in passing) and vouches(_other(o, name), name, _failed(r)):
                 (st.fails if _failed(r) else st.passes).append((o, r))
         standing[name] = st
     return standing
@@ -795,10 +796,12 @@ def plan_round(
     round_no: int,
     seed: int,
     screens: int,
+    last: int,
 ) -> list[Pair]:
-    """The pairs of round `round_no` (2 on): re-pairs of unsettled suspects with known-good nodes, one more run
-    of each pair that failed between two nodes that pass elsewhere, then (up to round `screens`) a screen of
-    the nodes still free. Empty: nothing left to learn."""
+    """The pairs of round `round_no` (2 on; `last` is the last the budget allows): re-pairs of unsettled
+    suspects with known-good nodes, one more run of each pair that failed between two nodes that pass elsewhere,
+    then (up to round `screens`, and never in the last two: what a screen finds there could not be re-paired)
+    a screen of the nodes still free. Empty: nothing left to learn."""
     findings = assess(nodes, judged, slow)
     standing = findings.standing
     rng = random.Random(f"{seed}/{round_no}/plan")
@@ -822,9 +825,10 @@ def plan_round(
             add(min(free, key=lambda g: (g.rack != node.rack, g.name in st.partners)), node)
     for rs in findings.links.values():
         o = rs[0][0]
-        if len(rs) == 1 and not busy & {n.name for n in o.pair.nodes}:
+        # A crash is not rerun on the same two nodes: re-pairs with others tell which of them crashes.
+        if len(rs) == 1 and o.ran and not busy & {n.name for n in o.pair.nodes}:
             add(o.pair.head, o.pair.other)
-    if round_no <= screens:
+    if round_no <= min(screens, last - 2):
         free = [n for n in nodes if n.name not in busy and not standing[n.name].condemned]
         racks_known = bool(nodes) and all(n.rack is not None for n in nodes)
         more, _ = screen_pairs(free, seed, round_no, across=racks_known and round_no % 2 == 0)
@@ -1153,7 +1157,7 @@ def drive(
     level = passing or list(measured.values())
     screens = default_screens(nodes) if screens is None else screens
     for round_no in range(2, max_rounds + 2):
-        later = plan_round(nodes, judged, slow, round_no, seed, screens)
+        later = plan_round(nodes, judged, slow, round_no, seed, screens, max_rounds + 1)
         if not later:
             break
         judged += [(o, judge_pair(o, level, rule, what, ran)) for o in run_round(later)]

@@ -214,10 +214,10 @@ def score(cluster: Cluster, results: Sequence[Result]) -> tuple[int, list[str], 
 
 def simulate(
     n: int, kinds: Sequence[str], seed: int, racks_known: bool = True, max_rounds: int | None = None,
-    model: Model = Model(),
+    model: Model = Model(), screens: int | None = None,
 ) -> Outcome:  # fmt: skip
     """One search over a modelled cluster of n nodes with the faults `kinds`; max_rounds (re-pair rounds after
-    the first) defaults to ceil(log2 n)."""
+    the first) defaults to ceil(log2 n); screens (rounds that pair every free node) to localize's default."""
     cluster = build(n, kinds, seed, racks_known, model)
     profile = load_profile(PROFILE)
     rule = rule_of(RunConfig(), profile)
@@ -235,7 +235,7 @@ def simulate(
         return slow
 
     rounds = max_rounds if max_rounds is not None else max(1, math.ceil(math.log2(n)))
-    judged, left_out = drive(cluster.nodes, seed, rounds, run_round, slow_of, rule, "Ring all_gather 1 GiB")
+    judged, left_out = drive(cluster.nodes, seed, rounds, run_round, slow_of, rule, "Ring all_gather 1 GiB", screens)
     results = conclude(cluster.nodes, judged, slow, left_out)
     found, false, warns, named = score(cluster, results)
     return Outcome(len(walls), len(judged), sum(walls), found, len(cluster.faults), false, warns, named)
@@ -268,8 +268,15 @@ class Row:
     pairwise_s: float
 
 
-def sweep(n: int, kinds: Sequence[str], seeds: int, racks_known: bool = True, first_seed: int = 0) -> Row:
-    runs = [simulate(n, kinds, s, racks_known) for s in range(first_seed, first_seed + seeds)]
+def sweep(
+    n: int,
+    kinds: Sequence[str],
+    seeds: int,
+    racks_known: bool = True,
+    screens: int | None = None,
+    model: Model = Model(),
+) -> Row:
+    runs = [simulate(n, kinds, s, racks_known, model=model, screens=screens) for s in range(seeds)]
     return Row(
         n, tuple(kinds), racks_known, seeds,
         statistics.mean(r.rounds for r in runs), max(r.rounds for r in runs),
@@ -316,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--faults", default="node", help=f"comma-separated, of {', '.join(KINDS)}; 'none' for none")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--racks-unknown", action="store_true", help="plan without rack labels")
+    parser.add_argument("--screens", type=int, help="rounds that pair every free node (default: localize's)")
+    parser.add_argument("--gpu-spread", type=float, default=Model.gpu_spread, help="GPU-to-GPU matmul spread (sd)")
     parser.add_argument("--table", action="store_true", help="every N of 16..1,024 and every scenario")
     args = parser.parse_args(argv)
     kinds = [] if args.faults == "none" else args.faults.split(",")
@@ -330,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(markdown(sweep(n, scenario, args.seeds, racks_known)), flush=True)
         return 0
     for n in args.nodes:
-        print(markdown(sweep(n, kinds, args.seeds, not args.racks_unknown)), flush=True)
+        model = Model(gpu_spread=args.gpu_spread)
+        print(markdown(sweep(n, kinds, args.seeds, not args.racks_unknown, args.screens, model)), flush=True)
     return 0
 
 
