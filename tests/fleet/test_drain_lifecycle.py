@@ -4,10 +4,20 @@ The same calls on the real Slurm of the test suite are in tests/cluster/test_dra
 
 from __future__ import annotations
 
-from gpucert.cluster.slurm_checks import apply_drain, passes_so_far
-from gpucert.fleet.recheck import confirm_failures
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpucert.acceptance import RunOutcome
+from gpucert.cli import main
+from gpucert.cluster.slurm_checks import apply_drain, drain_reason, passes_so_far
+from gpucert.fleet.recheck import confirm_failures, recheck
 from gpucert.report.schema import Result
+from gpucert.report.store import load_report
 from gpucert.status import Status
+from tests.conftest import FIXTURES, NODE_BUNDLES
+from tests.health.test_scenarios import apply_scenario
 
 
 def result(name: str, status: Status, value: float | None = None, subject: str = "gpu07 GPU 3") -> Result:
@@ -112,3 +122,33 @@ def test_a_fail_must_be_seen_twice() -> None:
         ("gpu.temperature", "gpu07 GPU 3", Status.FAIL),
         ("gpu.ecc_uncorrectable", "gpu07 GPU 3", Status.FAIL),
     ]
+
+
+def _health(argv: list[str], output: Path) -> RunOutcome:
+    code = main(["health", *argv, "--output", str(output), "--json"])
+    return RunOutcome(load_report(output), output / "report.json", code)
+
+
+def test_recheck_runs_a_failing_health_once_more(bundle_copy: Any, tmp_path: Path, capsys: Any) -> None:
+    """A GPU's hardware slowdown seen once (the hw-slowdown scenario), gone when re-measured (the bundle as
+    captured): the rechecked report says WARN, shows both readings and drains nothing."""
+    scenario = yaml.safe_load((FIXTURES / "scenarios" / "hw-slowdown.yaml").read_text())
+    slowed = bundle_copy("h200x4")
+    apply_scenario(slowed, scenario)
+    first = _health(["--replay", str(slowed), "--set", "health.expected_gpus=4"], tmp_path / "first")
+    assert first.exit_code == 2
+    calls = []
+
+    def rerun() -> RunOutcome:
+        calls.append(1)
+        argv = ["--replay", str(NODE_BUNDLES / "h200x4"), "--set", "health.expected_gpus=4"]
+        return _health(argv, tmp_path / "second")
+
+    confirmed = recheck(first, rerun)
+    assert calls == [1] and confirmed.exit_code == 1
+    (clocks,) = [r for r in confirmed.report.results if r.name == "gpu.clock_events" and r.gpu_index == 2]
+    assert clocks.status is Status.WARN and "FAILed once, then not when re-measured" in clocks.message
+    assert load_report(tmp_path / "second").to_dict() == confirmed.report.to_dict()  # written again
+    assert drain_reason(list(confirmed.report.results)) is None
+    # A run without a FAIL is not run again.
+    assert recheck(confirmed, rerun) is confirmed and calls == [1]

@@ -10,8 +10,11 @@ and so still FAILs: the recheck costs it one more run, never its verdict.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
+from gpucert.acceptance import RunOutcome
 from gpucert.report.schema import Result
+from gpucert.report.store import write_report
 from gpucert.status import Status
 
 
@@ -56,3 +59,17 @@ def confirm_failures(first: list[Result], second: list[Result]) -> list[Result]:
     seen = {_key(r) for r in second}
     confirmed += [r for key, r in failed_first.items() if key not in seen]
     return confirmed
+
+
+def recheck(outcome: RunOutcome, rerun: Callable[[], RunOutcome]) -> RunOutcome:
+    """`health --drain`: a run with a FAIL is run once more and its FAILs confirmed (confirm_failures) before
+    anything drains; the second run's report is written again with the confirmed results. A run without a FAIL
+    is returned as it is."""
+    if outcome.report is None or not any(r.status is Status.FAIL for r in outcome.report.results):
+        return outcome
+    again = rerun()
+    if again.report is None:
+        return outcome
+    report = dataclasses.replace(again.report, results=confirm_failures(outcome.report.results, again.report.results))
+    path = write_report(report, again.path.parent) if again.path is not None else None
+    return RunOutcome(report, path, report.status.exit_code)
