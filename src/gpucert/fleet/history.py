@@ -236,6 +236,10 @@ def run_history(rest: list[str], tolerance_pct: float, console: Console) -> int:
     """`gpucert report history NODE [RUNS_DIR]`: index RUNS_DIR, show NODE's figures and drift; the exit code."""
     if not 1 <= len(rest) <= 2:
         raise ConfigError("report history takes a node and optionally the runs directory: history NODE [RUNS_DIR]")
+    if tolerance_pct < 0:
+        raise ConfigError(
+            f"--threshold (the % worse than the baseline that is a drift) must be >= 0, found {tolerance_pct}"
+        )
     node, runs_dir = rest[0], Path(rest[1] if len(rest) == 2 else "runs")
     if not runs_dir.is_dir():
         raise ConfigError(f"{runs_dir}: no such runs directory (gpucert writes runs to runs_dir, default runs/)")
