@@ -53,6 +53,11 @@ def apply_scenario(bundle: Path, scenario: dict[str, Any]) -> None:
         path = bundle / "root" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{text}\n")
+    if scenario.get("env"):
+        # The environment the node was judged in (a Slurm job's variables), over the captured one.
+        env_path = bundle / "environment.json"
+        env = json.loads(env_path.read_text()) if env_path.exists() else {}
+        env_path.write_text(json.dumps({**env, **scenario["env"]}))
     if "kernel_log_append" in scenario:
         stamp = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
         with open(bundle / "dmesg.txt", "a") as fh:

@@ -103,6 +103,12 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+def _count_list(value: str | None) -> int | None:
+    """GPUs in a list like SLURM_JOB_GPUS's "0,1,2,3" (set in a prolog, where SLURM_GPUS_ON_NODE is not)."""
+    items = [item for item in (value or "").split(",") if item.strip()]
+    return len(items) or None
+
+
 def parse_slurm_env(env: Mapping[str, str]) -> SlurmContext | None:
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
@@ -116,7 +122,7 @@ def parse_slurm_env(env: Mapping[str, str]) -> SlurmContext | None:
         ntasks=_int(_first(env, "SLURM_NTASKS", "SLURM_NPROCS")),
         procid=_int(_first(env, "SLURM_PROCID")),
         localid=_int(_first(env, "SLURM_LOCALID")),
-        gpus_on_node=_int(_first(env, "SLURM_GPUS_ON_NODE")),
+        gpus_on_node=_int(_first(env, "SLURM_GPUS_ON_NODE")) or _count_list(_first(env, "SLURM_JOB_GPUS")),
         partition=_first(env, "SLURM_JOB_PARTITION"),
     )
 

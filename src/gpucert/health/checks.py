@@ -38,14 +38,34 @@ def _unreadable(gpu: GpuInfo, name: str, what: str, *queries: str) -> Result:
     )
 
 
+# Where an expected GPU count can come from, most specific first (expected_gpu_count).
+SLURM_GPUS_SOURCE = "Slurm: this job's GPUs on the node (SLURM_GPUS_ON_NODE, else SLURM_JOB_GPUS)"
+
+
+def expected_gpu_count(inv: NodeInventory, profile: Profile, config: HealthConfig) -> tuple[int | None, str]:
+    """(GPUs this node must show, where that number came from): what the operator said (health.expected_gpus),
+    else what Slurm gave the job on this node, else the profile's gpus_per_node (a site profile's included)."""
+    if config.expected_gpus is not None:
+        return config.expected_gpus, "config: health.expected_gpus"
+    slurm = inv.environment.slurm
+    if slurm is not None and slurm.gpus_on_node:
+        return slurm.gpus_on_node, SLURM_GPUS_SOURCE
+    return profile.gpu.gpus_per_node, _src(profile, "gpu.gpus_per_node")
+
+
+def _how_to_set_count(found: int) -> str:
+    return (
+        f"if this node has {found} GPU{'s' if found != 1 else ''} by design (a cloud VM, a partial board), say so: "
+        f"--set health.expected_gpus={found}, or gpu.gpus_per_node in a site profile (--profile site.yaml)"
+    )
+
+
 def check_gpu_count(inv: NodeInventory, profile: Profile, config: HealthConfig) -> list[Result]:
     found = len(inv.gpu.gpus)
-    expected: int | None
-    if config.expected_gpus is not None:
-        expected, source = config.expected_gpus, "config: health.expected_gpus"
-    else:
-        expected, source = profile.gpu.gpus_per_node, _src(profile, "gpu.gpus_per_node")
-    nvml_note = f" (NVML: {inv.gpu.nvml_error})" if inv.gpu.nvml_error else ""
+    expected, source = expected_gpu_count(inv, profile, config)
+    error = inv.gpu.nvml_error
+    # The inventory's reason may name NVML already ("NVML: NVML Shared Library Not Found"): not twice.
+    nvml_note = "" if not error else f" ({error})" if error.startswith("NVML") else f" (NVML: {error})"
     if found < inv.nvidia_pci_devices:
         # Whatever the profile expects: GPUs on the bus that NVML cannot see are broken GPUs or a broken driver.
         return [
@@ -70,7 +90,8 @@ def check_gpu_count(inv: NodeInventory, profile: Profile, config: HealthConfig) 
             Result(
                 **base,
                 status=Status.SKIP,
-                message=f"found {found} GPUs; no expected count set (set health.expected_gpus)",
+                message=f"found {found} GPUs; no expected count set (--set health.expected_gpus=N, or "
+                "gpu.gpus_per_node in the profile)",
             )
         ]
     if expected == 0:
@@ -78,14 +99,27 @@ def check_gpu_count(inv: NodeInventory, profile: Profile, config: HealthConfig) 
         return [Result(**base, status=Status.SKIP, expected="== 0", message=message)]
     if found == expected:
         return [Result(**base, status=Status.PASS, expected=f"== {expected}", message=f"{found} GPUs found")]
+    if source == SLURM_GPUS_SOURCE and found > expected:
+        # More GPUs visible than the job was given: no GPU is missing, but the job is not fenced to its own.
+        return [
+            Result(
+                **base,
+                status=Status.WARN,
+                expected=f"== {expected}",
+                message=f"expected the {expected} GPUs Slurm gave this job, found {found} visible on {inv.hostname}",
+                remediation="fence jobs to their GPUs: ConstrainDevices=yes in Slurm's cgroup.conf",
+            )
+        ]
     return [
         Result(
             **base,
             status=Status.FAIL,
             expected=f"== {expected}",
-            message=f"expected {expected} GPUs, found {found} on {inv.hostname}{nvml_note}",
+            message=f"expected {expected} GPUs, found {found} on {inv.hostname}{nvml_note}"
+            + ("" if source.startswith("config:") else f" (the count from {source})"),
             remediation="a GPU missing from NVML has usually fallen off the bus: check dmesg for XID 79, "
-            "reseat or RMA; without the driver loaded, load it and re-run",
+            "reseat or RMA; without the driver loaded, load it and re-run"
+            + ("" if source.startswith("config:") else f"; {_how_to_set_count(found)}"),
         )
     ]
 
@@ -406,19 +440,21 @@ def check_nvlink(gpu: GpuInfo, profile: Profile, gpu_count: int) -> list[Result]
         expected=f"== {expected} active",
         threshold_source=_src(profile, "gpu.nvlink_links"),
     )
+    if gpu_count == 1 and gpu.active_nvlinks < expected:
+        # NVLink joins GPUs of one node: with one GPU there is no peer, and nothing to judge (a one-GPU VM shows
+        # no links or only inactive ones). Too few GPUs is gpu.count's verdict, not this one's.
+        seen = "none visible" if not gpu.nvlinks else f"{gpu.active_nvlinks} of {len(gpu.nvlinks)} active"
+        return [
+            Result(
+                **base,
+                status=Status.SKIP,
+                value=None,
+                message=f"does not apply: {gpu.label} is the only GPU of this node, no peer to link to "
+                f"(NVLink links {seen}; a full board expects {expected})",
+            )
+        ]
     if not gpu.nvlinks:
         reason = gpu.unreadable.get("nvlink", "no links reported")
-        if gpu_count == 1:
-            return [
-                Result(
-                    **base,
-                    status=Status.WARN,
-                    value=None,
-                    message=f"NVLink not visible on {gpu.label} ({reason}); this node shows one GPU, so "
-                    f"there is no peer to link to (a VM slice of an HGX board?); expected {expected} links",
-                    remediation="on a full node, NVLink must be visible: check Fabric Manager and the driver",
-                )
-            ]
         return [
             Result(
                 **base,
