@@ -87,8 +87,8 @@ def test_a_gpu_slow_most_of_the_burn_fails_by_name_though_its_peak_would_pass() 
     slow = results[1]
     assert slow.status is Status.FAIL and slow.node == "node-b" and slow.gpu_index == 1
     assert slow.message == (
-        "node-b GPU 1: median 280 TFLOP/s over 31 s, 63 % below the node's best 760, below the 585 TFLOP/s floor; "
-        "peak 740, 86 % of windows below 684"
+        "node-b GPU 1: median 280 TFLOP/s over 30.9 s, 63.2 % below the node's best 760, below the 585 TFLOP/s "
+        "floor; peak 740, 86.2 % of windows below 684"
     )
     assert slow.value == pytest.approx(280.0)
     assert slow.expected == "median >= 585; median within 10 % of the node's best 760 (>= 684)"
@@ -152,7 +152,8 @@ def test_nothing_to_judge_by_is_info_and_a_skipped_rank_is_skip() -> None:
     results = by_name(burn.judge({"ranks": ranks}, cpu, None), "burn.fp32")
     assert {r.status for r in results.values()} == {Status.INFO}
     assert results[1].message == (
-        "median 0 TFLOP/s over 30 s (peak 0); not judged: profile cpu sets no burn floor for fp32 "
+        # Three significant figures, never "median 0" beside a value of 0.01 (issue 30).
+        "median 0.01 TFLOP/s over 30 s (peak 0.01); not judged: profile cpu sets no burn floor for fp32 "
         "(benchmarks.burn_bf16_tflops_min); profile cpu turns the node rule off (matmul_node_deviation_pct: null)"
     )
     skipped = rank(0, [], skipped="a bf16 burn is a GPU measurement")
@@ -276,7 +277,7 @@ def test_the_lent_h200s_rejudged() -> None:
     busy = by_name(burn.judge(captured["busy"], H200, None), "burn.bf16")
     assert busy[0].status is Status.PASS and busy[1].status is Status.FAIL
     assert busy[1].message.startswith(
-        "vm GPU 1: median 305 TFLOP/s over 21 s, 53 % below the node's best 655, below the 585 TFLOP/s floor; "
+        "vm GPU 1: median 305 TFLOP/s over 21 s, 53.4 % below the node's best 655, below the 585 TFLOP/s floor; "
         "peak 307, 100 % of windows below 589; SM clock median 1545 MHz"
     )
     assert "held back" not in busy[1].message and "(at the power cap in 100 % of samples)" in busy[1].message

@@ -53,13 +53,13 @@ def test_matmul_floor_and_node_median() -> None:
     results = matmul.judge(data, H200, MatmulBenchConfig())
     best = by_name(results, "matmul.bf16.max")
     assert best[0].status is Status.PASS and best[1].status is Status.PASS
-    assert best[0].expected == ">= 700; within 10 % of node median 740.0"
+    assert best[0].expected == ">= 700; within 10 % of node median 740"
     # 690 is below the 700 floor but within 10 % of the median (740, between 690 and 790).
     assert best[2].status is Status.FAIL
-    assert best[2].message == "expected >= 700 TFLOP/s, found 690.0 on GPU 2 (NVIDIA H200)"
+    assert best[2].message == "expected >= 700 TFLOP/s, found 690 on GPU 2 (NVIDIA H200)"
     assert best[3].status is Status.FAIL and best[3].remediation
-    assert "GPU 3 (NVIDIA H200) is 18.9 % below the node median 740.0 TFLOP/s" in best[3].message
-    assert by_name(results, "matmul.bf16.8192")[0].message.startswith("8192^3 bf16: 780.0 TFLOP/s, 78.9 % of")
+    assert "GPU 3 (NVIDIA H200) is 18.9 % below the node median 740 TFLOP/s" in best[3].message
+    assert by_name(results, "matmul.bf16.8192")[0].message.startswith("8192^3 bf16: 780 TFLOP/s, 78.9 % of")
     assert by_name(results, "matmul.fp8")[0].status is Status.SKIP
 
 
@@ -76,10 +76,10 @@ def test_a_busy_gpu_fails_its_fixed_sizes_though_its_max_passes() -> None:
         assert points[0].status is Status.PASS and points[1].status is Status.FAIL
     slow = by_name(results, "matmul.bf16.8192")[1]
     assert slow.message == (
-        "expected >= 494 TFLOP/s (50 % of the 989 peak) at 8192^3 bf16, found 262.0 on GPU 1 (NVIDIA H200); "
-        "GPU 1 (NVIDIA H200) is 49.3 % below the node median 517.0 TFLOP/s at 8192^3 bf16"
+        "expected >= 494 TFLOP/s (50 % of the 989 peak) at 8192^3 bf16, found 262 on GPU 1 (NVIDIA H200); "
+        "GPU 1 (NVIDIA H200) is 49.3 % below the node median 517 TFLOP/s at 8192^3 bf16"
     )
-    assert slow.expected == ">= 494 (50 % of the 989 peak); within 10 % of node median 517.0"
+    assert slow.expected == ">= 494 (50 % of the 989 peak); within 10 % of node median 517"
     assert slow.threshold_source == (
         "profile h200: benchmarks.matmul_peak_share_min.bf16; profile h200: benchmarks.matmul_node_deviation_pct"
     )
@@ -172,7 +172,7 @@ def test_memory_floors() -> None:
     for kernel in ("read", "write"):
         row = by_name(results, f"memory.{kernel}")[0]
         assert row.status is Status.INFO and row.expected is None and row.threshold_source is None
-        assert row.message == f"{kernel}: 4.2 TB/s (cv 0.010); shown, not judged: no reference figure for HBM {kernel}"
+        assert row.message == f"{kernel}: 4.2 TB/s (cv 0.01); shown, not judged: no reference figure for HBM {kernel}"
     # Every PASS says what it was held to and where that comes from; the JSON keeps full precision.
     assert all(r.expected and r.threshold_source for r in results if r.status is Status.PASS)
     precise = memory.judge({"ranks": [memory_rank(0, 4.123456789, 53.0)]}, H200, None)

@@ -36,6 +36,7 @@ from gpucert.config.profiles import Profile
 from gpucert.config.run import BurnBenchConfig
 from gpucert.hardware.gpus import CLOCK_EVENT_REASONS
 from gpucert.hardware.nvml import CLOCK_SM, TEMPERATURE_GPU, load_pynvml
+from gpucert.report.numbers import sig
 from gpucert.report.schema import Result
 from gpucert.runtime.group import Runtime, gather_to_main, rank_row
 from gpucert.runtime.identity import row_identity
@@ -342,10 +343,10 @@ def _telemetry_words(summary: dict[str, Any] | None) -> str:
         return ""
     parts = []
     if summary["sm_clock_mhz_median"] is not None:
-        parts.append(f"SM clock median {summary['sm_clock_mhz_median']:.0f} MHz (min {summary['sm_clock_mhz_min']})")
+        parts.append(f"SM clock median {sig(summary['sm_clock_mhz_median'])} MHz (min {summary['sm_clock_mhz_min']})")
     if summary["power_w_median"] is not None:
         cap = f" (at the power cap in {summary['power_cap_pct']:g} % of samples)" if summary["power_cap_pct"] else ""
-        parts.append(f"power median {summary['power_w_median']:.0f} W{cap}")
+        parts.append(f"power median {sig(summary['power_w_median'])} W{cap}")
     if summary["temperature_c_max"] is not None:
         parts.append(f"max {summary['temperature_c_max']:g} C")
     return ", ".join(parts)
@@ -393,11 +394,11 @@ def _judge_rank(rank: dict[str, Any], profile: Profile, best: float | None) -> R
     else:
         allowed = best * (1 - pct / 100)
         bars.append(allowed)
-        expected.append(f"median within {pct:g} % of the node's best {best:.0f} (>= {allowed:.0f})")
+        expected.append(f"median within {pct:g} % of the node's best {sig(best)} (>= {sig(allowed)})")
         sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")
         if median < allowed:
             # First: how far from its peers says more than the floor does.
-            problems.insert(0, f"{100 * (1 - median / best):.0f} % below the node's best {best:.0f}")
+            problems.insert(0, f"{sig(100 * (1 - median / best))} % below the node's best {sig(best)}")
     telemetry = summarize_telemetry(rank["telemetry"]) if rank.get("telemetry") else None
     bar = max(bars, default=None)
     below = None if bar is None else 100 * sum(w["tflops"] < bar for w in rank["windows"]) / len(rank["windows"])
@@ -413,8 +414,10 @@ def _judge_rank(rank: dict[str, Any], profile: Profile, best: float | None) -> R
             "telemetry": {k: thin(v) for k, v in rank["telemetry"].items()} if rank.get("telemetry") else None,
         },
     }
-    measured = f"median {median:.0f} TFLOP/s over {summary['seconds']:.0f} s"
-    spread = f"peak {peak:.0f}" + ("" if below is None else f", {below:.0f} % of windows below {bar:.0f}")
+    measured = f"median {sig(median)} TFLOP/s over {sig(summary['seconds'])} s"
+    spread = f"peak {sig(peak)}" + (
+        "" if below is None or bar is None else f", {sig(below)} % of windows below {sig(bar)}"
+    )
     throttle, readings = _throttle_words(telemetry), _telemetry_words(telemetry)
     if problems:
         message = f"{subject}: {measured}, {', '.join(problems)}; {spread}"

@@ -22,6 +22,7 @@ import torch
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import MatmulBenchConfig
+from gpucert.report.numbers import sig
 from gpucert.report.schema import Result
 from gpucert.runtime.group import Runtime, gather_to_main, rank_row
 from gpucert.runtime.identity import row_identity
@@ -267,11 +268,11 @@ def _hold_to_node_median(
     its node's median FAILs. Appends what it held the figure to, and the problem if there is one."""
     pct = profile.benchmarks.matmul_node_deviation_pct
     assert pct is not None
-    expected.append(f"within {pct:g} % of node median {node_median:.1f}")
+    expected.append(f"within {pct:g} % of node median {sig(node_median)}")
     sources.append(f"profile {profile.name}: benchmarks.matmul_node_deviation_pct")
     if tflops < node_median * (1 - pct / 100):
         problems.append(
-            f"{subject} is {100 * (1 - tflops / node_median):.1f} % below the node median {node_median:.1f} "
+            f"{subject} is {sig(100 * (1 - tflops / node_median))} % below the node median {sig(node_median)} "
             f"TFLOP/s{where}"
         )
 
@@ -293,8 +294,8 @@ def _judge_point(
     floors = profile.benchmarks
     dtype, size, tflops = p["dtype"], p["m"], p["tflops"]
     peak = _peak(profile, dtype)
-    share = f", {100 * tflops / peak:.1f} % of the {peak:g} TFLOP/s peak" if peak else ""
-    measured = f"{size}^3 {dtype}: {tflops:.1f} TFLOP/s{share} (cv {p['timing']['cv']:.3f})"
+    share = f", {sig(100 * tflops / peak)} % of the {peak:g} TFLOP/s peak" if peak else ""
+    measured = f"{size}^3 {dtype}: {sig(tflops)} TFLOP/s{share} (cv {sig(p['timing']['cv'])})"
     problems, expected, sources, unjudged = [], [], [], []
     share_min = floors.matmul_peak_share_min.get(dtype)
     if share_min is None or peak is None:
@@ -303,12 +304,12 @@ def _judge_point(
         unjudged.append(f"{size}^3 is below {PEAK_SHARE_MIN_SIZE}^3, too small to be held to a share of the peak")
     else:
         floor = share_min * peak
-        expected.append(f">= {floor:.0f} ({100 * share_min:g} % of the {peak:g} peak)")
+        expected.append(f">= {sig(floor)} ({100 * share_min:g} % of the {peak:g} peak)")
         sources.append(f"profile {profile.name}: benchmarks.matmul_peak_share_min.{dtype}")
         if tflops < floor:
             problems.append(
-                f"expected >= {floor:.0f} TFLOP/s ({100 * share_min:g} % of the {peak:g} peak) at {size}^3 {dtype}, "
-                f"found {tflops:.1f} on {subject}"
+                f"expected >= {sig(floor)} TFLOP/s ({100 * share_min:g} % of the {peak:g} peak) at {size}^3 {dtype}, "
+                f"found {sig(tflops)} on {subject}"
             )
     if floors.matmul_node_deviation_pct is None:
         unjudged.append(f"profile {profile.name} turns the node rule off (matmul_node_deviation_pct: null)")
@@ -354,11 +355,11 @@ def _judge_max(
         expected.append(f">= {floor:g}")
         sources.append(f"profile {profile.name}: benchmarks.matmul_bf16_tflops_min")
         if best["tflops"] < floor:
-            problems.append(f"expected >= {floor:g} TFLOP/s, found {best['tflops']:.1f} on {subject}")
+            problems.append(f"expected >= {floor:g} TFLOP/s, found {sig(best['tflops'])} on {subject}")
     if node_median and floors.matmul_node_deviation_pct is not None:
         _hold_to_node_median(best["tflops"], node_median, profile, subject, "", expected, sources, problems)
     measured = (
-        f"max achievable {best['tflops']:.1f} TFLOP/s at {shape} "
+        f"max achievable {sig(best['tflops'])} TFLOP/s at {shape} "
         f"({sweep['shapes_tried']} of {sweep['of']} sweep shapes tried, seed sizes included)"
     )
     # Unjudged: no floor for this dtype and no peer on the node (or the rule off, as on CPU); report/cluster.py

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import MemoryBenchConfig
+from gpucert.report.numbers import sig
 from gpucert.report.schema import Result
 from gpucert.runtime.group import Runtime, gather_to_main, rank_row
 from gpucert.runtime.identity import row_identity
@@ -113,7 +114,7 @@ def judge_row(kernel: str, row: dict[str, Any], rank: dict[str, Any], profile: P
     label = LABELS[kernel]
     key = FLOOR_KEYS.get(kernel)
     floor = getattr(profile.benchmarks, key, None) if key else None
-    measured = f"{label}: {value:.3g} {unit} (cv {row['timing']['cv']:.3f})"
+    measured = f"{label}: {sig(value)} {unit} (cv {sig(row['timing']['cv'])})"
     # Full precision in the report; the views round.
     base: dict[str, Any] = dict(
         name=f"memory.{kernel}",
@@ -134,7 +135,7 @@ def judge_row(kernel: str, row: dict[str, Any], rank: dict[str, Any], profile: P
     return Result(
         **base,
         status=Status.FAIL,
-        message=f"expected {label} >= {floor:g} {unit}, found {value:.3g} {unit} on {subject}",
+        message=f"expected {label} >= {floor:g} {unit}, found {sig(value)} {unit} on {subject}",
         remediation="PCIe below floor: check the link (gpu.pcie_link), NUMA placement of the process and IOMMU settings"
         if pcie
         else "HBM below floor: check clocks in telemetry; RMA if it persists",
