@@ -20,7 +20,7 @@ ERROR for every metric.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -110,11 +110,68 @@ def evaluation_results(
     """Every result of an evaluation: the metrics, the loss, the per-tool rows. `source` says where the
     thresholds came from (the config file), for threshold_source."""
     thresholds = thresholds or EvalThresholds()
-    return [
+    results = [
         *scores_to_results(scores, thresholds, source),
         loss_result(loss, thresholds, source),
         *tool_results(scores),
     ]
+    return [*results, verdict_result(results)]
+
+
+def verdict_result(results: Sequence[Result], subject: str = "the evaluation") -> Result:
+    """eval.verdict: whether the result is good, in one sentence. Judged against the thresholds the recipe sets
+    (the worst of the judged results, and any result that could not be computed); where it sets none, INFO that
+    says so plainly: the scores are shown, not held to anything."""
+    judged = [r for r in results if r.expected is not None]
+    short = [r for r in judged if Status.WARN <= r.status < Status.ERROR]
+    broken = [r for r in results if r.status == Status.ERROR]
+
+    def verdict(status: Status, message: str, remediation: str | None = None) -> Result:
+        details = {
+            "thresholds": [r.name for r in judged],
+            "not_met": [r.name for r in short],
+            "not_computed": [r.name for r in broken],
+        }
+        return Result(
+            name="eval.verdict",
+            subject=subject,
+            status=status,
+            message=message,
+            remediation=remediation,
+            category=CATEGORY,
+            details=details,
+        )
+
+    def listed(found: Sequence[Result]) -> str:
+        shown = "; ".join(f"{r.name} {_found(r)}{f' (expected {r.expected})' if r.expected else ''}" for r in found[:4])
+        return shown + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+
+    if broken:
+        message = f"could not be judged: {len(broken)} results could not be computed ({listed(broken)})"
+        if short:
+            message += f"; {len(short)} of {len(judged)} thresholds not met: {listed(short)}"
+        return verdict(Status.ERROR, message, broken[0].remediation)
+    if short:
+        return verdict(
+            max(r.status for r in short),
+            f"not good enough: {len(short)} of {len(judged)} thresholds the recipe sets not met: {listed(short)}",
+            FAIL_REMEDIATION,
+        )
+    if judged:
+        names = ", ".join(r.name for r in judged)
+        return verdict(Status.PASS, f"good: all {len(judged)} thresholds the recipe sets are met ({names})")
+    return verdict(
+        Status.INFO,
+        "not judged: the recipe sets no eval.thresholds, so nothing says whether these scores are good; they are "
+        "shown to compare runs (gpucert report A B). Set floors in the recipe, e.g. eval.thresholds.overall_min_pct "
+        "(docs/evaluation.md)",
+    )
+
+
+def _found(result: Result) -> str:
+    if not isinstance(result.value, int | float):
+        return result.status.value
+    return f"{result.value:g} {result.unit or ''}".rstrip()
 
 
 def scores_to_results(
@@ -136,6 +193,7 @@ def _metric_result(metric: Metric, scores: EvalScores, thresholds: EvalThreshold
         "examples": [{"turn": t.turn_id, "reasons": t.reasons} for t in failing[:MAX_EXAMPLES]],
     }
     if metric.key == "overall":
+        details["summary"] = counts_sentence(scores.counts)
         details["counts"] = dict(scores.counts)
         details["failures"] = [dataclasses.asdict(f) for f in scores.failures]
         details["per_tool"] = tool_tallies(scores.turns)
@@ -187,6 +245,26 @@ def _metric_result(metric: Metric, scores: EvalScores, thresholds: EvalThreshold
     if 100 * rate.correct >= floor * rate.total:  # exact, not on the rounded percentage
         return result(Status.PASS, f"expected >= {floor:g} % ({metric.what}), found {found}", pct)
     return result(Status.FAIL, f"expected >= {floor:g} % ({metric.what}), found {found}", pct, FAIL_REMEDIATION)
+
+
+def counts_sentence(counts: Mapping[str, int]) -> str:
+    """eval.overall's counts as a sentence a reader takes in at once (the report shows it; `counts` keeps the
+    numbers)."""
+
+    def n(key: str, one: str, many: str | None = None) -> str:
+        value = counts.get(key, 0)
+        return f"{value} {one if value == 1 else many or one + 's'}"
+
+    parallel = counts.get("expected_parallel", 0)
+    expected = n("expected_call", "turn") + " expected a call" + (f" ({parallel} of them parallel)" if parallel else "")
+    made = f"the model called in {counts.get('made_call', 0)}"
+    blocks = f"{n('calls_parsed', 'call')} parsed"
+    if counts.get("malformed_blocks"):
+        blocks += f", {n('malformed_blocks', 'block')} malformed"
+    return (
+        f"{n('turns', 'held-out turn')}: {expected}, {counts.get('expected_no_call', 0)} expected none; {made} "
+        f"({blocks}); {counts.get('correct', 0)} fully right."
+    )
 
 
 def _not_applicable(metric: Metric, scores: EvalScores) -> tuple[str, bool]:

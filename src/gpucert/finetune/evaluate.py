@@ -21,7 +21,8 @@ Scoring rules (after BFCL's AST checker, ShishirPatil/gorilla `bfcl_eval/eval_ch
 docs/evaluation.md lists where we differ on purpose and why, and tests/fixtures/finetune_eval/bfcl_cases.jsonl
 holds BFCL entries with BFCL's own verdicts, which tests/finetune/test_evaluate.py checks we reproduce):
 - Parsing. Blocks are `<tool_call>\\s*(.*?)\\s*</tool_call>`, each `json.loads`-ed into {"name", "arguments"};
-  `arguments` may be an object or a JSON string holding one. A block that does not decode, or has no string
+  `arguments` must be an object: a JSON string holding one is a call with invalid arguments, as in BFCL (a
+  client would receive a string). A block that does not decode, or has no string
   "name", is recorded as malformed, never dropped (BFCL's Qwen handler drops it and reads "no call"), and so is
   a `<tool_call>` left open (usually generation cut at max_new_tokens). The output is cut at the first
   `<|im_end|>` / `<|endoftext|>`: a server stops there, and what follows is padding.
@@ -68,8 +69,9 @@ OMITTED = ""
 _STRING_NOISE_RE = re.compile(r"[ ,./\-_*^]")
 MAX_FAILURES = 20
 # Changes whenever a verdict of the scorer changes, so scores from different rules are not compared as equal
-# (2: BFCL possible answers; an omitted optional passes only for the schema default, at every depth).
-SCORING_VERSION = "2"
+# (2: BFCL possible answers; an omitted optional passes only for the schema default, at every depth; 3: a model's
+# arguments written as a JSON string are invalid, not decoded).
+SCORING_VERSION = "3"
 # JSON Schema type names, and the Python-flavoured aliases seen in tool schemas (BFCL writes "float", "dict").
 _TYPE_ALIASES = {
     "string": "string",
@@ -130,10 +132,12 @@ class Turn:
     expected: list[Call]
     conversation: int = 0
     message: int = 0
+    # A name of the turn's own (a BFCL entry id), used instead of its place in the input.
+    label: str | None = None
 
     @property
     def id(self) -> str:
-        return f"conversation {self.conversation}, message {self.message}"
+        return self.label or f"conversation {self.conversation}, message {self.message}"
 
 
 @dataclass(frozen=True)
@@ -243,12 +247,17 @@ def _parse_block(block: str) -> Call | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    return _make_call(obj["name"], obj.get("arguments"), present="arguments" in obj)
+    return _make_call(obj["name"], obj.get("arguments"), present="arguments" in obj, decode_string=False)
 
 
-def _make_call(name: str, arguments: Any, present: bool = True) -> Call:
+def _make_call(name: str, arguments: Any, present: bool = True, decode_string: bool = True) -> Call:
+    """A Call from its arguments. A reference's arguments may be a JSON string holding the object (Arrow and the
+    OpenAI API store them so); a model's (`decode_string` False) may not: inside `<tool_call>` the arguments are
+    an object, and a server (vLLM's hermes parser) hands a string on as a string, as BFCL's checker reads it."""
     if isinstance(arguments, dict):
         return Call(name, arguments)
+    if isinstance(arguments, str) and not decode_string:
+        return Call(name, None, raw_arguments=f"a JSON string, {json.dumps(arguments, ensure_ascii=False)}")
     if isinstance(arguments, str):
         try:
             decoded = json.loads(arguments)
@@ -489,9 +498,10 @@ def _match_accepted(accepted: Accepted, predicted: Any, schema: Mapping[str, Any
         problems = _compare_value(value, predicted, schema, path)
         if not problems:
             return []
-        first = first if first is not None else problems
+        # The problems of the first value given (not the "" of "may be left out"), for a one-value answer.
+        first = problems if first is None and value != OMITTED else first
     shown = [_show(v) for v in accepted.values if v != OMITTED]
-    if first is not None and len(accepted.values) == 1:
+    if first is not None and len(shown) == 1:
         return first
     if not shown:
         return [(path, f"given {_show(predicted)}, where the reference accepts only leaving it out")]

@@ -442,6 +442,8 @@ def _evaluation_details(result: Result) -> str:
         return ""
     scalars = _flatten({k: v for k, v in details.items() if k not in tables and not isinstance(v, list)})
     counts = ", ".join(f"{k} {_scalar_text(k, v)}" for k, v in scalars.items())
+    if isinstance(details.get("summary"), str):  # counts worded as a sentence (eval.overall): not the raw keys
+        counts = details["summary"]
     return (
         f'<div class="eval-result"><h3>{_e(result.name)} {_badge(result.status)}</h3>'
         + (f'<div class="summary">{_e(counts)}</div>' if counts else "")

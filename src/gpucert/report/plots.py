@@ -609,6 +609,17 @@ def plot_evaluation(scores: Sequence[tuple[Result, float]], title: str, label_by
             fontsize=8,
             color=_BAD_COLOUR if bad else "#111111",
         )
+    if all(value == 0 for _, value in scores):  # bars of width 0: say so rather than draw an empty chart
+        ax.text(
+            0.5,
+            0.5,
+            "no correct calls: every score here is 0 %",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=11,
+            color=_BAD_COLOUR,
+        )
     ax.set_yticks(range(len(scores)), [r.subject if label_by_subject else r.name for r, _ in scores])
     ax.invert_yaxis()
     ax.set_xlim(0, 115)
