@@ -1,21 +1,29 @@
-"""`gpucert cluster localize`: find the slow node or link with pairwise jobs (reference cluster.md §4).
+"""`gpucert cluster localize`: find the slow node, link or rack with pairwise jobs (reference cluster.md §4, §7).
 
-Round 1 pairs the nodes at random into disjoint pairs and runs all N/2 pair jobs at once. A pair job is a
-two-node `gpucert accept` of what localizes: a matmul on every GPU of both nodes, and an all_gather across the
-two nodes with NCCL's Ring forced (tree and NVLS report busbw above what the wires carry). A pair below the
-reference (the median busbw of the other pairs; the best of them when fewer than 3) or below the floor is a
-suspect, and so is a pair job that did not finish. Round 2 pairs every suspect node with a node of a passing
-pair: a suspect that is slow with a known-good partner too is a bad node; a failed pair whose two nodes both
-pass with known-good partners is a bad link between them. That is O(1) rounds of N/2 jobs, as Google's
-cluster-health-scanner does it.
+A pair job is a two-node `gpucert accept` of what localizes: a matmul on every GPU of both nodes, and an
+all_gather across the two nodes with NCCL's Ring forced (tree and NVLS report busbw above what the wires carry).
+A pair below the reference (the median busbw of the other pairs; the best of them when fewer than 3) or below
+the floor fails, and so does a pair job that did not finish. All pair jobs of a round run at once.
+
+Round 1 pairs every node: at random, or rack by rack where racks are known (`host@rack`, or Slurm's
+topology.conf), then round 2 across racks. Each later round is planned from what the rounds so far found
+(plan_round): a node of a failed pair is re-paired with known-good nodes (of its own rack first) until two
+re-pairs agree (one, for a pair job that could not run at all); a failed pair whose nodes both pass elsewhere is
+run again, and named a bad link if it keeps failing; failed cross-rack pairs that gather on one rack name its
+uplinks. A node that fails with known-good partners and never passes is a bad node; one that crashes with
+several and passes with others is intermittent. The search stops when nothing is left to learn, or after
+localize.max_rounds rounds past the first: a handful of rounds at any N, where exhaustive pairwise testing takes
+N-1 (docs/localize.md has the simulator's figures up to 1,024 nodes).
 
 Every GPU's matmul is also held to the median of all GPUs (`cluster.outlier.*`, the accept rule), so with no
 known-good node to re-pair with (two nodes; every pair failing) a slow GPU still names its node; otherwise
 the failed pair is named as such, and the report says why it could not narrow it down.
 
-Pair jobs run as one `srun` step each inside a Slurm allocation, or from a host list as one gpucert per node
-(ssh to hosts other than this one). Each writes its own report under `<run>/pairs/`; localize writes one
-report of its own, in the project's schema, with every node's inventory and health from its pair jobs.
+The planner and judges are pure functions of the judged pair jobs (drive, plan_round, assess, conclude):
+localize_sim runs them on a model of a cluster. Pair jobs run as one `srun` step each inside a Slurm
+allocation, or from a host list as one gpucert per node (ssh to hosts other than this one). Each writes its own
+report under `<run>/pairs/`; localize writes one report of its own, in the project's schema, with every node's
+inventory and health from its pair jobs.
 """
 
 from __future__ import annotations
@@ -579,6 +587,9 @@ def slow_gpu_nodes(results: Sequence[Result]) -> dict[str, list[str]]:
 
 # Failures with known-good partners that make an intermittent node (some pass, some fail).
 INTERMITTENT_FAILS = 2
+# Runs of a pair between two nodes that pass elsewhere before its link is named, where the rounds allow: each
+# run after the first fails by noise alone about one time in 500 (docs/localize.md), so two such are a fault.
+LINK_RUNS = 3
 # A rack's uplinks are named from this many failed cross-rack pairs (each of whose nodes passes with
 # known-good ones) towards at least 2 other racks: fewer is a noisy pair or a single path.
 RACK_MIN_FAILS = 3
@@ -616,7 +627,8 @@ class Standing:
     @property
     def condemned(self) -> str | None:
         if self.fails and not self.passes:
-            return "bad"
+            # Where racks are known, failures across racks alone may be the uplinks': not the node's, yet.
+            return "bad" if self.rack is None or self.firm_fails else None
         if len(self.fails) >= INTERMITTENT_FAILS and self.firm_fails >= INTERMITTENT_FAILS:
             return "intermittent"
         return None
@@ -826,7 +838,8 @@ def plan_round(
     for rs in findings.links.values():
         o = rs[0][0]
         # A crash is not rerun on the same two nodes: re-pairs with others tell which of them crashes.
-        if len(rs) == 1 and o.ran and not busy & {n.name for n in o.pair.nodes}:
+        again = len(rs) < LINK_RUNS and o.ran and not any(r.status is Status.PASS for _o, r in rs)
+        if again and not busy & {n.name for n in o.pair.nodes}:
             add(o.pair.head, o.pair.other)
     if round_no <= min(screens, last - 2):
         free = [n for n in nodes if n.name not in busy and not standing[n.name].condemned]
@@ -942,6 +955,19 @@ def conclude(
                     f"known-good partners were slow; {node.name} or a path it shares (its leaf switch's uplinks)",
                     remediation="rerun localize with every node's rack (host@rack, or Slurm's topology.conf): "
                     "pairs within the rack tell the node from the uplinks",
+                )
+            )
+            continue
+        if st.fails and not st.passes:
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.WARN,
+                    message=f"suspect, not narrowed down: {node.name} failed {len(st.fails)} pair job(s), all with "
+                    f"known-good nodes of other racks ({', '.join(sorted(_other(o, node.name) for o, _ in st.fails))})"
+                    ", and no pair within its rack could tell the node from its rack's uplinks",
+                    remediation="rerun localize with more rounds (localize.max_rounds), or test the node with a "
+                    "known-good node of its own rack",
                 )
             )
             continue

@@ -3,7 +3,8 @@ plan_round, conclude, and the cross-node GPU outlier rule) run on modelled pair 
 scored against the faults injected.
 
     python -m gpucert.cluster.localize_sim --nodes 1024 --faults node,link --seeds 100
-    python -m gpucert.cluster.localize_sim --table          # docs/localize.md's tables (minutes)
+    python -m gpucert.cluster.localize_sim --table --seeds 100                   # docs/localize.md's first table
+    python -m gpucert.cluster.localize_sim --table --seeds 30 --racks-unknown    # its second
 
 Each line says, over the seeds: rounds (mean and most), pair jobs, modelled wall time, faults found of those
 injected, false accusations (a FAIL naming a healthy node, link or rack: the number that must stay 0), and
@@ -13,7 +14,8 @@ The model (assumptions, not measurements, except where said; docs/localize.md li
 - N nodes of 8 GPUs in racks of `rack_size` under one leaf switch each, a non-blocking fabric above.
 - A pair job's Ring all_gather busbw: 360 GB/s (two 8x400G nodes), times each node's NIC factor (1 % spread),
   per-run noise (2 %), and one run in 500 hit by transient congestion (70-90 %).
-- Each GPU's bf16 matmul: 700 TFLOP/s with 2 % spread between GPUs and 1 % per run.
+- Each GPU's bf16 matmul: 700 TFLOP/s with 2 % spread between GPUs and 1 % per run. Healthy parts' spreads
+  are cut at 2.5 sd (a GPU 5 % or a NIC 2.5 % below the others is a fault, injected as one).
 - A pair job takes 30 +- 3 s to start and 14 s to run (the 2xH200 pair job of tests/fixtures/localize took 44 s);
   one that crashes ends early; pair jobs start at 50 per second (srun steps or ssh from one host).
 - Faults: `node` (its NICs at 40-70 %), `dead` (cannot run a pair job), `link` (one leaf-to-spine uplink of a
@@ -117,8 +119,8 @@ def build(n: int, kinds: Sequence[str], seed: int, racks_known: bool, model: Mod
             faults.append(Fault(kind, rng.choice([r for r in racks if r not in {f.where for f in faults}])))
         else:
             faults.append(Fault(kind, picked.pop()))
-    nic = {name: rng.gauss(1.0, model.nic_spread) for name in names}
-    gpu_base = {name: [rng.gauss(model.tflops, model.tflops * model.gpu_spread) for _ in range(model.gpus)]
+    nic = {name: _healthy(rng, model.nic_spread) for name in names}
+    gpu_base = {name: [model.tflops * _healthy(rng, model.gpu_spread) for _ in range(model.gpus)]
                 for name in names}  # fmt: skip
     for f in faults:
         if f.kind == "node":
@@ -126,6 +128,11 @@ def build(n: int, kinds: Sequence[str], seed: int, racks_known: bool, model: Mod
         elif f.kind == "gpu":
             gpu_base[f.where][rng.randrange(model.gpus)] *= rng.uniform(*model.slow_gpu)
     return Cluster(nodes, rack_of, faults, nic, gpu_base, model, rng)
+
+
+def _healthy(rng: random.Random, spread: float) -> float:
+    """A healthy part's factor: normal, cut at 2.5 spreads (one further off is a fault, which `kinds` injects)."""
+    return 1.0 + max(-2.5 * spread, min(2.5 * spread, rng.gauss(0.0, spread)))
 
 
 def run_pair(cluster: Cluster, pair: Pair) -> tuple[PairOutcome, float]:
@@ -333,10 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--faults: unknown kind(s) {', '.join(unknown)}; expected {', '.join(KINDS)}")
     print(HEADER)
     if args.table:
-        for racks_known in (True, False):
-            for n in (16, 64, 256, 1024):
-                for scenario in SCENARIOS:
-                    print(markdown(sweep(n, scenario, args.seeds, racks_known)), flush=True)
+        for n in (16, 64, 256, 1024):
+            for scenario in SCENARIOS:
+                print(markdown(sweep(n, scenario, args.seeds, not args.racks_unknown)), flush=True)
         return 0
     for n in args.nodes:
         model = Model(gpu_spread=args.gpu_spread)
