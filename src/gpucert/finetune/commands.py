@@ -79,6 +79,10 @@ def evaluate(args: argparse.Namespace) -> int:
     adapter, note = resolve_adapter(args.adapter)
     if note:
         print(note, file=sys.stderr)
+    if getattr(args, "suite", "held-out") == "bfcl":
+        from gpucert.finetune.bfcl import evaluate_bfcl
+
+        return evaluate_bfcl(args, cfg, adapter)
     out = Path(args.output) if args.output else adapter.parent / "evaluation"
     check_evaluation_output(out)
     started = datetime.now(timezone.utc)
