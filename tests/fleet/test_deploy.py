@@ -76,6 +76,7 @@ def test_npd_daemonset_runs_the_health_plugin(monkeypatch: pytest.MonkeyPatch) -
     binary, *flags = container["command"]
     assert f"/node-problem-detector {binary}" in dockerfile()
     (monitor,) = [f.split("=", 1)[1] for f in flags if f.startswith("--config.custom-plugin-monitor=")]
+    assert {"--port=0", "--prometheus-port=0"} <= set(flags)  # host network: no port of a node's own NPD taken
     (config_mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
     assert Path(monitor).parent == Path(config_mount["mountPath"])
     plugin = json.loads(objects["ConfigMap"]["data"][Path(monitor).name])
