@@ -18,10 +18,14 @@ Everything here is pure (no torch, no I/O) but `merge_reports`, which loads the 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import math
+import os
 import statistics
+import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -459,14 +463,17 @@ class NodeSection:
 def split_by_node(report: Report) -> tuple[list[Result], list[NodeSection]]:
     """The cluster section's results (job-wide ones and every cluster.* judgement), and the nodes' sections
     in node order (meta.nodes, then any other node a result or inventory names)."""
-    labels = list(
-        dict.fromkeys([*report.meta.nodes, *report.nodes, *(r.node for r in report.results if r.node is not None)])
-    )
+    # One pass over the results: filtering them once per node was quadratic (26 s at 1,024 nodes x 8 GPUs).
+    by_node: dict[str, list[Result]] = {}
+    for r in report.results:
+        if r.node is not None:
+            by_node.setdefault(r.node, []).append(r)
+    labels = list(dict.fromkeys([*report.meta.nodes, *report.nodes, *by_node]))
     cluster = [r for r in report.results if r.node is None or r.category == CLUSTER]
     sections = []
     for i, label in enumerate(labels):
         inventory = report.nodes.get(label) or (report.inventory if not report.nodes and i == 0 else {})
-        named = [r for r in report.results if r.node == label]
+        named = by_node.get(label, [])
         sections.append(
             NodeSection(
                 label=label,
@@ -476,6 +483,96 @@ def split_by_node(report: Report) -> tuple[list[Result], list[NodeSection]]:
             )
         )
     return cluster, sections
+
+
+# What the views show of a big cluster
+
+# Up to this many nodes a view shows every node in full (its plots, inventory, every message); beyond it the
+# views lead with a per-node x GPU heatmap of the key figures and keep each node's detail compact, so a
+# 1,024 x 8 report stays a page a browser opens (docs/results/cluster-scale.md).
+DETAILED_NODES_MAX = 16
+
+# The statuses a person must look at. A set, not `>= Status.WARN`: the views test it on every result, and at
+# 200,000 results the ordered comparison was seconds of a render.
+PROBLEM = frozenset({Status.WARN, Status.FAIL, Status.ERROR})
+
+
+def node_tally(sections: Sequence[NodeSection]) -> dict[Status, int]:
+    """How many nodes are at each status, worst first, statuses with no node left out."""
+    counts = Counter(s.status for s in sections)
+    return {status: counts[status] for status in sorted(counts, reverse=True)}
+
+
+@dataclass(frozen=True)
+class ProblemGroup:
+    """Every WARN, FAIL or ERROR of one check at one status: at 1,024 nodes one cause can give thousands."""
+
+    name: str
+    status: Status
+    results: list[Result]
+
+
+def problem_groups(results: Sequence[Result]) -> list[ProblemGroup]:
+    """WARN/FAIL/ERROR results by (check, status), worst status first, then the rarer check first: the one
+    bad GPU reads before the warning every node has."""
+    groups: dict[tuple[str, Status], list[Result]] = {}
+    for r in results:
+        if r.status in PROBLEM:
+            groups.setdefault((r.name, r.status), []).append(r)
+    ordered = sorted(groups.items(), key=lambda kv: (-kv[0][1].rank, len(kv[1])))
+    return [ProblemGroup(name, status, group) for (name, status), group in ordered]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One per-GPU figure across the cluster, for the heatmap."""
+
+    name: str
+    unit: str | None
+    median: float
+    floor_pct: float | None  # the cluster rule's deviation (benchmarks.cluster_deviation_pct), None if off
+    cells: dict[tuple[str, int], Result]  # (node, GPU index) -> the node's result
+    outliers: dict[tuple[str, int], Result]  # (node, GPU index) -> the cluster.outlier FAIL naming that GPU
+
+
+def key_figures(results: Sequence[Result]) -> list[Figure]:
+    """The per-GPU figures the cluster rule compares (higher is better, on two nodes or more) that a person
+    looks at first: those held to a floor of their own, then any other that names an outlier GPU none of
+    those shows (a slow GPU is slow at every matmul size: its bf16 max shows it, the twelve others need not)."""
+    outliers: dict[str, dict[tuple[str, int], Result]] = {}
+    rules: dict[str, float | None] = {}
+    for r in results:
+        if r.category == CLUSTER and r.name.startswith("cluster.outlier."):
+            name = r.name.removeprefix("cluster.outlier.")
+            if r.status is Status.FAIL and r.node is not None and r.gpu_index is not None:
+                outliers.setdefault(name, {})[(r.node, r.gpu_index)] = r
+            floor, median = r.details.get("floor"), r.details.get("cluster_median", r.details.get("median"))
+            if isinstance(floor, (int, float)) and isinstance(median, (int, float)) and median:
+                rules[name] = round(100 * (1 - floor / median), 6)
+    groups = per_gpu_figures(results)
+    floored = [n for n, group in groups.items() if any((r.expected or "").lstrip().startswith(">") for r in group)]
+    shown = set(floored)
+    covered = {key for name in floored for key in outliers.get(name, {})}
+    for name in groups:
+        if name not in shown and not set(outliers.get(name, {})) <= covered:
+            shown.add(name)
+            covered |= set(outliers[name])
+    figures = []
+    for name, group in groups.items():
+        if name not in shown:
+            continue
+        values = [_number(r.value) or 0.0 for r in group]
+        figures.append(
+            Figure(
+                name=name,
+                unit=group[0].unit,
+                median=statistics.median(values),
+                floor_pct=rules.get(name),
+                cells={(r.node or "", r.gpu_index or 0): r for r in group},
+                outliers=outliers.get(name, {}),
+            )
+        )
+    return figures
 
 
 # Merging per-node reports
@@ -585,13 +682,65 @@ def merge_reports(reports: Sequence[Report], sources: Sequence[str], command: Se
     return Report(meta=meta, inventory=reports[0].inventory, results=results + judged, nodes=nodes)
 
 
+def _result_json(result: Result) -> str:
+    # The fields as they are (Result.to_dict's dataclasses.asdict deep-copies every details list first).
+    return json.dumps({**vars(result), "status": result.status.value})
+
+
+def report_json_chunks(report: Report) -> Iterator[str]:
+    """The report's JSON (the keys and values of Report.to_dict) in pieces: one line per result and per node
+    inventory, so a cluster report of hundreds of MB is never one string. json.dumps with an indent runs the
+    pure-Python encoder: the whole 1,024-node report with indent=1 took 38 s, one line per result takes 2-3."""
+    status = report.status
+    head = {
+        "schema_version": report.schema_version,
+        "status": status.value,
+        "exit_code": status.exit_code,
+        "counts": report.counts(),
+        "meta": dataclasses.asdict(report.meta),
+        "inventory": report.inventory,
+    }
+    yield "{\n"
+    for key, value in head.items():
+        yield f" {json.dumps(key)}: {json.dumps(value, indent=1)},\n"
+    yield ' "results": [\n'
+    for i, r in enumerate(report.results):
+        yield ("" if i == 0 else ",\n") + _result_json(r)
+    yield '\n ],\n "nodes": {\n'
+    for i, (label, inventory) in enumerate(report.nodes.items()):
+        yield ("" if i == 0 else ",\n") + f"{json.dumps(label)}: {json.dumps(inventory)}"
+    yield "\n }\n}\n"
+
+
+def _write_chunks_atomic(path: Path, chunks: Iterable[str]) -> None:
+    """store._write_atomic for a text written piece by piece: never half a report under its final name."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
     """`gpucert report merge DIR... -o OUT`: per-node reports (run directories or report.json files) into one
     cluster report in OUT (JSON, Markdown and HTML). Unreadable or unmergeable reports raise ValueError."""
     # store renders the views, which import this module: imported here so either can be imported first.
-    from gpucert.report.store import load_report, write_report
+    from gpucert.report.markdown import render_markdown
+    from gpucert.report.store import load_report, write_html
 
     reports = [load_report(path) for path in paths]
     report = merge_reports(reports, [str(path) for path in paths], command)
-    write_report(report, output, html=True)
+    del reports  # the merged report shares their details; the loaded copies' Result objects can go
+    output.mkdir(parents=True, exist_ok=True)
+    _write_chunks_atomic(output / "report.json", report_json_chunks(report))
+    _write_chunks_atomic(output / "report.md", [render_markdown(report)])
+    if importlib.util.find_spec("matplotlib") is not None:
+        write_html(report, output)
     return report

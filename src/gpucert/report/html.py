@@ -12,14 +12,26 @@ import dataclasses
 import json
 import re
 import struct
+from collections import Counter
 from html import escape
 from typing import Any
 
-from gpucert.report.cluster import cluster_summary, is_cluster, split_by_node
+from gpucert.report.cluster import (
+    DETAILED_NODES_MAX,
+    PROBLEM,
+    Figure,
+    NodeSection,
+    cluster_summary,
+    is_cluster,
+    key_figures,
+    node_tally,
+    problem_groups,
+    split_by_node,
+)
 from gpucert.report.plots import Plot, evaluation_plots, report_plots, training_plots
 from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import format_value
-from gpucert.status import Status
+from gpucert.status import Status, worst
 
 # The terminal's colours (report/terminal.py STATUS_STYLE), in shades that read on white.
 STATUS_COLOUR = {
@@ -87,6 +99,32 @@ footer { color: #8c959f; font-size: 12px; text-align: center; }
 .node-nav { margin-top: 8px; }
 .node-nav a { margin-left: 10px; color: #0969da; text-decoration: none; }
 .node-nav a:first-child { margin-left: 0; }
+section.node { padding: 10px 20px; margin: 8px 0; }
+section.node > details > summary { margin: 0; color: inherit; }
+section.node > details > summary h2 { display: inline; border: 0; margin: 0; padding: 0; font-size: 16px; }
+.heat-wrap { max-height: 85vh; overflow: auto; }
+table.heat { width: auto; font-size: 11px; }
+.heat th, .heat td { padding: 1px 4px; border: 1px solid #fff; text-align: right; white-space: nowrap;
+  font-variant-numeric: tabular-nums; }
+.heat thead th { position: sticky; top: 0; z-index: 2; text-align: center; background: #eaeef2; }
+.heat thead tr + tr th { top: 31px; }
+.heat tbody th { position: sticky; left: 0; z-index: 1; text-align: left; font-weight: 400; background: #f6f8fa; }
+.heat .unit { font-weight: 400; color: #57606a; }
+.heat-legend span { padding: 0 6px; margin-right: 4px; }
+.heat td { background: #f6f8fa; }
+.h1, .heat td.h1 { background: #ddf4ff; } .h-1, .heat td.h-1 { background: #ffe3c2; }
+.h-2, .heat td.h-2 { background: #ffab66; } .h-3, .heat td.h-3 { background: #cf222e; color: #fff; }
+.out { outline: 2px solid #1f2328; outline-offset: -2px; font-weight: 700; }
+.heat td.p { background: #dafbe1; } .heat td.g-INFO, .heat td.g-SKIP { background: #f3f4f6; }
+.heat td.g-WARN { background: #fff3c4; text-align: center; }
+.heat td.g-FAIL { background: #cf222e; color: #fff; font-weight: 700; text-align: center; }
+.heat td.g-ERROR { background: #a626a4; color: #fff; font-weight: 700; text-align: center; }
+td.gone { background: repeating-linear-gradient(45deg, #d0d7de, #d0d7de 2px, #fff 2px, #fff 5px); }
+ul.lines { columns: 3; font-size: 12px; margin: 4px 0; }
+p.phrases { font-size: 12px; color: #424a53; margin: 6px 0; }
+table.compact td, table.compact th { padding: 1px 6px; font-size: 12px; }
+td.same { color: #57606a; text-align: center; }
+.heat-legend .h0 { background: #f6f8fa; }
 """ + "\n".join(
     f".s-{s.value} {{ color: {STATUS_COLOUR[s]}; }}\n"
     f"td.s-{s.value}.bad, .badge.s-{s.value} {{ background: {STATUS_BACKGROUND[s]}; }}\n"
@@ -605,48 +643,318 @@ def _anchors(labels: list[str]) -> dict[str, str]:
     return anchors
 
 
+# --- Clusters --------------------------------------------------------------------------------------------------
+
+# Problems of one check shown in full before the rest of them collapse to a line each, and the most lines kept
+# (the rest are in report.json): one cause on every GPU of 1,024 nodes is 8,192 problems.
+_PROBLEMS_IN_FULL = 5
+_PROBLEM_LINES_MAX = 2000
+
+
+def _problem(r: Result) -> str:
+    why = []
+    if r.expected:
+        why.append(f"expected {_e(r.expected)}")
+    if r.value is not None:
+        why.append(f"found {_e(_format_value(r))}")
+    if r.threshold_source:
+        why.append(f"threshold: {_e(r.threshold_source)}")
+    return (
+        f'<div class="problem b-{r.status.value}">'
+        f'<div class="what">{_badge(r.status)} {_e(r.name)} <span class="subject">on {_e(r.subject)}</span></div>'
+        f'<div class="msg">{_e(r.message)}</div>'
+        + (f'<div class="why">{" · ".join(why)}</div>' if why else "")
+        + (f'<div class="todo">→ {_e(r.remediation)}</div>' if r.remediation else "")
+        + "</div>"
+    )
+
+
+def _cluster_problems(results: list[Result], anchors: dict[str, str]) -> str:
+    """Problems by check, worst first: the first few of each in full, the rest one line each, collapsed."""
+    groups = problem_groups(results)
+    if not groups:
+        return '<section id="problems"><h2>Problems</h2><p class="none">No WARN, FAIL or ERROR.</p></section>'
+    total = sum(len(g.results) for g in groups)
+    parts = []
+    for g in groups:
+        nodes = len({r.node for r in g.results if r.node is not None})
+        where = f" on {nodes:,} node{'s' if nodes != 1 else ''}" if nodes else ""
+        parts.append(f"<h3>{_badge(g.status)} {_e(g.name)}: {len(g.results):,}{where}</h3>")
+        parts += [_problem(r) for r in g.results[:_PROBLEMS_IN_FULL]]
+        rest = g.results[_PROBLEMS_IN_FULL:]
+        if rest:
+            lines = "".join(
+                "<li>"
+                + (f'<a href="#{anchors[r.node]}">{_e(r.subject)}</a>' if r.node in anchors else _e(r.subject))
+                + f": {_e(_format_value(r))}</li>"
+                for r in rest[:_PROBLEM_LINES_MAX]
+            )
+            more = len(rest) - _PROBLEM_LINES_MAX
+            lines += f'<li class="none">and {more:,} more in report.json</li>' if more > 0 else ""
+            parts.append(f'<details><summary>{len(rest):,} more</summary><ul class="lines">{lines}</ul></details>')
+    return f'<section id="problems"><h2>Problems ({total:,})</h2>{"".join(parts)}</section>'
+
+
+def _places(places: list[int | None]) -> str:
+    """'node, GPUs 0-3, 5': where on a node one check found problems."""
+    gpus = sorted({i for i in places if i is not None})
+    runs: list[list[int]] = []
+    for i in gpus:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    parts = (["node"] if None in places else []) + ([("GPU " if len(gpus) == 1 else "GPUs ") + text] if gpus else [])
+    return ", ".join(parts)
+
+
+def _problem_nodes(report: Report, sections: list[NodeSection], anchors: dict[str, str]) -> str:
+    """One row per node with a WARN, FAIL or ERROR, the cluster's judgements of it included: what to drain or
+    look at first, each problem named by check and GPU."""
+    problems: dict[str, list[Result]] = {}
+    for r in report.results:
+        if r.node is not None and r.status in PROBLEM:
+            problems.setdefault(r.node, []).append(r)
+    rows = []
+    for s in sorted((s for s in sections if s.status in PROBLEM), key=lambda s: s.status, reverse=True):
+        mine = problems.get(s.label, [])
+        where: dict[str, list[int | None]] = {}
+        for r in mine:
+            where.setdefault(r.name, []).append(r.gpu_index)
+        what = "; ".join(f"{name} ({_places(places)})" for name, places in where.items())
+        rows.append(
+            [
+                f'<td><a href="#{anchors[s.label]}">{_e(s.label)}</a></td>',
+                _td(s.status.value, f"s-{s.status.value} bad"),
+                _td(f"{len(mine):,}", "num"),
+                _td(what),
+            ]
+        )
+    if not rows:
+        return ""
+    return (
+        f'<section id="problem-nodes"><h2>Nodes with problems ({len(rows):,} of {len(sections):,})</h2>'
+        + _table(["node", "status", "problems", "what"], rows, "nodes")
+        + "</section>"
+    )
+
+
+def _short(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def _heat_class(value: float, figure: Figure) -> str:
+    """A cell's shade: its deviation from the cluster median against the cluster rule (10 % unless the
+    profile says otherwise): below the rule, past half of it, past a fifth, within, above a fifth."""
+    pct = figure.floor_pct or 10.0
+    dev = 100 * (value - figure.median) / figure.median if figure.median else 0.0
+    if dev <= -pct:
+        return "h-3"
+    if dev <= -pct / 2:
+        return "h-2"
+    if dev <= -pct / 5:
+        return "h-1"
+    return "h1" if dev >= pct / 5 else ""  # the table's own shade: most cells, so no class to repeat
+
+
+def _heatmap(report: Report, sections: list[NodeSection], anchors: dict[str, str]) -> str:
+    """Node x GPU, one row per node in `sections`' order: each GPU's health (worst per-GPU check) and the key
+    figures, shaded by their deviation from the cluster median; an outlier the cluster rule named is boxed and
+    carries its message."""
+    figures = key_figures(report.results)
+    health: dict[tuple[str, int], list[Result]] = {}
+    for section in sections:
+        for r in section.results:
+            if r.category == "health" and r.gpu_index is not None:
+                health.setdefault((section.label, r.gpu_index), []).append(r)
+    gpus = sorted({i for _, i in health} | {i for f in figures for _, i in f.cells})
+    if not gpus:
+        return ""
+    n = len(gpus)
+    head = ['<th rowspan="2">node</th><th rowspan="2">status</th>', f'<th colspan="{n}">health</th>']
+    for f in figures:
+        head.append(
+            f'<th colspan="{n}" title="{_e(f.name)}">{_e(f.name)}<br><span class="unit">{_e(f.unit or "")}'
+            f", median {_e(_short(f.median))}</span></th>"
+        )
+    sub = "".join(f"<th>{i}</th>" for i in gpus) * (1 + len(figures))
+    rows = []
+    for section in sections:
+        label = section.label
+        cells = [
+            f'<th><a href="#{anchors[label]}">{_e(label)}</a></th>',
+            f'<td class="s-{section.status.value}">{_e(section.status.value)}</td>',
+        ]
+        for i in gpus:
+            checks = health.get((label, i))
+            if not checks:
+                cells.append('<td class="gone" title="no result for this GPU"></td>')
+                continue
+            status = worst(c.status for c in checks)
+            bad = [c for c in checks if c.status in PROBLEM]
+            title = f' title="{_e(chr(10).join(c.message for c in bad))}"' if bad else ""
+            mark = status.value[0] if bad else ""
+            css = "p" if status is Status.PASS else f"g-{status.value}"
+            cells.append(f'<td class="{css}"{title}>{mark}</td>')
+        for f in figures:
+            for i in gpus:
+                cell = f.cells.get((label, i))
+                value = cell.value if cell is not None else None
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    cells.append('<td class="gone"></td>')
+                    continue
+                outlier = f.outliers.get((label, i))
+                css = " ".join(c for c in (_heat_class(value, f), "out" if outlier else "") if c)
+                attrs = (f' class="{css}"' if css else "") + (f' title="{_e(outlier.message)}"' if outlier else "")
+                cells.append(f"<td{attrs}>{_short(value)}</td>")
+        rows.append(f'<tr id="hm-{anchors[label]}">' + "".join(cells) + "</tr>")
+    legend = (
+        '<div class="legend heat-legend">shade: deviation from the cluster median '
+        '<span class="h1">above +2 %</span><span class="h0">within ±2 %</span><span class="h-1">-2 to -5 %</span>'
+        '<span class="h-2">-5 to -10 %</span><span class="h-3">below -10 % (the rule)</span>'
+        '<span class="h-3 out">outlier named</span> (for a rule of 10 %; it scales with the profile\'s); '
+        "health: the worst per-GPU check, W/F/E for WARN/FAIL/ERROR (hover for the message)</div>"
+    )
+    return (
+        f'<section id="heatmap"><h2>Nodes x GPUs</h2>{legend}'
+        f'<div class="scroll heat-wrap"><table class="heat"><thead><tr>{"".join(head)}</tr><tr>{sub}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
+    )
+
+
+def _bare(r: Result) -> str:
+    """format_value without the unit (the compact grid puts it beside the check once)."""
+    if r.value is None:
+        return "-"
+    if isinstance(r.value, bool):
+        return "on" if r.value else "off"
+    return f"{r.value:.4g}" if isinstance(r.value, float) else str(r.value)
+
+
+def _compact_grid(results: list[Result]) -> str:
+    """A node's per-GPU results, value only (the unit beside the check), coloured and explained where not
+    PASS: a few KB per node instead of the detailed grid's tens."""
+    gpus = sorted({r.gpu_index for r in results if r.gpu_index is not None})
+    checks = list(dict.fromkeys(r.name for r in results))
+    cells = {(r.name, r.gpu_index): r for r in results}
+    units = {r.name: r.unit for r in results if r.unit}
+    rows = []
+    for check in checks:
+        row = [_td(check + (f" ({units[check]})" if check in units else ""), "check")]
+        mine = [cells.get((check, index)) for index in gpus]
+        texts = {_bare(r) for r in mine if r is not None}
+        if len(texts) == 1 and all(r is not None and r.status not in PROBLEM for r in mine):
+            # A health check every GPU passes with the same value (ECC on, Gen5 x16): one cell, not eight.
+            row.append(f'<td colspan="{len(gpus)}" class="same">{_e(texts.pop())} on every GPU</td>')
+            rows.append("".join(row))
+            continue
+        for index in gpus:
+            r = cells.get((check, index))
+            if r is None:
+                row.append("<td></td>")
+            elif r.status in PROBLEM:
+                row.append(_td(_bare(r), f"s-{r.status.value} bad", r.message))
+            else:
+                row.append(f"<td>{_e(_bare(r))}</td>")
+        rows.append("".join(row))
+    head = "".join(f"<th>{_e(h)}</th>" for h in ["check", *[f"GPU{i}" for i in gpus]])
+    body = "".join(f"<tr>{row}</tr>" for row in rows)
+    table = f'<table class="grid compact"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="scroll">{table}</div>'
+
+
+def _compact_node(section: NodeSection) -> str:
+    """A node's detail in a big cluster: its problems in full, its per-GPU figures as a compact grid, the rest
+    of its results one phrase each."""
+    problems = [r for r in section.results if r.status in PROBLEM]
+    per_gpu = [r for r in section.results if r.gpu_index is not None]
+    rest = [r for r in section.results if r.gpu_index is None and r.status not in PROBLEM]
+    html = _node_table(problems, "problems") if problems else ""
+    html += _compact_grid(per_gpu) if per_gpu else ""
+    if rest:
+        phrases = "; ".join(
+            f'<span class="s-{r.status.value}">{_e(r.name)}</span> {_e(_format_value(r))}' for r in rest
+        )
+        html += f'<p class="phrases">{phrases}</p>'
+    return html
+
+
+def _node_section(report: Report, section: NodeSection, anchor: str, detailed: bool) -> str:
+    inv = section.inventory
+    counts = Counter(r.status for r in section.results)
+    tally = ", ".join(f"{counts[s]} {s.value}" for s in sorted(counts, reverse=True))
+    head = (
+        f'<summary><h2>Node {_e(section.label)} {_badge(section.status)}</h2> <span class="counts">{_e(tally)}'
+        + (f" · {_e(inv['summary'])}" if inv.get("summary") else "")
+        + "</span></summary>"
+    )
+    if detailed:
+        body = (
+            "".join(_result_parts(section.results))
+            + _figures(dataclasses.replace(report, results=section.results), f"{section.label}/")
+            + (f"<details><summary>inventory</summary>{_inventory_parts(inv)}</details>" if inv else "")
+        )
+    else:
+        body = _compact_node(section)
+    return f'<section id="{anchor}" class="node"><details{" open" if detailed else ""}>{head}{body}</details></section>'
+
+
 def _cluster_body(report: Report) -> str:
-    """Verdict, problems, the cluster section, one section per node (results, plots, inventory), run."""
+    """Verdict and cluster summary, the nodes with problems, problems by check, the cluster's own results, the
+    node x GPU heatmap, then one collapsible section per node (in full up to DETAILED_NODES_MAX nodes,
+    compact beyond, problem nodes first), run."""
     meta, status = report.meta, report.status
     cluster, sections = split_by_node(report)
+    detailed = len(sections) <= DETAILED_NODES_MAX
     anchors = _anchors([s.label for s in sections])
-    counts = "".join(f'<span class="s-{s}">{n} {_e(s)}</span>' for s, n in report.counts().items() if n)
-    nav = " ".join(f'<a href="#{anchors[s.label]}">{_e(s.label)}</a> {_badge(s.status)}' for s in sections)
+    counts = "".join(f'<span class="s-{s}">{n:,} {_e(s)}</span>' for s, n in report.counts().items() if n)
+    nodes = "".join(f'<span class="s-{s.value}">{n:,} {_e(s.value)}</span>' for s, n in node_tally(sections).items())
+    nav = (
+        " ".join(f'<a href="#{anchors[s.label]}">{_e(s.label)}</a> {_badge(s.status)}' for s in sections)
+        if detailed
+        else '<a href="#problem-nodes">nodes with problems</a> <a href="#problems">problems</a> '
+        '<a href="#cluster">cluster checks</a> <a href="#heatmap">nodes x GPUs</a> <a href="#nodes">every node</a>'
+    )
     summary = cluster_summary(report.nodes) if report.nodes else f"{len(sections)} nodes"
     header = (
         f'<header class="verdict b-{status.value}">'
-        f"<h1>gpucert {_e(meta.verb)} on {len(sections)} nodes {_badge(status, big=True)}</h1>"
+        f"<h1>gpucert {_e(meta.verb)} on {len(sections):,} nodes {_badge(status, big=True)}</h1>"
         f'<div class="summary">{_e(summary)}</div>'
-        f'<div class="counts">{counts or "no results"}; exit code {status.exit_code}</div>'
+        f'<div class="counts">nodes: {nodes}</div>'
+        f'<div class="counts">results: {counts or "no results"}; exit code {status.exit_code}</div>'
         f'<nav class="node-nav">{nav}</nav></header>'
     )
     # Cluster results name many nodes' GPUs: one table, never a grid keyed by GPU index.
     job = _figures(dataclasses.replace(report, results=cluster), "cluster/")
+    shown = cluster if detailed else [r for r in cluster if r.status not in PROBLEM]
+    # A big cluster's cluster.* problems are listed under Problems already (an outlier node gives 9 each).
+    listed = "" if shown is cluster else f'<p class="none">{len(cluster) - len(shown):,} more under Problems.</p>'
     cluster_html = (
         '<section id="cluster"><h2>Cluster</h2>'
         + (_legend() if report.results else "")
-        + (_node_table(cluster, "cluster checks") if cluster else '<p class="none">No cluster result.</p>')
+        + (_node_table(shown, "cluster checks") + listed if cluster else '<p class="none">No cluster result.</p>')
         + job
         + "</section>"
     )
-    nodes_html = []
-    for section in sections:
-        anchor = anchors[section.label]
-        inv = section.inventory
-        nodes_html.append(
-            f'<section id="{anchor}" class="node"><h2>Node {_e(section.label)} {_badge(section.status)}</h2>'
-            + (f'<div class="summary">{_e(inv["summary"])}</div>' if inv.get("summary") else "")
-            + "".join(_result_parts(section.results))
-            + _figures(dataclasses.replace(report, results=section.results), f"{section.label}/")
-            + (f"<details><summary>inventory</summary>{_inventory_parts(inv)}</details>" if inv else "")
-            + "</section>"
-        )
+    # A big cluster's problem nodes come first, in the heatmap and below it, so no one scrolls 1,000 rows.
+    order = sections if detailed else sorted(sections, key=lambda s: s.status not in PROBLEM)
+    nodes_html = "".join(_node_section(report, s, anchors[s.label], detailed) for s in order)
+    note = (
+        ""
+        if detailed
+        else f'<p class="none">{len(sections):,} nodes, those with problems first; each opens on a click. '
+        f"Per-node plots and inventories are drawn for up to {DETAILED_NODES_MAX} nodes "
+        "(`gpucert report` of a node's own run directory draws them).</p>"
+    )
     return "".join(
         [
             header,
-            _problems(report.results) if report.results else "",
+            _problem_nodes(report, sections, anchors),
+            _cluster_problems(report.results, anchors) if report.results else "",
             cluster_html,
-            *nodes_html,
+            _heatmap(report, order, anchors),
+            f'<div id="nodes">{note}{nodes_html}</div>',
             _run_meta(report),
         ]
     )

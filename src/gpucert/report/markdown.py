@@ -2,14 +2,27 @@
 
 A report of several nodes opens with a cluster section (the summary line, the golden-config diff, results
 about the whole job, outliers across nodes) and then has one section per node, rendered as a one-node
-report's body is.
+report's body is. Past DETAILED_NODES_MAX nodes it stays a page a person reads: the problems by check, the
+nodes with problems, the cluster section, the key figures' spread, and a section for each node with a problem
+(its problems only); the nodes with none are named in one line, their results are in report.json and
+report.html.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpucert.report.cluster import cluster_summary, is_cluster, split_by_node
+from gpucert.report.cluster import (
+    DETAILED_NODES_MAX,
+    PROBLEM,
+    NodeSection,
+    cluster_summary,
+    is_cluster,
+    key_figures,
+    node_tally,
+    problem_groups,
+    split_by_node,
+)
 from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import format_value
 
@@ -62,9 +75,78 @@ def _verdict(report: Report) -> str:
     )
 
 
+# Problems of one check listed in a big cluster's Markdown before the rest are only counted.
+_PROBLEM_ROWS_MAX = 20
+
+
+def _short(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def _big_cluster_markdown(report: Report, cluster: list[Result], sections: list[NodeSection]) -> str:
+    meta = report.meta
+    tally = ", ".join(f"{n:,} {s.value}" for s, n in node_tally(sections).items())
+    command = meta.command[:6] + ([f"... ({len(meta.command) - 6:,} more arguments)"] if len(meta.command) > 6 else [])
+    lines = [
+        f"# gpucert {meta.verb}: {report.status.value} on {len(sections):,} nodes",
+        "",
+        f"- **Cluster:** {cluster_summary(report.nodes) if report.nodes else f'{len(sections):,} nodes'}",
+        f"- **Nodes:** {tally}",
+        f"- **Profile:** {meta.profile}",
+        f"- **When:** {meta.started_at} ({meta.duration_s:.1f} s)",
+        f"- **Tool:** gpucert {meta.tool_version}, method {meta.method_version}, schema {report.schema_version}",
+        f"- **Command:** `{' '.join(command)}`",
+        f"- **Verdict:** {_verdict(report)}",
+        "",
+    ]
+    groups = problem_groups(report.results)
+    if groups:
+        lines += [f"## Problems ({sum(len(g.results) for g in groups):,})", ""]
+    for g in groups:
+        nodes = len({r.node for r in g.results if r.node is not None})
+        where = f" on {nodes:,} node{'s' if nodes != 1 else ''}" if nodes else ""
+        lines += _result_lines(
+            g.results[:_PROBLEM_ROWS_MAX], f"### {g.status.value} {g.name}: {len(g.results):,}{where}"
+        )
+        if len(g.results) > _PROBLEM_ROWS_MAX:
+            lines += [f"and {len(g.results) - _PROBLEM_ROWS_MAX:,} more (report.json, report.html)", ""]
+    bad = sorted((s for s in sections if s.status in PROBLEM), key=lambda s: s.status, reverse=True)
+    if bad:
+        lines += ["## Nodes with problems", "", "| node | status | own problems | checks |", "|---|---|---|---|"]
+        for s in bad:
+            mine = [r for r in s.results if r.status in PROBLEM]
+            names = ", ".join(dict.fromkeys(r.name for r in mine)) or "cluster judgements only"
+            lines.append(f"| {_cell(s.label)} | {s.status.value} | {len(mine)} | {_cell(names)} |")
+        lines.append("")
+    lines += _result_lines(cluster, "## Cluster")
+    figures = key_figures(report.results)
+    if figures:
+        lines += ["## Key figures across the cluster", "", "| figure | GPUs | median | min | max | outliers |"]
+        lines.append("|---|---|---|---|---|---|")
+        for f in figures:
+            values = [float(r.value) for r in f.cells.values() if isinstance(r.value, (int, float))]
+            unit = f" {f.unit}" if f.unit else ""
+            lines.append(
+                f"| {f.name} | {len(values):,} | {_short(f.median)}{unit} | {_short(min(values))}{unit} | "
+                f"{_short(max(values))}{unit} | {len(f.outliers)} |"
+            )
+        lines.append("")
+    for s in bad:
+        lines += [f"## Node {s.label}: {s.status.value}", ""]
+        if s.inventory.get("summary"):
+            lines += [f"- **Node:** {s.inventory['summary']}", ""]
+        lines += _result_lines([r for r in s.results if r.status in PROBLEM], "### Problems")
+    clean = [s.label for s in sections if s.status not in PROBLEM]
+    if clean:
+        lines += [f"## The other {len(clean):,} nodes: no problem", "", ", ".join(clean), ""]
+    return "\n".join(lines)
+
+
 def _cluster_markdown(report: Report) -> str:
     meta = report.meta
     cluster, sections = split_by_node(report)
+    if len(sections) > DETAILED_NODES_MAX:
+        return _big_cluster_markdown(report, cluster, sections)
     lines = [
         f"# gpucert {meta.verb}: {report.status.value} on {len(sections)} nodes",
         "",
