@@ -151,6 +151,10 @@ def test_each_category_is_judged_against_its_threshold_with_the_base_model_besid
     )
     assert unjudged[0].message.endswith("not judged: no eval.thresholds.bfcl_simple_min_pct in the recipe")
     assert unjudged[0].details["base"] == {"correct": 0, "total": 3, "time_s": 1.2}
+    assert unjudged[0].details["summary"] == (
+        "3 BFCL entries: 3 expected a call, 0 expected none; the model called in 2 (2 calls parsed); 2 fully right. "
+        "Answered in 1.5 s."
+    )
     assert unjudged[2].details["base_pct"] == 50.0
     assert verdict_result(unjudged).message.startswith("not judged: the recipe sets no eval.thresholds")
 

@@ -76,7 +76,7 @@ def test_without_thresholds_every_metric_is_info_never_pass() -> None:
     assert overall["counts"]["turns"] == 32
     # The counts as a reader takes them in (the HTML report shows this, not the keys).
     assert overall["summary"] == (
-        "32 held-out turns: 29 turns expected a call (2 of them parallel), 3 expected none; the model called in 29 "
+        "32 held-out turns: 29 expected a call (2 of them parallel), 3 expected none; the model called in 29 "
         "(28 calls parsed, 2 blocks malformed); 14 fully right."
     )
     # Counted from the `expect` fields of the cases whose reference calls get_weather.
@@ -321,7 +321,7 @@ def test_the_html_report_words_the_counts_and_says_when_no_call_was_right(monkey
     from gpucert.report.plots import plot_evaluation
 
     html = render_html(_report(_fixture_scores()))
-    assert "32 held-out turns: 29 turns expected a call" in html
+    assert "32 held-out turns: 29 expected a call" in html
     assert "counts.turns" not in html
     # Every tool at 0 %: the chart says so in words, instead of an empty frame.
     written: list[str] = []

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucert.finetune.config import EvalConfig, EvalThresholds
+from gpucert.finetune.eval_report import counts_sentence
 from gpucert.finetune.evaluate import EvalScores, Turn, generate, possible_answer_calls, score
 from gpucert.report.schema import Result
 from gpucert.status import Status
@@ -58,6 +59,7 @@ SUBJECT = "BFCL {category}"
 CATEGORY = "evaluation"
 MAX_EXAMPLES = 3
 MAX_FAILURES = 20
+ENTRY = ("BFCL entry", "BFCL entries")
 
 
 class BfclDataError(ValueError):
@@ -287,6 +289,7 @@ def _category_result(run: CategoryRun, thresholds: EvalThresholds, source: str) 
         "correct": rate.correct,
         "total": rate.total,
         "time_s": run.time_s,
+        "summary": f"{counts_sentence(run.scores.counts, ENTRY)} Answered in {run.time_s:g} s.",
         "counts": dict(run.scores.counts),
         "examples": [{"entry": f.turn_id, "reasons": f.reasons} for f in run.scores.failures[:MAX_EXAMPLES]],
         "failures": [
@@ -414,7 +417,7 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path) -> int:
             model, tokenizer, suite, cfg.eval, args.compare_base, lambda line: print(line, file=sys.stderr)
         )
     results = bfcl_results(runs, cfg.eval.thresholds, threshold_source(args))
-    results.append(verdict_result(results))
+    results.append(verdict_result(results, example_key="bfcl_overall_min_pct"))
     report = evaluation_report(
         results,
         command=["gpucert", *sys.argv[1:]],

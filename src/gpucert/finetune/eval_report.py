@@ -118,10 +118,12 @@ def evaluation_results(
     return [*results, verdict_result(results)]
 
 
-def verdict_result(results: Sequence[Result], subject: str = "the evaluation") -> Result:
+def verdict_result(
+    results: Sequence[Result], subject: str = "the evaluation", example_key: str = "overall_min_pct"
+) -> Result:
     """eval.verdict: whether the result is good, in one sentence. Judged against the thresholds the recipe sets
     (the worst of the judged results, and any result that could not be computed); where it sets none, INFO that
-    says so plainly: the scores are shown, not held to anything."""
+    says so plainly: the scores are shown, not held to anything, and `example_key` is the floor to set."""
     judged = [r for r in results if r.expected is not None]
     short = [r for r in judged if Status.WARN <= r.status < Status.ERROR]
     broken = [r for r in results if r.status == Status.ERROR]
@@ -163,7 +165,7 @@ def verdict_result(results: Sequence[Result], subject: str = "the evaluation") -
     return verdict(
         Status.INFO,
         "not judged: the recipe sets no eval.thresholds, so nothing says whether these scores are good; they are "
-        "shown to compare runs (gpucert report A B). Set floors in the recipe, e.g. eval.thresholds.overall_min_pct "
+        f"shown to compare runs (gpucert report A B). Set floors in the recipe, e.g. eval.thresholds.{example_key} "
         "(docs/evaluation.md)",
     )
 
@@ -247,23 +249,24 @@ def _metric_result(metric: Metric, scores: EvalScores, thresholds: EvalThreshold
     return result(Status.FAIL, f"expected >= {floor:g} % ({metric.what}), found {found}", pct, FAIL_REMEDIATION)
 
 
-def counts_sentence(counts: Mapping[str, int]) -> str:
+def counts_sentence(counts: Mapping[str, int], unit: tuple[str, str] = ("held-out turn", "held-out turns")) -> str:
     """eval.overall's counts as a sentence a reader takes in at once (the report shows it; `counts` keeps the
-    numbers)."""
+    numbers). `unit`: what one turn and several are called (a BFCL entry)."""
 
-    def n(key: str, one: str, many: str | None = None) -> str:
+    def n(key: str, one: str, many: str) -> str:
         value = counts.get(key, 0)
-        return f"{value} {one if value == 1 else many or one + 's'}"
+        return f"{value} {one if value == 1 else many}"
 
     parallel = counts.get("expected_parallel", 0)
-    expected = n("expected_call", "turn") + " expected a call" + (f" ({parallel} of them parallel)" if parallel else "")
-    made = f"the model called in {counts.get('made_call', 0)}"
-    blocks = f"{n('calls_parsed', 'call')} parsed"
+    expected = f"{counts.get('expected_call', 0)} expected a call" + (
+        f" ({parallel} of them parallel)" if parallel else ""
+    )
+    blocks = n("calls_parsed", "call", "calls") + " parsed"
     if counts.get("malformed_blocks"):
-        blocks += f", {n('malformed_blocks', 'block')} malformed"
+        blocks += ", " + n("malformed_blocks", "block", "blocks") + " malformed"
     return (
-        f"{n('turns', 'held-out turn')}: {expected}, {counts.get('expected_no_call', 0)} expected none; {made} "
-        f"({blocks}); {counts.get('correct', 0)} fully right."
+        f"{n('turns', *unit)}: {expected}, {counts.get('expected_no_call', 0)} expected none; the model called in "
+        f"{counts.get('made_call', 0)} ({blocks}); {counts.get('correct', 0)} fully right."
     )
 
 
