@@ -17,6 +17,7 @@ docs/results/2026-11-21-h200x4-accept.json` takes the real 4xH200 report, full m
 Usage:
     python tools/synth_cluster.py OUT [--nodes 1024] [--gpus 8] [--seed 0] [--base REPORT]
     gpucert report merge OUT/node* -o MERGED
+    python tools/synth_cluster.py OUT --measure MERGED    # the same merge phase by phase: time, bytes, peak RSS
 
 OUT/<node>/report.json is one node's report (schema 2.1, the node named in every result) and OUT/faults.json
 lists what was injected and the (result name, subject) each fault must FAIL in the merged report.
@@ -31,6 +32,7 @@ import json
 import random
 import re
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -296,6 +298,54 @@ def write_cluster(out: Path, nodes: int, gpus: int, seed: int = 0, base: Path = 
     return faults
 
 
+def measure_merge(nodes_dir: Path, out: Path) -> dict[str, Any]:
+    """What `gpucert report merge` does, phase by phase (wall and CPU seconds, bytes written), with the peak
+    RSS of the whole: loading, merging and judging, report.json, report.md, report.html, the terminal view."""
+    import io
+    import resource
+
+    from rich.console import Console
+
+    from gpucert.report.cluster import _write_chunks_atomic, merge_reports, report_json_chunks
+    from gpucert.report.html import render_html
+    from gpucert.report.markdown import render_markdown
+    from gpucert.report.store import load_report
+    from gpucert.report.terminal import print_report
+
+    paths = sorted(nodes_dir.glob("node*"))
+    out.mkdir(parents=True, exist_ok=True)
+    phases: dict[str, Any] = {}
+
+    def timed(name: str, work: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        value = work()
+        phases[name] = {"wall_s": round(time.perf_counter() - wall, 2), "cpu_s": round(time.process_time() - cpu, 2)}
+        return value
+
+    loaded: list[Any] = timed("load", lambda: [load_report(p) for p in paths])
+    report = timed("merge", lambda: merge_reports(loaded, [str(p) for p in paths], ["gpucert", "report", "merge"]))
+    loaded.clear()  # as write_merged drops them: the merged report shares their details
+    timed("json", lambda: _write_chunks_atomic(out / "report.json", report_json_chunks(report)))
+    md = timed("markdown", lambda: render_markdown(report))
+    (out / "report.md").write_text(md)
+    page = timed("html", lambda: render_html(report))
+    (out / "report.html").write_text(page)
+    text = io.StringIO()
+    timed("terminal", lambda: print_report(report, Console(file=text, width=160), False, None))
+    phases["json"]["bytes"] = (out / "report.json").stat().st_size
+    phases["markdown"]["bytes"] = len(md.encode())
+    phases["html"]["bytes"] = len(page.encode())
+    phases["terminal"]["bytes"] = len(text.getvalue().encode())
+    phases["terminal"]["lines"] = text.getvalue().count("\n")
+    return {
+        "nodes": len(paths),
+        "input_bytes": sum((p / "report.json").stat().st_size for p in paths),
+        "results": len(report.results),
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+        "phases": phases,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="directory for OUT/<node>/report.json and OUT/faults.json")
@@ -303,7 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base", type=Path, default=BASE_REPORT, help="the accept report every node copies")
+    parser.add_argument(
+        "--measure", type=Path, metavar="MERGED", help="merge OUT's node reports into MERGED phase by phase, timed"
+    )
     args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure_merge(args.out, args.measure), indent=1))
+        return 0
     faults = write_cluster(args.out, args.nodes, args.gpus, args.seed, args.base)
     for f in faults:
         print(f"{f.kind:12} {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else ""))

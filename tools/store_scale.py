@@ -1,0 +1,288 @@
+"""The job's TCP store under many ranks: rendezvous and heartbeats as gpucert's runtime does them, measured.
+
+Every rank of a gpucert job meets in one torch.distributed TCPStore (runtime/group.py) and heartbeats into it
+(runtime/watchdog.py). This starts that store's server in a process of its own on 127.0.0.1 and N lightweight
+ranks (threads spread over a few client processes), each speaking the real TCPStore protocol over its own
+connections, doing what a rank does:
+
+- rendezvous (group._meet): set `rank/<r>` (a RankIdentity's JSON, about 250 bytes) and `hb/<r>`, add
+  `joined`, poll `add(joined, 0)` every POLL_S (0.2 s) until all N joined, then multi_get every `rank/*`;
+- heartbeats (watchdog.Watchdog._run) every interval on a second connection: add `hb/<r>`, check `abort`,
+  multi_get the watched heartbeats (rank 0: all N; any other rank: rank 0's);
+- one rank (the last) stops beating after a few rounds, as a SIGSTOPped rank does; rank 0 names it after
+  heartbeat_timeout_s of an unchanged counter (watchdog._silent_peer) and sets `abort`; every rank reads it at
+  its next beat.
+
+It reports per N: the rendezvous time (slowest rank), the latency of a heartbeat round trip (median, p99, max),
+of rank 0's multi_get, the time from the victim's last beat to rank 0 naming it and to every rank having read
+the abort, and the store server's CPU (its process's utime + stime over the heartbeat window and the
+rendezvous). Everything runs on 127.0.0.1 and is bounded: N <= 2,048 ranks and every phase has a deadline.
+
+Usage:
+    python tools/store_scale.py --ranks 256 512 1024 [--interval 2] [--timeout 30] [--json OUT.json]
+
+Read the table as: beat p50/p99 in ms (one rank's add + check + multi_get), rank-0 multi_get of all N keys in
+ms, named_s (victim's last beat -> rank 0 names it; the floor is timeout + one interval), all_out_s (-> the
+last rank read the abort), server CPU % of one core while heartbeating and CPU seconds for the rendezvous.
+Results: docs/results/store-scale.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+HOST = "127.0.0.1"
+POLL_S = 0.2  # runtime/group.py POLL_S
+MAX_RANKS = 2048
+IDENTITY = {
+    "rank": 0,
+    "world_size": 0,
+    "local_rank": 0,
+    "local_world_size": 8,
+    "node_rank": 0,
+    "num_nodes": 0,
+    "node": "gpu-node-0000",
+    "host": "gpu-node-0000",
+    "device": "cuda:0",
+    "uuid": "GPU-30637d0c-0c65-5ac2-fdcb-cc5b3871a0d4",
+    "index": 0,
+    "pid": 123456,
+}
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _serve(port_q: Any, stop: Any) -> None:
+    import torch.distributed as dist
+
+    # As group.connect_store serves it (libuv is torch's default server since 2.4).
+    store = dist.TCPStore(HOST, 0, None, True, timedelta(seconds=300), wait_for_workers=False, multi_tenant=False)
+    port_q.put(store.port)
+    stop.wait()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+class Rank:
+    def __init__(self, rank: int, n: int, port: int, cfg: dict[str, Any], out: dict[str, Any]) -> None:
+        self.rank, self.n, self.port, self.cfg, self.out = rank, n, port, cfg, out
+
+    def run(self) -> None:
+        import torch.distributed as dist
+
+        cfg, r, n = self.cfg, self.rank, self.n
+        timeout = timedelta(seconds=cfg["rendezvous_timeout_s"])
+        # Two connections, as a rank has: the main thread's (rendezvous) and the watchdog's (heartbeats).
+        main = dist.TCPStore(HOST, self.port, None, False, timeout, wait_for_workers=False)
+        beat = dist.TCPStore(HOST, self.port, None, False, timeout, wait_for_workers=False)
+        t0 = time.time()
+        main.set(f"rank/{r}", json.dumps(dict(IDENTITY, rank=r, world_size=n, node_rank=r // 8)))
+        main.set(f"hb/{r}", "0")
+        main.add("joined", 1)
+        deadline = time.monotonic() + cfg["rendezvous_timeout_s"]
+        self.out["joined_at"] = time.time()
+        while main.add("joined", 0) < n:
+            if time.monotonic() > deadline:
+                self.out["error"] = f"rank {r}: rendezvous timed out"
+                return
+            time.sleep(POLL_S)
+        g0 = time.perf_counter()
+        main.multi_get([f"rank/{p}" for p in range(n)])
+        self.out["identities_s"] = time.perf_counter() - g0
+        self.out["rendezvous_s"] = time.time() - t0
+        self.out["met_at"] = time.time()
+        main.add("met", 1)
+        # Heartbeats start together after the rendezvous, as every rank's watchdog does.
+        interval, victim = cfg["interval_s"], n - 1
+        keys = [f"hb/{p}" for p in range(n)] if r == 0 else ["hb/0"]
+        last: dict[int, tuple[bytes, float]] = {}
+        beats: list[float] = []
+        gets: list[float] = []
+        end = time.monotonic() + cfg["run_s"]
+        while time.monotonic() < end:
+            time.sleep(interval)
+            if r == victim and len(beats) >= cfg["victim_beats"]:
+                if "stopped_at" not in self.out:
+                    self.out["stopped_at"] = time.time()
+                continue  # stopped: no beat, no read (SIGSTOP)
+            start = time.perf_counter()
+            beat.add(f"hb/{r}", 1)
+            aborted = beat.check(["abort"])
+            g0 = time.perf_counter()
+            values = beat.multi_get(keys)
+            done = time.perf_counter()
+            beats.append(done - start)
+            if r == 0:
+                gets.append(done - g0)
+            if aborted:
+                self.out["saw_abort_at"] = time.time()
+                break
+            if r == 0:
+                now = time.monotonic()
+                for p, value in zip(range(n), values, strict=True):
+                    seen = last.get(p)
+                    if seen is None or seen[0] != value:
+                        last[p] = (value, now)
+                    elif now - seen[1] > cfg["timeout_s"] and "named_at" not in self.out:
+                        self.out["named_at"] = time.time()
+                        self.out["named"] = p
+                        beat.compare_set("abort", "", json.dumps({"rank": p, "cause": "no heartbeat"}))
+        self.out["beats_s"] = beats
+        self.out["multi_get_s"] = gets
+
+
+def _client(ranks: list[int], n: int, port: int, cfg: dict[str, Any], q: Any) -> None:
+    outs = [{} for _ in ranks]  # type: list[dict[str, Any]]
+    threads = [
+        threading.Thread(target=_guarded, args=(Rank(r, n, port, cfg, out),), daemon=True)
+        for r, out in zip(ranks, outs, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(cfg["rendezvous_timeout_s"] + cfg["run_s"] + 30)
+    q.put({"ranks": ranks, "outs": outs, "cpu_s": time.process_time()})
+
+
+def _guarded(rank: Rank) -> None:
+    try:
+        rank.run()
+    except Exception as exc:  # one rank's error is reported, the others go on
+        rank.out["error"] = f"rank {rank.rank}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    port_q, stop = ctx.Queue(), ctx.Event()
+    server = ctx.Process(target=_serve, args=(port_q, stop), daemon=True)
+    server.start()
+    port = port_q.get(timeout=60)
+    cpu0, wall0 = _cpu_s(server.pid), time.time()
+    q = ctx.Queue()
+    clients = [
+        ctx.Process(target=_client, args=(list(range(i, n, procs)), n, port, cfg, q), daemon=True)
+        for i in range(min(procs, n))
+    ]
+    for c in clients:
+        c.start()
+    # The server's CPU over the rendezvous: sampled once every rank has read the identities (the store counts
+    # `joined`; the last multi_get follows within a poll), then over the steady heartbeat window.
+    import torch.distributed as dist
+
+    probe = dist.TCPStore(HOST, port, None, False, timedelta(seconds=60), wait_for_workers=False)
+    while probe.add("joined", 0) < n and time.time() - wall0 < cfg["rendezvous_timeout_s"]:
+        time.sleep(0.02)
+    cpu_joined, wall_joined = _cpu_s(server.pid), time.time()
+    while probe.add("met", 0) < n and time.time() - wall0 < cfg["rendezvous_timeout_s"]:
+        time.sleep(0.02)
+    cpu1, wall1 = _cpu_s(server.pid), time.time()
+    steady = cfg["interval_s"] * (cfg["victim_beats"] - 1)
+    time.sleep(max(steady, cfg["interval_s"]))
+    cpu2, wall2 = _cpu_s(server.pid), time.time()
+    results = [q.get(timeout=cfg["rendezvous_timeout_s"] + cfg["run_s"] + 60) for _ in clients]
+    for c in clients:
+        c.join(10)
+    stop.set()
+    server.join(10)
+    outs = [o for res in results for o in res["outs"]]
+    errors = [o["error"] for o in outs if "error" in o]
+    beats = [b for o in outs for b in o.get("beats_s", [])]
+    gets = [g for o in outs for g in o.get("multi_get_s", [])]
+    rank0 = next(o for res in results for r, o in zip(res["ranks"], res["outs"], strict=True) if r == 0)
+    victim = next(o for res in results for r, o in zip(res["ranks"], res["outs"], strict=True) if r == n - 1)
+    # The victim's last beat ended about one interval before it noticed it should stop.
+    last_beat = victim.get("stopped_at", float("nan")) - cfg["interval_s"]
+    saw = [o["saw_abort_at"] for o in outs if "saw_abort_at" in o]
+    return {
+        "ranks": n,
+        "client_processes": len(clients),
+        "connections": 2 * n,
+        "errors": errors[:5],
+        "error_count": len(errors),
+        # From the last rank's arrival to every rank holding every identity: the store's share of a rendezvous
+        # (the rest is the ranks' own start-up, here the client processes importing torch).
+        "rendezvous_tail_s": round(
+            max((o["met_at"] for o in outs if "met_at" in o), default=float("nan"))
+            - max((o["joined_at"] for o in outs if "joined_at" in o), default=float("nan")),
+            3,
+        ),
+        "identities_ms_p50": 1e3 * _pct([o["identities_s"] for o in outs if "identities_s" in o], 0.5),
+        "identities_ms_max": 1e3 * max((o["identities_s"] for o in outs if "identities_s" in o), default=0.0),
+        "rendezvous_server_cpu_s": round(cpu1 - cpu0, 3),
+        "rendezvous_tail_server_cpu_s": round(cpu1 - cpu_joined, 3),
+        "rendezvous_wall_s": round(wall1 - wall0, 3),
+        "rendezvous_tail_wall_s": round(wall1 - wall_joined, 3),
+        "beat_ms_p50": 1e3 * _pct(beats, 0.5),
+        "beat_ms_p99": 1e3 * _pct(beats, 0.99),
+        "beat_ms_max": 1e3 * max(beats, default=float("nan")),
+        "beats": len(beats),
+        "rank0_multi_get_ms_p50": 1e3 * _pct(gets, 0.5),
+        "rank0_multi_get_ms_max": 1e3 * max(gets, default=float("nan")),
+        "server_cpu_pct_heartbeats": round(100 * (cpu2 - cpu1) / (wall2 - wall1), 2),
+        "named": rank0.get("named"),
+        "named_s": round(rank0.get("named_at", float("nan")) - last_beat, 2),
+        "all_out_s": round(max(saw, default=float("nan")) - last_beat, 2),
+        "ranks_that_saw_abort": len(saw),
+        "client_cpu_s": round(sum(res["cpu_s"] for res in results), 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--interval", type=float, default=2.0, help="runtime.heartbeat_interval_s")
+    parser.add_argument("--timeout", type=float, default=30.0, help="runtime.heartbeat_timeout_s")
+    parser.add_argument("--victim-beats", type=int, default=5, help="beats before the last rank stops")
+    parser.add_argument("--procs", type=int, default=8, help="client processes the ranks' threads share")
+    parser.add_argument("--json", help="write the figures here too")
+    args = parser.parse_args(argv)
+    if max(args.ranks) > MAX_RANKS:
+        parser.error(f"at most {MAX_RANKS} ranks on one machine")
+    cfg = {
+        "interval_s": args.interval,
+        "timeout_s": args.timeout,
+        "victim_beats": args.victim_beats,
+        "rendezvous_timeout_s": 120.0,
+        # Long enough for the victim's beats, the timeout, naming and one more beat for everyone to read it.
+        "run_s": args.interval * (args.victim_beats + 4) + args.timeout,
+    }
+    rows = []
+    for n in args.ranks:
+        row = measure(n, cfg, args.procs)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(
+        f"{'ranks':>6} {'tail_s':>7} {'srv_cpu_tail_s':>14} {'beat_p50':>9} {'beat_p99':>9} {'beat_max':>9} "
+        f"{'r0_get_ms':>9} {'srv_cpu_%':>9} {'named_s':>8} {'all_out_s':>9} errors"
+    )
+    for r in rows:
+        print(
+            f"{r['ranks']:>6} {r['rendezvous_tail_s']:>7.2f} {r['rendezvous_tail_server_cpu_s']:>14.2f} "
+            f"{r['beat_ms_p50']:>9.2f} {r['beat_ms_p99']:>9.2f} {r['beat_ms_max']:>9.1f} "
+            f"{r['rank0_multi_get_ms_p50']:>9.2f} {r['server_cpu_pct_heartbeats']:>9.1f} {r['named_s']:>8.1f} "
+            f"{r['all_out_s']:>9.1f} {r['error_count']}"
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"config": cfg, "machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}, fh)
+    return 0 if all(r["error_count"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
