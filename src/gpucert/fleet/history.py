@@ -29,6 +29,7 @@ from gpucert.config.loader import ConfigError
 from gpucert.report.direction import HIGHER, NOISE_SIGMAS, direction_of, relative_spread
 from gpucert.report.schema import Report
 from gpucert.report.store import load_report
+from gpucert.report.terminal import plain_output
 from gpucert.status import Status, worst
 
 HISTORY_FILE = "history.sqlite"
@@ -267,7 +268,7 @@ def print_history(node: str, runs_dir: Path, drifts: list[Drift], console: Conso
     runs = {p.run for d in drifts for p in d.series.points}
     console.print(f"{node}: {len(drifts)} figures from {len(runs)} runs in {runs_dir}")
     columns = ["check", "subject", "unit", "baseline", "values over time (newest last)", "change", "profile", "drift"]
-    table = Table(*columns, show_lines=False) if console.is_terminal else None
+    table = None if plain_output(console) else Table(*columns, show_lines=False)  # gpucert --format, or a pipe
     for d in drifts:
         s, base = d.series, d.series.points[0]
         values = " ".join(f"{p.value:g}" for p in s.points[-SHOWN_VALUES:])
