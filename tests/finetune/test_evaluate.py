@@ -10,19 +10,17 @@ from typing import Any
 import pytest
 import torch
 
+from gpucert.finetune.checker import Call, compare_call, possible_answer_calls
 from gpucert.finetune.config import EvalConfig
 from gpucert.finetune.evaluate import (
-    Call,
     EvalScores,
     Rate,
     Turn,
-    compare_call,
     eval_loss,
     evaluate,
     expected_turns,
     generate,
     parse_output,
-    possible_answer_calls,
     score,
     score_turn,
 )

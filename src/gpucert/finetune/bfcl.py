@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucert.finetune.checker import possible_answer_calls
 from gpucert.finetune.config import EvalConfig, EvalThresholds
 from gpucert.finetune.eval_report import counts_sentence
-from gpucert.finetune.evaluate import EvalScores, Turn, generate, possible_answer_calls, score
+from gpucert.finetune.evaluate import EvalScores, Turn, generate, score
 from gpucert.report.schema import Result
 from gpucert.status import Status
 
