@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
-import tempfile
+import socket
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +36,7 @@ from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.report.store import NOT_A_DIRECTORY, RunDir, claim_run_dir, default_run_dir, write_problem, write_report
-from gpucert.runtime.errors import RendezvousError
+from gpucert.runtime.errors import JobFailed, RendezvousError
 from gpucert.status import Status
 
 
@@ -198,22 +200,10 @@ def build_report(
     )
 
 
-def output_dir(request: RunRequest, head: NodeWork, started: datetime) -> Path:
-    """Where a node that does not write the report puts its workers' logs (node 0 claims its directory)."""
-    return request.output or default_run_dir(Path(head.config.runs_dir), head.inventory.hostname, started)
-
-
 def claim_output(request: RunRequest, head: NodeWork, started: datetime) -> RunDir:
     """The run directory of the node that writes the report: --output or a new one under runs_dir, locked
     until released (a second run pointed at it is refused, exit 3, naming the run that holds it)."""
     return claim_run_dir(request.output, Path(head.config.runs_dir), head.inventory.hostname, started)
-
-
-def node_output(
-    request: RunRequest, work: NodeWork, started: datetime, node_rank: int
-) -> RunDir | contextlib.nullcontext[None]:
-    """Node 0's claimed run directory (it writes the report), released when the block ends; None elsewhere."""
-    return claim_output(request, work, started) if node_rank == 0 else contextlib.nullcontext()
 
 
 def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
@@ -268,194 +258,267 @@ def run_local(request: RunRequest, job_results: Callable[[], list[Result]] | Non
     return RunOutcome(report, path, report.status.exit_code)
 
 
-def run_with_agents(request: RunRequest, plan: Any, nproc: int | None, say: Callable[[str], None]) -> RunOutcome:
-    """This node's agent: meet the other nodes, check this node, run every benchmark as a step across nodes."""
-    from gpucert.runtime.device import default_nproc
+# Where node rank 0's process tells its ranks the run directory it claimed (rank 0 writes the report there).
+RUN_DIR_VARIABLE = "GPUCERT_RUN_DIR"
 
-    started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    check_output_writable(request, load_run_config(request))  # before the inventory, which takes seconds
-    work = collect_node(request)
-    nproc = nproc or work.config.bench.nproc or default_nproc()
+
+def run_on_nodes(
+    request: RunRequest, plan: Any, nproc: int | None, argv: list[str], say: Callable[[str], None]
+) -> RunOutcome:
+    """This node's process: check the request, claim the run directory (node 0), and start the node's ranks on
+    torchrun's engine (runtime/launcher.py); each rank runs `argv` (this same command), rank 0 writes the
+    report. The exit code is the run's verdict, or 3 with the cause in one line."""
+    from gpucert.runtime.device import default_nproc
+    from gpucert.runtime.launcher import LaunchOutcome, launch_ranks
+
+    started = datetime.now(timezone.utc)
+    config = load_run_config(request)
+    if plan.node_rank == 0:
+        check_output_writable(request, config)
+    if nproc is None:
+        nproc = (config.bench.nproc or default_nproc()) if request.benchmarks else 1
     if nproc < 1:
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
-    check_fits(work, request.benchmarks, nproc)
-    # Node 0 writes the report; the other nodes only put their workers' logs under the same --output.
-    with node_output(request, work, started, plan.node_rank) as run_dir:
-        return _run_steps(request, plan, nproc, say, work, started, t0, run_dir)
-
-
-def _run_steps(
-    request: RunRequest,
-    plan: Any,
-    nproc: int,
-    say: Callable[[str], None],
-    work: NodeWork,
-    started: datetime,
-    t0: float,
-    run_dir: RunDir | None,
-) -> RunOutcome:
-    from gpucert.bench.suite import run_step
-    from gpucert.runtime.agent import NodeAgent
-
-    with tempfile.TemporaryDirectory(prefix="gpucert-run-") as tmp:
-        agent = NodeAgent.start(plan, nproc, work.config.runtime, Path(tmp), work.inventory.hostname)
-        agent.log_dir = (run_dir.path if run_dir else output_dir(request, work, started)) / "logs"
-        work.label = agent.label
-        work.results = check_health(work, request, started)
-        agent.put(f"part/{agent.node_rank}", work.part())
-        job_results: list[Result] = []
-        ran: list[str] = []
-        lost = False
-        has_gpus = bool(work.inventory.gpu.gpus)
-        for name in request.benchmarks:
-            if agent.is_head:
-                say(f"running benchmark {name}...")
-            try:
-                judged, telemetry, gone = run_step(
-                    agent, name, work.config, work.profile, has_gpus, Path(tmp), work.sources.nvml
-                )
-            except RendezvousError as exc:
-                judged, telemetry, gone = [], [], str(exc)
-            job_results += judged
-            if gone is not None:
-                if not agent.is_head:
-                    raise RendezvousError(gone)
-                # A node is gone: what ran so far is still reported, with the lost node named.
-                job_results.append(_aborted(f"the run stopped during the {name} benchmark: {gone}", work.label))
-                lost = True
-                break
-            ran.append(name)
-            agent.put(f"telemetry/{name}/{agent.node_rank}", [r.to_dict() for r in telemetry])
-        if not agent.is_head:
-            code = agent.finish(None)
-            say(f"node {agent.label}: the report is written by node 0 ({agent.labels[0]}); verdict exit code {code}")
-            return RunOutcome(None, None, code)
+    env = {}
+    host = socket.gethostname()
+    if request.replay:
+        # A replayed node is named by its bundle's host, as its results are.
+        host = bundle_sources(request.replay).hostname
+        env["GPUCERT_NODE_LABEL"] = host
+    elif plan.node_name:
+        env["GPUCERT_NODE_LABEL"] = plan.node_name
+    runs_dir = Path(config.runs_dir)
+    with (
+        claim_run_dir(request.output, runs_dir, host, started)
+        if plan.node_rank == 0
+        else _unclaimed(request.output or default_run_dir(runs_dir, host, started)) as run_dir
+    ):
+        env[RUN_DIR_VARIABLE] = str(run_dir.path.absolute())
+        # One round of fresh workers a benchmark: a benchmark that fails or hangs costs that benchmark.
+        restarts = len(request.benchmarks)
         try:
-            # After a lost node: whatever the remaining nodes sent, briefly.
-            runtime = work.config.runtime
-            wait = runtime.heartbeat_timeout_s if lost else runtime.collective_timeout_s
-            parts = read_parts(agent.store, agent.num_nodes, ran, wait, skip_missing=lost, prefix="data/")
-            report = build_report(request, started, t0, work, parts, job_results)
-            assert run_dir is not None  # node 0 claimed it
-            path = write_report(report, run_dir.path, html=bool(request.benchmarks))
-        except BaseException:
-            agent.finish(Status.ERROR.exit_code, lost)  # the other nodes must not wait for a verdict never sent
-            raise
-        agent.finish(report.status.exit_code, lost)
-        return RunOutcome(report, path, report.status.exit_code)
+            outcome = launch_ranks(plan, nproc, argv, config.runtime, run_dir.path / "logs", env, restarts)
+        except RendezvousError as exc:
+            if plan.node_rank == 0 and not _lost_node_in_report(run_dir.path, started, str(exc)):
+                raise  # nodes never met: nothing ran
+            outcome = LaunchOutcome(False, None, str(exc))
+        except JobFailed as exc:  # the ranks ended the run (a failure outside a benchmark, or the last one)
+            outcome = LaunchOutcome(False, None, str(exc))
+    if not outcome.ok:
+        written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
+        if written is None:
+            raise JobFailed(outcome.cause or "the job failed")
+        say_line(outcome.cause or "the job failed")
+        from gpucert.report.store import load_report
+
+        report = load_report(written)
+        return RunOutcome(report, written, Status.ERROR.exit_code)
+    code = outcome.verdict if outcome.verdict is not None else 0
+    if plan.node_rank != 0:
+        say(
+            f"node {outcome.labels.get(plan.node_rank)}: the report is written by node 0 ({outcome.labels.get(0)}); "
+            f"verdict exit code {code}"
+        )
+    return RunOutcome(None, None, code)
 
 
-def _aborted(message: str, node: str | None) -> Result:
+def _written_since(path: Path, started: datetime) -> Path | None:
+    """The report rank 0 wrote in this run (an --output may hold an older one)."""
+    return path if path.exists() and path.stat().st_mtime >= started.timestamp() else None
+
+
+def _lost_node_in_report(run_dir: Path, started: datetime, cause: str) -> bool:
+    """A node that did not come back for the next round of workers (runtime/launcher.py): the report that
+    rank 0 wrote before the round ended stands, with the lost node named in it. False: there is none."""
+    from gpucert.report.store import load_report
+
+    path = _written_since(run_dir / "report.json", started)
+    if path is None:
+        return False  # the run never got that far: the error alone says it
+    report = load_report(path)
+    lost = Result(
+        name="run.aborted",
+        subject="run",
+        status=Status.ERROR,
+        message=f"the run stopped: {cause}",
+        remediation="find the named node (its log, dmesg, the network to node 0); nothing after this point ran",
+    )
+    write_report(dataclasses.replace(report, results=[*report.results, lost]), run_dir)
+    return True
+
+
+def _unclaimed(path: Path) -> RunDir:
+    """A node other than node 0: its ranks' logs under the same --output (or its own runs directory)."""
+    return RunDir(path, [], None)
+
+
+def failure_result(record: Any, logs: Path | None) -> Result:
+    """The result that says why a run stopped: the failed benchmark's ERROR when it failed in one (its rank's own
+    exception, where it was raised, the traceback's last lines), else `run.aborted`."""
+    where = f" (each rank's log is in {logs} on its node)" if logs else ""
+    details = {"traceback": record.traceback} if record.traceback else {}
+    if record.phase.startswith("bench "):
+        name = record.phase.split(" ", 1)[1]
+        return Result(
+            name=f"bench.{name}",
+            subject=record.node or "run",
+            node=record.node,
+            status=Status.ERROR,
+            category="benchmark",
+            message=f"the {name} benchmark failed: {record.message()}",
+            remediation=f"look at the named rank and its node{where}; nothing after this point was run or judged",
+            details=details,
+        )
     return Result(
         name="run.aborted",
-        subject=node or "run",
-        node=node,
+        subject=record.node or "run",
+        node=record.node,
         status=Status.ERROR,
-        message=message,
-        remediation="find the named node or rank (its log, dmesg, the network to node 0); nothing after this "
-        "point was judged",
+        message=f"the run stopped: {record.message()}",
+        remediation=f"look at the named rank and its node{where}; nothing after this point was judged",
+        details=details,
     )
 
 
 def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
-    """Every rank of an outside launcher's job runs this; rank 0 writes the report, all exit with its verdict."""
+    """Every rank of the job runs this (started by `run_on_nodes`, or by an outside torchrun or srun); each
+    node's local rank 0 checks its node, the benchmarks run in the job's one process group, rank 0 writes the
+    report.
+
+    A failure ends the round: every rank leaves, and the culprit is named. Where the launcher has rounds left
+    (gpucert's gives one a benchmark), the failed benchmark's ERROR is kept in the run store and the next round
+    of fresh workers goes on with the next benchmark; otherwise, or when the failure was not in a benchmark,
+    rank 0 writes the partial report and says the run is over."""
     import torch.distributed as dist
 
     from gpucert.bench.suite import run_in_ranks as bench_in_ranks
-    from gpucert.runtime.group import AbortRecord, fail, leave_failed, start_runtime, stop_runtime, watch_store
+    from gpucert.runtime.group import AbortRecord, fail, leave_failed, start_runtime, stop_runtime
+    from gpucert.runtime.launcher import launched_by_gpucert, write_verdict
     from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
 
-    started, t0 = datetime.now(timezone.utc), time.perf_counter()
     pre = load_run_config(request)
-    done: list[Result] = []
     holder: dict[str, Any] = {}
+    restarts_left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    )
+    written = threading.Lock()  # the main thread, the watchdog's, SIGTERM's and a deadline's: one writes
 
-    written = threading.Lock()  # the main thread, the watchdog's and SIGTERM's may each get here: one writes
-
-    def write_partial(record: AbortRecord) -> None:
-        """Rank 0, when a rank failed: the report still says what ran, and who failed. Once only, and never
-        over the whole report."""
+    def write_partial(record: AbortRecord, final: bool = False) -> None:
+        """Rank 0, when a rank failed: a benchmark's failure is kept for the next round where there is one;
+        otherwise the report says what ran, and who failed. Once only, and never over the whole report."""
         with written:
             if not holder.get("written"):
-                _write_partial(record)
+                _write_partial(record, final)
             holder["written"] = True
 
-    def _write_partial(record: AbortRecord) -> None:
+    def _write_partial(record: AbortRecord, final: bool) -> None:
         work = holder.get("work")
-        if work is None or not holder.get("main"):
-            if holder.get("run_dir") is not None:
-                holder["run_dir"].release()  # claimed, nothing written yet: no empty directory left
+        if not holder.get("main", rt.is_main):
             return
-        failed = Result(
-            name="run.aborted",
-            subject=record.node or work.label,
-            node=record.node,
-            status=Status.ERROR,
-            message=f"the run stopped: {record.message()}",
-            remediation="look at that rank's output and node; nothing after this point was judged",
-        )
-        parts = read_parts(watch_store(rt), rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
-        report = build_report(request, started, t0, work, parts, [*done, failed])
-        run_dir = holder["run_dir"]
+        if work is None:  # before this node was even checked: nothing to report, and nothing to go on with
+            rt.run_store.set("over", f"the run stopped: {record.message()}")
+            return
+        run_dir, run = holder["run_dir"], rt.run_store
+        failed = failure_result(record, run_dir.path / "logs")
+        name = record.phase.split(" ", 1)[1] if record.phase.startswith("bench ") else None
+        left = [b for b in request.benchmarks if b != name and not run.check([f"done/{b}"])]
+        # A new round only where one is left and there are benchmarks for it: the last one's failure is the end.
+        going_on = not final and restarts_left > 0 and name is not None and bool(left)
+        if going_on:
+            run.set(f"done/{record.phase.split(' ', 1)[1]}", json.dumps([failed.to_dict()]))
+        # Also when the run goes on: should a node not come back for the next round, this report stands.
+        parts = read_parts(run, rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
+        results = finished() if going_on else [*finished(), failed]
+        report = build_report(request, holder["started"], holder["t0"], work, parts, results)
         path = write_report(report, run_dir.path)
+        write_verdict(Status.ERROR.exit_code)
+        if going_on:
+            say(f"{failed.name} failed; the next round of workers goes on: {record.message()}")
+            return
         run_dir.release()
+        run.set("over", f"the run stopped: {record.message()}; partial report {path}")
         say(f"partial report written to {path}")
 
+    def finished() -> list[Result]:
+        """Every benchmark's judged results so far, in the run store (this round's and earlier rounds')."""
+        run = rt.run_store
+        keys = [f"done/{name}" for name in request.benchmarks]
+        return [Result.from_dict(r) for key in keys if run.check([key]) for r in json.loads(run.get(key))]
+
     rt = start_runtime(pre.runtime, on_abort=write_partial)
+    run = rt.run_store
 
     # A launcher stops every rank as soon as one ends, before the watchdog can read why (runtime/sigterm.py):
     # each rank says it was stopped, so none is taken for the one that ended, and rank 0 writes what ran.
     def terminated() -> None:
         record = stopped_by_launcher(rt)
         if rt.is_main:
-            write_partial(record)
+            # Nobody else named: the job itself was stopped (cancelled), not a round ended by a failure.
+            write_partial(record, final=record.rank == rt.rank)
         say(f"{rt.me.describe()} stops (SIGTERM): {record.message()}")
 
     watch = TermWatch(terminated, Status.ERROR.exit_code).start()
     try:
         rt.set_phase("node checks")
+        if rt.is_main:
+            _start_clock(run, holder)
         work = collect_node(request, rt.me.node)
         # Refused here, every rank stops (exit 3) and no report is written: nothing was run or judged.
         check_fits(work, request.benchmarks, rt.local_world_size)
         if rt.is_main:
-            check_output_writable(request, work.config)
-            holder["run_dir"] = claim_output(request, work, started)
+            holder["run_dir"] = rank_run_dir(request, work, holder["started"])
+            _keep_last_rounds_failure(rt, request, holder["run_dir"].path / "logs")
         holder.update(work=work, main=rt.is_main)
-        if rt.local_rank == 0:
+        if rt.local_rank == 0 and not run.check([f"part/{rt.node_rank}"]):
             # This job's ranks on this host already hold their GPUs: not someone else's work. By host, not node
             # rank: two "nodes" sharing a host see each other's GPUs through NVML.
             mine = frozenset(p.pid for p in rt.peers if p.host == rt.me.host)
-            work.results = check_health(work, request, started, mine)
-            rt.store.set(f"part/{rt.node_rank}", json.dumps(work.part()))
+            work.results = check_health(work, request, holder.get("started") or datetime.now(timezone.utc), mine)
+            run.set(f"part/{rt.node_rank}", json.dumps(work.part()))
+        dist.barrier()  # rank 0 has kept the last round's failure: every rank skips the same benchmarks
+        if not rt.is_main or not launched_by_gpucert():
+            # Said in the rank's log (rank 0 of gpucert's launcher prints to the node's terminal instead): past the
+            # rendezvous and the node checks, beating and watched.
+            say_line(f"{rt.me.describe()} joined the job ({rt.world_size} ranks)")
         has_gpus = bool(work.inventory.gpu.gpus)
         for name in request.benchmarks:
+            if run.check([f"done/{name}"]):
+                continue  # judged in an earlier round, or failed there
             rt.set_phase(f"bench {name}")
             dist.barrier()
             if rt.is_main:
+                run.set("current", name)
                 say(f"running benchmark {name}...")
-            judged, telemetry = bench_in_ranks(rt, name, work.config, work.profile, has_gpus, work.sources.nvml)
-            done += judged
+            # The burn runs for its duration by design: the timeout counts beyond it.
+            limit_s = work.config.bench.timeout_s + (work.config.bench.burn.duration_s if name == "burn" else 0)
+            with _deadline(rt, name, limit_s, write_partial):
+                judged, telemetry = bench_in_ranks(rt, name, work.config, work.profile, has_gpus, work.sources.nvml)
             if rt.local_rank == 0:
-                rt.store.set(f"telemetry/{name}/{rt.node_rank}", json.dumps([r.to_dict() for r in telemetry]))
+                run.set(f"telemetry/{name}/{rt.node_rank}", json.dumps([r.to_dict() for r in telemetry]))
+            dist.barrier()  # every node's telemetry is in before the benchmark counts as done
+            if rt.is_main:
+                run.set(f"done/{name}", json.dumps([r.to_dict() for r in judged]))
         rt.set_phase("report")
         outcome = RunOutcome(None, None, 0)
         if rt.is_main:
             wait = rt.config.collective_timeout_s
-            parts = read_parts(rt.store, rt.num_nodes, request.benchmarks, wait, skip_missing=False)
-            report = build_report(request, started, t0, work, parts, done)
+            parts = read_parts(run, rt.num_nodes, request.benchmarks, wait, skip_missing=False)
+            report = build_report(request, holder["started"], holder["t0"], work, parts, finished())
             with written:
                 if holder.get("written"):  # a partial one is there: this process is on its way out
                     raise RuntimeError("the run was stopped while its report was being written")
                 path = write_report(report, holder["run_dir"].path, html=bool(request.benchmarks))
                 holder["written"] = True
             holder["run_dir"].release()
-            rt.store.set("verdict", str(report.status.exit_code))
+            run.set("verdict", str(report.status.exit_code))
             outcome = RunOutcome(report, path, report.status.exit_code)
         else:
             from datetime import timedelta
 
-            rt.store.wait(["verdict"], timedelta(seconds=rt.config.collective_timeout_s))
-            outcome = RunOutcome(None, None, int(rt.store.get("verdict")))
+            run.wait(["verdict"], timedelta(seconds=rt.config.collective_timeout_s))
+            outcome = RunOutcome(None, None, int(run.get("verdict")))
+        if rt.local_rank == 0:
+            write_verdict(outcome.exit_code)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             watch.stop()
@@ -469,37 +532,113 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         leave_failed(rt, Status.ERROR.exit_code)
     stop_runtime(rt)
     watch.stop()
+    if launched_by_gpucert():
+        # The node's process returns the verdict (write_verdict): a rank that exited 1 or 2 would look failed
+        # to torchrun's agent, which would stop the node's other ranks mid-way.
+        return dataclasses.replace(outcome, exit_code=0)
     return outcome
 
 
-def read_parts(
-    store: Any, num_nodes: int, benchmarks: list[str], timeout_s: float, skip_missing: bool, prefix: str = ""
-) -> list[dict[str, Any]]:
-    """Every node's checks and the telemetry of each benchmark, as the nodes put them in the run's store.
+def _start_clock(run: Any, holder: dict[str, Any]) -> None:
+    """When the run started: round 0's time, kept in the run store for the rounds after a failure."""
+    if not run.check(["started"]):
+        run.set("started", datetime.now(timezone.utc).isoformat())
+    started = datetime.fromisoformat(run.get("started").decode())
+    holder["started"] = started
+    holder["t0"] = time.perf_counter() - (datetime.now(timezone.utc) - started).total_seconds()
 
-    timeout_s > 0 waits that long for each node's keys; a node that sent nothing in time is left out when
+
+def _keep_last_rounds_failure(rt: Any, request: RunRequest, logs: Path) -> None:
+    """Rank 0 of a round after a failure: the benchmark the last round was in, if its rank 0 could not keep
+    its failure (it was the one that died), becomes that benchmark's ERROR from the record in the store."""
+    from gpucert.runtime.group import AbortRecord, previous_round_abort
+
+    run = rt.run_store
+    current = run.get("current").decode() if run.check(["current"]) else None
+    if current is None or run.check([f"done/{current}"]) or current not in request.benchmarks:
+        return
+    record = previous_round_abort(rt) or AbortRecord(
+        who="a rank of the last round",
+        cause="its workers ended with no cause recorded (killed without a word: SIGKILL, the OOM killer?)",
+        phase=f"bench {current}",
+    )
+    run.set(f"done/{current}", json.dumps([failure_result(record, logs).to_dict()]))
+
+
+def rank_run_dir(request: RunRequest, work: NodeWork, started: datetime) -> RunDir:
+    """Rank 0's run directory: the one node 0's process claimed and holds (run_on_nodes), or, under an outside
+    launcher, its own claim."""
+    claimed = os.environ.get(RUN_DIR_VARIABLE)
+    if claimed:
+        return RunDir(Path(claimed), [], None)
+    check_output_writable(request, work.config)
+    return claim_output(request, work, started)
+
+
+@contextlib.contextmanager
+def _deadline(rt: Any, name: str, limit_s: float, write_partial: Callable[[Any], None]) -> Iterator[None]:
+    """Rank 0: a benchmark with no result within limit_s (a hung collective or kernel) ends the job, naming
+    where every rank was; the other ranks read the record and leave."""
+    from gpucert.runtime.group import AbortRecord, leave_failed, read_phase, record_abort, watch_store
+
+    def overdue() -> None:
+        store = watch_store(rt)
+        phases = "; ".join(
+            f"rank {r}: {rt.phase if r == rt.rank else read_phase(store, r, 'start-up')}" for r in range(rt.world_size)
+        )
+        record = AbortRecord(
+            who=f"node {rt.me.node}",
+            cause=f"no result within {limit_s:g} s (bench.timeout_s; hung collective or kernel?); {phases}",
+            phase=f"bench {name}",
+            node=rt.me.node,
+        )
+        with contextlib.suppress(RuntimeError):
+            record = record_abort(store, record)
+        write_partial(record)
+        say_line(f"{rt.me.describe()} stops: {record.message()}")
+        leave_failed(rt, Status.ERROR.exit_code)
+
+    timer = threading.Timer(limit_s, overdue) if rt.is_main else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def say_line(line: str) -> None:
+    """One line on stderr, flushed (a rank's log, or the node's terminal for local rank 0)."""
+    print(f"gpucert: {line}", file=sys.stderr, flush=True)
+
+
+def read_parts(store: Any, num_nodes: int, benchmarks: list[str], timeout_s: float, skip_missing: bool) -> list[Any]:
+    """Every node's checks, with each benchmark's telemetry that node sent, as the nodes put them in the run store.
+
+    timeout_s > 0 waits that long for each node's checks; a node that sent none in time is left out when
     skip_missing (a lost node, already named) and an error naming it otherwise. timeout_s == 0 takes only what
-    is there (a run that stopped part-way: the nodes and benchmarks that got that far).
+    is there (a run that stopped part-way: the nodes that got that far).
     """
     from datetime import timedelta
 
     parts = []
     for node in range(num_nodes):
-        keys = [f"{prefix}part/{node}"] + [f"{prefix}telemetry/{name}/{node}" for name in benchmarks]
+        key = f"part/{node}"
         if timeout_s > 0:
             try:
-                store.wait(keys, timedelta(seconds=timeout_s))
+                store.wait([key], timedelta(seconds=timeout_s))
             except RuntimeError:
                 if skip_missing:
                     continue
-                raise RendezvousError(
-                    f"node rank {node}'s checks and telemetry did not come within {timeout_s:g} s"
-                ) from None
-        present = keys if timeout_s > 0 else [k for k in keys if store.check([k])]
-        if keys[0] not in present:
+                raise RendezvousError(f"node rank {node}'s checks did not come within {timeout_s:g} s") from None
+        elif not store.check([key]):
             continue
-        part = json.loads(store.get(keys[0]))
-        for key in present[1:]:
-            part["results"] += json.loads(store.get(key))
+        part = json.loads(store.get(key))
+        for name in benchmarks:
+            telemetry = f"telemetry/{name}/{node}"
+            if store.check([telemetry]):  # a benchmark that failed on the way may have none
+                part["results"] += json.loads(store.get(telemetry))
         parts.append(part)
     return parts

@@ -1,5 +1,6 @@
-"""What `gpucert launch slurm` renders, submitted to a real two-node Slurm cluster (node1, node2) and
-followed to its verdict; `gpucert cluster slurm` on the same cluster."""
+"""What `gpucert launch slurm` renders, on a real two-node Slurm cluster (node1, node2): every `--dry-run` script
+submitted as a user would, with plain `sbatch` from an empty directory; one job submitted and followed by
+`gpucert launch slurm` itself; `gpucert cluster slurm` on the same cluster."""
 
 from __future__ import annotations
 
@@ -25,45 +26,77 @@ def launch(cluster: SlurmCluster, *argv: str, timeout_s: float = 240) -> subproc
     )
 
 
-def test_accept_on_two_slurm_nodes_writes_one_report_naming_both(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    run = tmp_path / "accept"
-    done = launch(
-        slurm_cluster, "accept", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu", "--nproc", "1",
-        "--output", str(run), "--follow-timeout", "200",
-        # The benchmarks this test does not look at (the two-agent accept in tests/runtime runs them all): the
-        # suite must stay under 15 minutes on CI's 2 cores.
-        "--skip", "burn,p2p,train",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "COMPLETED" in done.stderr and "verdict PASS" in done.stderr
+def dry_run_then_sbatch(cluster: SlurmCluster, tmp_path: Path, verb: str, *argv: str) -> tuple[Path, Path]:
+    """What a user does with `--dry-run`: save the script, then plain `sbatch` from an empty directory (no run
+    directory, no logs/ made beforehand by gpucert). Returns the run directory and the job's own log."""
+    run = tmp_path / verb
+    rendered = launch(cluster, verb, "--nodes", "2", "--gpus-per-node", "0", "--output", str(run), *argv, "--dry-run")
+    assert rendered.returncode == 0, rendered.stderr
+    assert not run.exists(), "--dry-run made the run directory: the script would not be tested as printed"
+    empty = tmp_path / f"{verb}-submit"
+    empty.mkdir()
+    (empty / "job.sh").write_text(rendered.stdout)
+    done = subprocess.run(
+        ["sbatch", "--wait", "--parsable", "job.sh"],
+        cwd=empty,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    [job_log] = list(empty.glob(f"gpucert-{verb}-*.out"))  # where the script's header says it goes
+    assert done.returncode == 0, done.stderr + job_log.read_text()[-2000:] + slurm_log_tails(run)
+    return run, job_log
+
+
+def test_accept_dry_run_script_runs_under_plain_sbatch_and_writes_one_report_naming_both(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # The benchmarks this test does not look at are left out (the two-node accept in tests/runtime runs them all):
+    # the suite must stay under 15 minutes on CI's 2 cores.
+    run, _ = dry_run_then_sbatch(
+        slurm_cluster, tmp_path, "accept", "--profile", "cpu", "--nproc", "1", "--skip", "burn,p2p,train"
+    )
     report = json.loads((run / "report.json").read_text())
-    assert report["meta"]["nodes"] == ["node1", "node2"]
+    assert report["meta"]["nodes"] == ["node1", "node2"] and report["status"] == "PASS"
     assert {r["node"] for r in report["results"] if r["name"] == "memory.copy"} == {"node1", "node2"}
     assert {r["subject"] for r in report["results"] if r["name"] == "collective.all_reduce"} == {
         "2 nodes x 1 ranks (gloo)"
     }
     # One log per node, apart even when the two nodes share this host's name.
     host = socket.gethostname()
-    assert sorted(p.name for p in (run / "logs").glob("*.log")) == [f"node-0-{host}.log", f"node-1-{host}.log"]
+    assert sorted(p.name for p in (run / "logs").glob("node-*.log")) == [f"node-0-{host}.log", f"node-1-{host}.log"]
     slurm = report["nodes"]["node2"]["environment"]["slurm"]
     assert slurm["nnodes"] == 2 and slurm["job_name"] == "gpucert-accept"
 
 
-def test_finetune_on_two_slurm_nodes_trains_with_ddp(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    run = tmp_path / "finetune"
-    done = launch(
-        slurm_cluster, "finetune", "--nodes", "2", "--gpus-per-node", "0", "--config", "configs/finetune/tiny.yaml",
-        "--output-dir", str(run), "--set", "train.max_steps=8", "--set", "train.parallel=ddp",
-        "--set", "train.final_loss_max=7.8",
-        "--set", f"data.cache_dir={tmp_path / 'cache'}", "--follow-timeout", "200",
+def test_finetune_dry_run_script_runs_under_plain_sbatch_and_trains_with_ddp_on_both_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    run, _ = dry_run_then_sbatch(
+        slurm_cluster, tmp_path, "finetune", "--config", "configs/finetune/tiny.yaml",
+        "--set", "train.max_steps=8", "--set", "train.parallel=ddp", "--set", "train.final_loss_max=7.8",
+        "--set", f"data.cache_dir={tmp_path / 'cache'}",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["parallel"] == "ddp" and metrics["status"] == "PASS"
 
 
+def test_fs_dry_run_script_runs_under_plain_sbatch_and_checks_from_both_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    run, _ = dry_run_then_sbatch(slurm_cluster, tmp_path, "fs", str(shared), "--files", "20", "--size-mib", "4")
+    report = json.loads((run / "report.json").read_text())
+    assert report["meta"]["nodes"] == ["node1", "node2"]
+    assert {r["node"] for r in report["results"] if r["name"] == "fs.write"} >= {"node1", "node2"}
+    assert list(shared.iterdir()) == []  # its files are removed
+
+
 def test_a_rank_lost_in_a_slurm_job_is_named_and_the_job_fails(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """node2's benchmark worker is SIGKILLed mid-matmul: the report names the rank and node, the job FAILs."""
+    """`gpucert launch slurm` submits and follows; node2's rank is SIGKILLed mid-matmul: the report names the rank
+    and node, the job FAILs."""
     run = tmp_path / "lost"
     argv = [*GPUCERT, "launch", "slurm", "accept", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu"]
     argv += ["--nproc", "1", "--output", str(run), "--follow-timeout", "200"]
@@ -75,7 +108,8 @@ def test_a_rank_lost_in_a_slurm_job_is_named_and_the_job_fails(slurm_cluster: Sl
     while victim is None and time.monotonic() < deadline:
         for p in psutil.process_iter(["cmdline"]):
             try:
-                if "gpucert.bench.worker" in (p.info["cmdline"] or []) and p.environ().get("RANK") == "1":
+                cmdline = p.info["cmdline"] or []
+                if "gpucert" in cmdline and "accept" in cmdline and p.environ().get("RANK") == "1":
                     victim = p
             except psutil.Error:
                 continue
@@ -110,16 +144,15 @@ def test_cluster_slurm_passes_on_a_working_cluster(slurm_cluster: SlurmCluster, 
     assert {name for name, _ in found} >= {"slurm.srun", "slurm.job.cpus", "slurm.job.gpus", "slurm.job.memory"}
 
 
-def test_localize_runs_one_srun_step_per_pair_and_names_both_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """`launch slurm localize` runs localize once in the batch step; its pair job is an srun step on node1 and
-    node2, judged here against a floor any working pair clears (two nodes have no other pair to compare with)."""
-    run = tmp_path / "localize"
-    done = launch(
-        slurm_cluster, "localize", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu",
+def test_localize_dry_run_script_runs_one_srun_step_per_pair_and_names_both_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """localize runs once in the batch step; its pair job is an srun step on node1 and node2, judged here against
+    a floor any working pair clears (two nodes have no other pair to compare with)."""
+    run, _ = dry_run_then_sbatch(
+        slurm_cluster, tmp_path, "localize", "--profile", "cpu",
         "--set", "bench.nproc=1", "--set", "localize.pair_busbw_gbps_min=0.0001",
-        "--output", str(run), "--follow-timeout", "200",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:] + slurm_log_tails(run)
     report = json.loads((run / "report.json").read_text())
     assert report["meta"]["nodes"] == ["node1", "node2"] or report["meta"]["nodes"] == ["node2", "node1"]
     [pair] = [r for r in report["results"] if r["name"] == "localize.pair"]

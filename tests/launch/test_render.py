@@ -43,11 +43,13 @@ def test_sbatch_scripts_match_the_golden_files(nodes: int) -> None:
     assert render_sbatch(job(nodes)) == (GOLDEN / f"accept-{nodes}-nodes.sbatch").read_text()
 
 
-def test_finetune_script_runs_torchrun_with_the_task_s_node_rank() -> None:
-    script = render_sbatch(job(2, verb="finetune", args=("cfg.yaml", "--output-dir", "/shared/ft")))
+def test_finetune_script_runs_gpucert_on_every_node_like_every_verb() -> None:
+    script = render_sbatch(job(2, verb="finetune", args=("--config", "qwen2-7b-glaive", "--output", "/shared/ft")))
     assert script == (GOLDEN / "finetune-2-nodes.sbatch").read_text()
-    # The node rank must be expanded by each task's shell, not once by the batch script.
-    assert 'bash -c \'exec torchrun --node-rank="$SLURM_NODEID"' in script
+    # gpucert reads the node rank from SLURM_NODEID in each task: no raw torchrun, one GPU process a GPU.
+    assert "torchrun" not in script
+    assert "gpucert finetune --config qwen2-7b-glaive --output /shared/ft" in script
+    assert "--set runtime.rendezvous_timeout_s=120 --nproc 8" in script
 
 
 LOCALIZE = dict(verb="localize", args=("--profile", "h200", "--output", "/shared/runs/loc"), run_dir="/shared/runs/loc")
@@ -74,7 +76,7 @@ def test_localize_is_refused_where_it_cannot_run_once() -> None:
 def regenerate() -> None:
     for nodes in (1, 2, 16):
         (GOLDEN / f"accept-{nodes}-nodes.sbatch").write_text(render_sbatch(job(nodes)))
-    ft = job(2, verb="finetune", args=("cfg.yaml", "--output-dir", "/shared/ft"))
+    ft = job(2, verb="finetune", args=("--config", "qwen2-7b-glaive", "--output", "/shared/ft"))
     (GOLDEN / "finetune-2-nodes.sbatch").write_text(render_sbatch(ft))
     (GOLDEN / "localize-16-nodes.sbatch").write_text(render_sbatch(job(16, **LOCALIZE)))
     (GOLDEN / "fs-2-nodes.sbatch").write_text(render_sbatch(job(2, **FS)))
@@ -147,9 +149,9 @@ def test_torchrun_commands_name_every_node_rank_and_bound_the_wait() -> None:
     for rank, command in enumerate(commands):
         assert f"--nnodes 3 --node-rank {rank} --master-addr node-a --master-port 29500" in command
         assert "--set runtime.rendezvous_timeout_s=60" in command
-    [ft] = torchrun.node_commands("finetune", ("cfg.yaml",), 1, "h", 1234, 4, {"NCCL_DEBUG": "INFO"}, 30)
-    assert ft.startswith("env NCCL_DEBUG=INFO torchrun --nnodes=1 --node-rank=0 --nproc-per-node=4")
-    assert "--rdzv-conf=timeout=30 -m gpucert.finetune.train cfg.yaml" in ft
+    [ft] = torchrun.node_commands("finetune", ("--config", "c.yaml"), 1, "h", 1234, 4, {"NCCL_DEBUG": "INFO"}, 30)
+    assert ft.startswith("env NCCL_DEBUG=INFO gpucert finetune --nnodes 1 --node-rank 0 --master-addr h")
+    assert "--set runtime.rendezvous_timeout_s=30 --nproc 4 --config c.yaml" in ft
 
 
 def test_kubernetes_manifests_are_an_indexed_job_behind_a_headless_service() -> None:
@@ -203,8 +205,24 @@ def test_scontrol_records_and_time_limits_are_read() -> None:
 def test_options_of_the_launched_verb_are_never_taken_for_launch_s(capsys) -> None:
     """`--set` must reach the verb, not become launch's `--setup` by abbreviation."""
     argv = ["launch", "slurm", "finetune", "--nodes", "2", "--gpus-per-node", "0", "--config", "tiny.yaml"]
-    assert main([*argv, "--output-dir", "/shared/ft", "--set", "train.max_steps=8", "--dry-run"]) == 0
+    assert main([*argv, "--output", "/shared/ft", "--set", "train.max_steps=8", "--dry-run"]) == 0
     script = capsys.readouterr().out
-    assert "train.gpucert.finetune.train tiny.yaml --output-dir /shared/ft --set train.max_steps=8" in script.replace(
-        "-m gpucert", "train.gpucert"
-    )
+    assert "gpucert finetune --config tiny.yaml --output /shared/ft --set train.max_steps=8" in script
+    assert "--setup" not in script
+
+
+def test_launching_finetune_without_a_recipe_is_refused_naming_config(capsys) -> None:
+    """Without --config every node would train the offline tiny recipe, with no word (the issue's case)."""
+    for backend in (["slurm"], ["torchrun", "--head", "node-a"], ["k8s", "--image", "reg/gpucert:1"]):
+        assert main(["launch", *backend, "finetune", "--nodes", "2", "--dry-run"][: 5 + len(backend) - 1]) == 3
+        assert "name the recipe with --config" in capsys.readouterr().err
+
+
+def test_a_recipe_path_becomes_absolute_and_a_recipe_name_stays_a_name(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Every node starts in its own directory: a path must resolve there; a name resolves from the package."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text("model: {name: tiny}\n")
+    assert main(["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "mine.yaml"]) == 0
+    assert f"--config {tmp_path / 'mine.yaml'}" in capsys.readouterr().out
+    assert main(["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "qwen2-7b-glaive"]) == 0
+    assert "--config qwen2-7b-glaive" in capsys.readouterr().out

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.conftest import NODE_BUNDLES
+from tests.conftest import NODE_BUNDLES, within
 from tests.report.test_schema_and_store import schema_errors
 
 from gpucert.report.schema import SCHEMA_VERSION
@@ -80,12 +80,18 @@ def load(run: Path) -> dict[str, Any]:
 
 
 def worker_processes(tmp_path: Path) -> list[psutil.Process]:
-    """This test's benchmark workers still alive: their spec files sit under its TMPDIR (see clean_env)."""
+    """This test's ranks still alive: processes with a rank's environment whose command line names a path under
+    its TMPDIR (see clean_env)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "gpucert.bench.worker" in cmdline and any(str(tmp_path) in arg for arg in cmdline):
-            found.append(proc)
+        if not any(str(tmp_path) in arg for arg in cmdline):
+            continue
+        try:
+            if "RANK" in proc.environ():
+                found.append(proc)
+        except psutil.Error:
+            continue
     return found
 
 
@@ -131,7 +137,7 @@ def test_an_outside_torchrun_of_two_nodes_runs_accept_without_hanging(tmp_path: 
                 argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
         )
-    outputs = [p.communicate(timeout=240) for p in procs]
+    outputs = [p.communicate(timeout=within(240)) for p in procs]
     for proc, (_, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-3000:]
     report = load(out)
@@ -176,7 +182,7 @@ def test_a_node_whose_driver_differs_fails_the_golden_config_naming_it(tmp_path:
         )
         for rank, bundle in enumerate(bundles)
     ]
-    codes = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
+    codes = [(p.wait(timeout=within(120)), p.stderr.read() if p.stderr else "") for p in procs]
     assert [c for c, _ in codes] == [2, 2], codes
     report = load(out)
     assert report["meta"]["nodes"] == ["gpu-a", "gpu-b"]
@@ -192,17 +198,25 @@ def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_nod
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--set", "runtime.rendezvous_timeout_s=5"]
     t0 = time.monotonic()
     head = subprocess.run(
-        [*argv, "--node-rank", "0"], env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=60
+        [*argv, "--node-rank", "0"],
+        env=clean_env(TMPDIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=within(60),
     )
     took = time.monotonic() - t0
     assert head.returncode == 3
-    assert took < 20, f"node 0 waited {took:.0f} s"
+    assert took < within(20), f"node 0 waited {took:.0f} s"
     assert f"waited 5 s (runtime.rendezvous_timeout_s) at 127.0.0.1:{port} for 2 nodes" in head.stderr
     assert "missing node rank(s) 1" in head.stderr
     assert "Traceback" not in head.stderr
     # Node 1 without node 0 says whom it could not reach.
     other = subprocess.run(
-        [*argv, "--node-rank", "1"], env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=60
+        [*argv, "--node-rank", "1"],
+        env=clean_env(TMPDIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=within(60),
     )
     assert other.returncode == 3
     assert f"could not reach the job's store at 127.0.0.1:{port} within 5 s" in other.stderr
@@ -214,7 +228,9 @@ def test_a_hung_benchmark_times_out_as_error_and_leaves_no_worker(tmp_path: Path
     argv = [*GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
     # 15 s: both ranks past start-up (import, rendezvous) on a loaded 2-core machine, so the phases say matmul.
     argv += ["--set", "bench.timeout_s=15", "--set", "bench.matmul.warmup_s=120"]
-    done = subprocess.run(argv, env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        argv, env=clean_env(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=within(120)
+    )
     assert done.returncode == 3, done.stderr[-2000:]
     [error] = load(out)["results"]
     assert error["name"] == "bench.matmul" and error["status"] == "ERROR"
@@ -222,11 +238,9 @@ def test_a_hung_benchmark_times_out_as_error_and_leaves_no_worker(tmp_path: Path
     assert worker_processes(tmp_path) == []
 
 
-def _worker_of_rank(
-    parent: psutil.Process, rank: int, timeout_s: float, command: str = "gpucert.bench.worker"
-) -> psutil.Process:
+def _worker_of_rank(parent: psutil.Process, rank: int, timeout_s: float, command: str = "gpucert") -> psutil.Process:
     """The process of `rank` among `parent`'s descendants whose command line has `command`, once it started."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + within(timeout_s)
     while time.monotonic() < deadline:
         for child in parent.children(recursive=True):
             try:
@@ -239,9 +253,9 @@ def _worker_of_rank(
 
 
 def wait_until_joined(tmp_path: Path, rank: int, timeout_s: float = 90) -> None:
-    """Until a benchmark worker of `rank` has joined its job (its log says so, bench/worker.py): past the
+    """Until rank `rank` has joined its job (its log, <output>/logs/rank-<rank>.log, says so): past the
     rendezvous, its heartbeats and watchdog running. Then one heartbeat interval more has them flowing."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + within(timeout_s)
     while time.monotonic() < deadline:
         for log in tmp_path.rglob(f"rank-{rank}.log"):
             if "joined the job" in log.read_text(errors="replace"):
@@ -263,8 +277,8 @@ def test_a_stopped_rank_is_named_by_the_watchdog(tmp_path: Path) -> None:
     time.sleep(1)
     worker.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
-    proc.communicate(timeout=60)
-    assert time.monotonic() - stopped < 20
+    proc.communicate(timeout=within(60))
+    assert time.monotonic() - stopped < within(20)
     assert proc.returncode == 3
     [error] = load(out)["results"]
     assert error["status"] == "ERROR"
@@ -280,7 +294,7 @@ def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path: Path) -> None:
     )
     _worker_of_rank(psutil.Process(proc.pid), 1, 60)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=within(60))
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1] == "gpucert: interrupted"
     assert "Traceback" not in err
@@ -316,9 +330,9 @@ def test_a_node_lost_mid_run_is_named_in_the_report_and_nothing_is_left(tmp_path
     time.sleep(1)
     procs[1].kill()
     killed = time.monotonic()
-    procs[0].communicate(timeout=90)
-    procs[1].communicate(timeout=10)
-    assert time.monotonic() - killed < 45
+    procs[0].communicate(timeout=within(90))
+    procs[1].communicate(timeout=within(10))
+    assert time.monotonic() - killed < within(45)
     assert procs[0].returncode == 3
     results = {r["name"]: r for r in load(out)["results"]}
     host = socket.gethostname()
@@ -357,7 +371,7 @@ def test_under_one_torchrun_of_two_ranks_a_killed_rank_is_named_in_rank_0s_parti
     agent, log = one_torchrun_in_matmul(tmp_path)
     victim = accept_rank(agent, 1)
     victim.kill()
-    agent.wait(timeout=90)
+    agent.wait(timeout=within(90))
     out, said = tmp_path / "run", log.read_text(errors="replace")
     assert agent.returncode != 0
     assert "rank 0 (" in said and "stops (SIGTERM): rank 1 (" in said, said[-3000:]
@@ -373,7 +387,7 @@ def test_under_one_torchrun_a_cancelled_job_blames_its_launcher_not_a_rank(tmp_p
     so in the store before it goes, so rank 0's partial report names the launcher, not rank 1."""
     agent, log = one_torchrun_in_matmul(tmp_path)
     agent.send_signal(signal.SIGTERM)
-    agent.wait(timeout=90)
+    agent.wait(timeout=within(90))
     said = log.read_text(errors="replace")
     assert agent.returncode != 0
     (aborted,) = [r for r in load(tmp_path / "run")["results"] if r["name"] == "run.aborted"]
@@ -400,8 +414,8 @@ def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_
     time.sleep(8)  # past the rendezvous and the node checks: in the matmul warm-up
     victim.kill()
     killed = time.monotonic()
-    outputs = [p.communicate(timeout=90) for p in procs]
-    assert time.monotonic() - killed < 30
+    outputs = [p.communicate(timeout=within(90)) for p in procs]
+    assert time.monotonic() - killed < within(30)
     assert procs[0].returncode != 0 and procs[1].returncode != 0
     assert "rank 1 (" in outputs[0][1] and "no heartbeat" in outputs[0][1], outputs[0][1][-2000:]
     report = load(out)
@@ -429,8 +443,8 @@ def test_a_stopped_store_server_ends_every_rank_naming_the_store(tmp_path: Path)
         time.sleep(6)  # past the rendezvous: heartbeats flow
         procs[0].send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
-        _, err = procs[1].communicate(timeout=60)
-        assert time.monotonic() - stopped < 20
+        _, err = procs[1].communicate(timeout=within(60))
+        assert time.monotonic() - stopped < within(20)
         assert procs[1].returncode != 0
         assert f"the job's store at 127.0.0.1:{port} has not answered" in err, err[-2000:]
     finally:
@@ -438,7 +452,7 @@ def test_a_stopped_store_server_ends_every_rank_naming_the_store(tmp_path: Path)
         for child in psutil.Process(procs[0].pid).children(recursive=True):
             child.kill()
         procs[0].kill()
-        procs[0].communicate(timeout=30)
+        procs[0].communicate(timeout=within(30))
 
 
 def _worker_of_any_rank(parent: psutil.Process, timeout_s: float) -> psutil.Process:
@@ -465,8 +479,8 @@ def test_a_stopped_worker_on_node_1_is_named_and_both_nodes_go_on(tmp_path: Path
     victim.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     for proc in procs:
-        proc.communicate(timeout=90)
-    assert time.monotonic() - stopped < 40
+        proc.communicate(timeout=within(90))
+    assert time.monotonic() - stopped < within(40)
     assert [p.returncode for p in procs] == [3, 3]
     results = {r["name"]: r for r in load(out)["results"]}
     assert "rank 1 (" in results["bench.matmul"]["message"] and "no heartbeat" in results["bench.matmul"]["message"]

@@ -18,7 +18,9 @@ Collect (touch the filesystem, on every node), judge (pure, on node 0).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import json
 import mmap
 import os
 import secrets
@@ -49,7 +51,7 @@ class FsOptions:
 
 
 class Peers(Protocol):
-    """What the checks need of the node agents (gpucert.runtime.agent.NodeAgent has it)."""
+    """What the checks need of the other nodes (RankPeers, over the job's store)."""
 
     @property
     def node_rank(self) -> int: ...
@@ -354,7 +356,7 @@ def profile_floor(profile: Any, name: str) -> float | None:
     return float(value) if value is not None else None
 
 
-# The run on one node: every node runs this with its agent; node 0 gets every node's measurements.
+# The run on one node: every node's rank runs this; node 0 gets every node's measurements.
 
 
 def _guard(step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -442,61 +444,103 @@ def judge_all(path: str, found: dict[str, dict[str, Any]], profile: Any) -> list
     return results
 
 
-def run_job(request: Any, plan: Any, options: FsOptions, say: Callable[[str], None]) -> Any:
-    """This node's agent: meet the others (no GPU workers), run the checks, node 0 writes the one report."""
-    from gpucert.acceptance import check_output_writable, collect_node, load_run_config, node_output
+def run_job(request: Any, plan: Any, options: FsOptions, argv: list[str], say: Callable[[str], None]) -> Any:
+    """This node's process: check the path, then one rank on this node (and on every other) runs the checks;
+    rank 0 writes the one report (acceptance.run_on_nodes)."""
+    from gpucert.acceptance import run_on_nodes
 
-    started, t0 = datetime.now(timezone.utc), time.perf_counter()
     if not options.path.is_dir():
         from gpucert.config.loader import ConfigError
 
         raise ConfigError(f"{options.path} is not a directory (gpucert cluster fs PATH checks a directory)")
-    # Node 0 writes the report: its --output is checked first and claimed before any node is met.
-    if plan.node_rank == 0:
-        check_output_writable(request, load_run_config(request))
-    work = collect_node(request)
-    with node_output(request, work, started, plan.node_rank) as run_dir:
-        return _run_checks(request, plan, options, say, work, started, t0, run_dir)
+    return run_on_nodes(request, plan, 1, argv, say)
 
 
-def _run_checks(
-    request: Any,
-    plan: Any,
-    options: FsOptions,
-    say: Callable[[str], None],
-    work: Any,
-    started: datetime,
-    t0: float,
-    run_dir: Any,
-) -> Any:
-    from gpucert.acceptance import RunOutcome, build_report
+class RankPeers:
+    """What the checks need of the other nodes, over the job's store (one rank a node)."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        self.labels = {p.node_rank: p.node for p in rt.peers}
+
+    @property
+    def node_rank(self) -> int:
+        return int(self.rt.node_rank)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.rt.num_nodes)
+
+    def put(self, key: str, value: Any) -> None:
+        self.rt.store.set(f"data/{key}", json.dumps(value))
+
+    def get(self, key: str, timeout_s: float, what: str) -> Any:
+        from datetime import timedelta
+
+        from gpucert.runtime.errors import RendezvousError
+
+        try:
+            self.rt.store.wait([f"data/{key}"], timedelta(seconds=timeout_s))
+        except RuntimeError:
+            raise RendezvousError(f"{what}: nothing came within {timeout_s:g} s") from None
+        return json.loads(self.rt.store.get(f"data/{key}"))
+
+    def barrier(self, name: str, timeout_s: float) -> None:
+        """All nodes reach `name`, or the error names the node ranks that did not within timeout_s."""
+        from gpucert.runtime.errors import RendezvousError
+        from gpucert.runtime.group import POLL_S
+
+        store = self.rt.store
+        store.set(f"barrier/{name}/{self.node_rank}", "1")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            late = [r for r in range(self.num_nodes) if not store.check([f"barrier/{name}/{r}"])]
+            if not late:
+                return
+            if time.monotonic() > deadline:
+                names = ", ".join(f"{self.labels.get(r, r)} (node rank {r})" for r in late)
+                raise RendezvousError(f"{names} did not reach {name} within {timeout_s:g} s: node lost?")
+            time.sleep(POLL_S)
+
+
+def run_in_ranks(request: Any, options: FsOptions, say: Callable[[str], None]) -> Any:
+    """One rank a node: every node checks the path; rank 0 judges every node's measurements and writes the
+    report; every rank ends with its verdict (gpucert's launcher: through write_verdict)."""
+    from datetime import timedelta
+
+    from gpucert.acceptance import RunOutcome, build_report, collect_node, load_run_config, rank_run_dir
     from gpucert.report.store import write_report
-    from gpucert.runtime.agent import NodeAgent
+    from gpucert.runtime.group import fail, leave_failed, start_runtime, stop_runtime
+    from gpucert.runtime.launcher import launched_by_gpucert, write_verdict
 
-    with tempfile.TemporaryDirectory(prefix="gpucert-run-") as tmp:
-        agent = NodeAgent.start(plan, 0, work.config.runtime, Path(tmp), work.inventory.hostname)
-        work.label = agent.label
-        agent.put(f"part/{agent.node_rank}", work.part())
-        if agent.is_head:
-            say(f"checking {options.path} on {agent.num_nodes} node(s)...")
-        try:
-            found = run_node(agent, options, work.config.runtime)
-        except BaseException:
-            if agent.is_head:
-                agent.finish(Status.ERROR.exit_code, lost=True)
-            raise
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    rt = start_runtime(load_run_config(request).runtime)
+    try:
+        rt.set_phase("cluster fs")
+        work = collect_node(request, rt.me.node)
+        peers = RankPeers(rt)
+        peers.put(f"part/{rt.node_rank}", work.part())
+        if rt.is_main:
+            say(f"checking {options.path} on {rt.num_nodes} node(s)...")
+        found = run_node(peers, options, work.config.runtime)
         if found is None:
-            code = agent.finish(None)
-            say(f"node {agent.label}: the report is written by node 0 ({agent.labels[0]}); verdict exit code {code}")
-            return RunOutcome(None, None, code)
-        try:
+            rt.store.wait(["verdict"], timedelta(seconds=work.config.runtime.collective_timeout_s))
+            outcome = RunOutcome(None, None, int(rt.store.get("verdict")))
+        else:
             wait = work.config.runtime.collective_timeout_s
-            parts = [agent.get(f"part/{r}", wait, f"node rank {r}'s inventory") for r in range(agent.num_nodes)]
+            parts = [peers.get(f"part/{r}", wait, f"node rank {r}'s inventory") for r in range(rt.num_nodes)]
             results = judge_all(str(options.path), found, work.profile)
             report = build_report(request, started, t0, work, parts, results)
-            path = write_report(report, run_dir.path)
-        except BaseException:
-            agent.finish(Status.ERROR.exit_code)
+            with rank_run_dir(request, work, started) as run_dir:
+                path = write_report(report, run_dir.path)
+            rt.store.set("verdict", str(report.status.exit_code))
+            outcome = RunOutcome(report, path, report.status.exit_code)
+        write_verdict(outcome.exit_code)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
             raise
-        agent.finish(report.status.exit_code)
-        return RunOutcome(report, path, report.status.exit_code)
+        record = fail(rt, exc)
+        say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
+        leave_failed(rt, Status.ERROR.exit_code)
+    stop_runtime(rt)
+    return dataclasses.replace(outcome, exit_code=0) if launched_by_gpucert() else outcome

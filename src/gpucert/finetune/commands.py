@@ -1,8 +1,8 @@
 """What `gpucert finetune`, `gpucert finetune prepare` and `gpucert evaluate` do, called from gpucert.cli.
 
 gpucert finetune                                   offline default: configs/finetune/tiny.yaml
-gpucert finetune --config configs/finetune/qwen2-7b-glaive.yaml
-torchrun --nproc_per_node=8 -m gpucert finetune --config ...       DDP or FSDP2 from train.parallel
+gpucert finetune --config qwen2-7b-glaive                  one process per GPU, DDP or FSDP2 from train.parallel
+gpucert finetune --config ... --nnodes 2 --node-rank R --master-addr A     on every node (torchrun's engine)
 gpucert finetune prepare --config ...              data preparation alone (once per cluster)
 gpucert evaluate --adapter runs/<id>/adapter [--config ...]       function-calling accuracy, report in
                                                    runs/<id>/evaluation/ (gpucert report renders it)
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from importlib import resources
@@ -21,6 +22,8 @@ from pathlib import Path
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, check_data_source, load_finetune_config
 from gpucert.finetune.hub import resolve_adapter
+from gpucert.runtime.launch_env import NodeEnv
+from gpucert.status import Status
 
 
 def default_config_path() -> Path:
@@ -51,10 +54,62 @@ def finetune(args: argparse.Namespace) -> int:
     cfg = load(args, extra, training=args.stage != "prepare")
     if args.stage == "prepare":
         return prepare(cfg)
+    plan = node_plan(args)
+    if plan is not None:
+        return launch(args, cfg, plan)
     # Imported once the config is checked: torch and transformers take seconds, a bad key a few milliseconds.
     from gpucert.finetune.train import finetune_exit_code
 
-    return finetune_exit_code(cfg)
+    code = finetune_exit_code(cfg)
+    from gpucert.runtime.launcher import launched_by_gpucert, write_verdict
+
+    if launched_by_gpucert():
+        # The node's process returns the verdict: a rank that exited non-zero would look failed to torchrun.
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            write_verdict(code)
+        return 0 if code != Status.ERROR.exit_code else code
+    return code
+
+
+def node_plan(args: argparse.Namespace) -> NodeEnv | None:
+    """This node's share of a job gpucert starts (--nnodes ..., srun one task per node, an indexed Job, or
+    --nproc N on one node); None for one process, or inside a rank (torchrun's or gpucert's)."""
+    from gpucert.runtime.launch_env import node_env_from_flags, read_node_env, read_rank_env
+
+    if read_rank_env(os.environ) is not None:
+        return None
+    if args.nnodes is not None:
+        return node_env_from_flags(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.node_name)
+    if args.node_name is not None:
+        raise ConfigError("--node-name names this node among others: it needs --nnodes (and --node-rank)")
+    plan = read_node_env(os.environ)
+    if plan is None:
+        from gpucert.runtime.device import gpu_count
+
+        # One process per GPU on this node (a GPU-less machine trains in one process).
+        if (args.nproc or gpu_count()) > 1:
+            plan = NodeEnv("local", 0, 1, "127.0.0.1", 0)
+    return plan
+
+
+def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
+    """This node's ranks on torchrun's engine (runtime/launcher.py), each running this same command; the exit
+    code is the run's verdict, or 3 with the failed rank named in one line."""
+    from gpucert.runtime.device import gpu_count
+    from gpucert.runtime.errors import JobFailed
+    from gpucert.runtime.launcher import launch_ranks
+
+    nproc = args.nproc or gpu_count() or 1
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, found {nproc}")
+    env = {"GPUCERT_NODE_LABEL": plan.node_name} if plan.node_name else {}
+    ranks = [sys.executable, "-m", "gpucert", *args.argv]
+    # Every rank but rank 0 writes its own log there (with --output; else they share this terminal).
+    logs = Path(cfg.output_dir) / "logs" if cfg.output_dir else None
+    outcome = launch_ranks(plan, nproc, ranks, cfg.runtime, logs, env)
+    if not outcome.ok:
+        raise JobFailed(outcome.cause or "the job failed")
+    return outcome.verdict if outcome.verdict is not None else 0
 
 
 def prepare(cfg: FinetuneConfig) -> int:

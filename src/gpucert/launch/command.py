@@ -2,7 +2,7 @@
 the launched verb unchanged, e.g.
 
     gpucert launch slurm accept --nodes 2 --gpus-per-node 0 --profile cpu --output /shared/run --dry-run
-    gpucert launch slurm finetune --nodes 2 --gpus-per-node 8 --config configs/finetune/qwen2-7b-glaive.yaml
+    gpucert launch slurm finetune --nodes 2 --gpus-per-node 8 --config qwen2-7b-glaive
     gpucert launch torchrun accept --nodes 2 --head node-a
     gpucert launch k8s accept --nodes 2 --gpus-per-node 8 --image registry/gpucert:0.1 --pvc shared > job.yaml
 
@@ -58,7 +58,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     s.add_argument("--follow-timeout", type=float, help="seconds to follow the job (default: --time + 10 min, or 24 h)")
     backends.choices["torchrun"].add_argument("--head", required=True, help="node rank 0's address")
     k = backends.choices["k8s"]
-    k.add_argument("--image", required=True, help="container image with gpucert installed")
+    k.add_argument(
+        "--image",
+        required=True,
+        help="container image with gpucert installed, pushed where the nodes pull from; build one from the "
+        "repository's Dockerfile (docs/fleet.md)",
+    )
     k.add_argument("--name", help="Job name (default gpucert-VERB)")
     k.add_argument("--pvc", help="PersistentVolumeClaim of the shared filesystem")
     k.add_argument("--mount", default="/shared", help="where the shared volume is mounted")
@@ -76,27 +81,33 @@ def _value_of(args: list[str], *flags: str) -> str | None:
 
 
 def _verb_args(verb: str, rest: list[str]) -> list[str]:
-    """The launched verb's own options; fine-tuning's entry point takes its config as a positional."""
-    if verb != "finetune":
+    """The launched verb's own options, as every node will read them: a --config that names a file here becomes
+    its absolute path (each node starts elsewhere); a recipe name stays a name (it ships with gpucert). finetune
+    without --config is refused: every node would train the tiny offline recipe."""
+    config = _value_of(rest, "--config")
+    if verb == "finetune" and config is None:
+        raise ConfigError(
+            "launch ... finetune: name the recipe with --config (a name from `gpucert finetune --list-recipes`, "
+            "e.g. --config qwen2-7b-glaive, or a YAML path); without it every node would train the offline tiny "
+            "recipe"
+        )
+    if config is None or not Path(config).exists():
         return rest
-    out: list[str] = []
-    i = 0
-    while i < len(rest):
-        if rest[i] == "--config" and i + 1 < len(rest):
-            out.insert(0, rest[i + 1])
-            i += 2
-            continue
-        if rest[i].startswith("--config="):
-            out.insert(0, rest[i].split("=", 1)[1])
+    absolute = str(Path(config).absolute())
+    out = []
+    for i, arg in enumerate(rest):
+        if arg == config and i > 0 and rest[i - 1] == "--config":
+            out.append(absolute)
+        elif arg == f"--config={config}":
+            out.append(f"--config={absolute}")
         else:
-            out.append(rest[i])
-        i += 1
+            out.append(arg)
     return out
 
 
 def _with_run_dir(verb: str, rest: list[str]) -> tuple[list[str], str]:
     """The verb's output directory (made absolute: every node must find the same path), added when absent."""
-    flags = ("--output-dir",) if verb == "finetune" else ("--output", "-o")
+    flags = ("--output", "-o")
     given = _value_of(rest, *flags)
     if given is not None:
         return rest, str(Path(given).absolute())
@@ -170,7 +181,9 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
         )
         return 0
     rest, run_dir = _with_run_dir(args.verb, rest)
-    setup = ([f"source {shlex.quote(args.venv)}/bin/activate"] if args.venv else []) + list(args.setup)
+    # Absolute: the script runs as printed from any directory (sbatch --chdir, a node's own working directory).
+    venv = [f"source {shlex.quote(str(Path(args.venv).absolute()))}/bin/activate"] if args.venv else []
+    setup = venv + list(args.setup)
     job = slurm.SlurmJob(
         verb=args.verb,
         args=tuple(_verb_args(args.verb, rest)),

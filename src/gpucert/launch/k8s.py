@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from gpucert.config.loader import ConfigError
-from gpucert.launch.slurm import JUDGED_VERBS, VERB_ARGV, VERBS, refuse_once_verb
+from gpucert.launch.slurm import VERB_ARGV, VERBS, refuse_once_verb
 
 
 def render_manifests(
@@ -39,22 +39,10 @@ def render_manifests(
         raise ConfigError(f"--nodes must be >= 1, found {nodes}")
     service = f"{name}-rdzv"
     head = f"{name}-0.{service}"
-    if verb in JUDGED_VERBS:
-        command = [*VERB_ARGV[verb], *args, "--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}"]
-    else:
-        # $(VAR) is expanded by the kubelet from the container's environment.
-        command = [
-            "torchrun",
-            f"--nnodes={nodes}",
-            "--node-rank=$(JOB_COMPLETION_INDEX)",
-            f"--nproc-per-node={gpus_per_node or 1}",
-            "--master-addr=$(MASTER_ADDR)",
-            "--master-port=$(MASTER_PORT)",
-            f"--rdzv-conf=timeout={int(rendezvous_timeout_s)}",
-            "-m",
-            "gpucert.finetune.train",
-            *args,
-        ]
+    # Every verb the same way: one gpucert a pod, its node rank from JOB_COMPLETION_INDEX (launch_env.py).
+    command = [*VERB_ARGV[verb], *args, "--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}"]
+    if verb == "finetune" and gpus_per_node:
+        command += ["--nproc", str(gpus_per_node)]
     variables = {"GPUCERT_NNODES": str(nodes), "MASTER_ADDR": head, "MASTER_PORT": str(port), **env}
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus_per_node}} if gpus_per_node else {}
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]

@@ -1,10 +1,10 @@
 """`gpucert launch slurm VERB`: the sbatch script from a dataclass, submitted and followed to a verdict.
 
-The script runs one task per node (`srun --ntasks-per-node=1 --kill-on-bad-exit=1`): for accept, health and
-bench that task is gpucert's node agent, which reads its node rank from SLURM_NODEID and starts the node's GPU
-workers; for finetune it is a torchrun agent (static rendezvous, node rank SLURM_NODEID). Node rank 0's address
-is resolved inside the job (the allocation's first host). `set -euo pipefail` and `exit $rc` carry srun's status
-to the job's.
+The script runs one task per node (`srun --ntasks-per-node=1 --kill-on-bad-exit=1`), for every verb the same:
+gpucert, which reads its node rank from SLURM_NODEID and starts the node's ranks on torchrun's engine
+(runtime/launcher.py). Node rank 0's address is resolved inside the job (the allocation's first host).
+`set -euo pipefail` and `exit $rc` carry srun's status to the job's. The script runs as printed under plain
+sbatch from any directory: nothing it needs is made by `gpucert launch` alone.
 
 Values go two ways: #SBATCH directives are parsed by sbatch, not a shell, so their values must be plain
 (letters, digits and `_.,:@%+=/-`, refused otherwise before anything is submitted); everything in the shell body
@@ -48,6 +48,7 @@ VERB_ARGV = {
     "bench": ("gpucert", "bench"),
     "fs": ("gpucert", "cluster", "fs"),
     "localize": ("gpucert", "cluster", "localize"),
+    "finetune": ("gpucert", "finetune"),
 }
 ONCE_VERBS = ("localize",)
 
@@ -60,8 +61,9 @@ def refuse_once_verb(verb: str, backend: str) -> None:
         )
 
 
-JUDGED_VERBS = tuple(VERB_ARGV)
-VERBS = (*JUDGED_VERBS, "finetune")
+VERBS = tuple(VERB_ARGV)
+# Verbs whose result is a judged report.json (finetune's is its run's metrics.json).
+JUDGED_VERBS = tuple(v for v in VERBS if v != "finetune")
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,9 @@ def _directives(job: SlurmJob) -> list[str]:
         f"--job-name=gpucert-{job.verb}",
         f"--nodes={job.nodes}",
         "--ntasks-per-node=1",
-        f"--output={job.run_dir}/logs/slurm-%j.out",
+        # Relative: sbatch opens it in the directory it was called from, which exists; the run directory does not
+        # until the script makes it (slurmd: "Could not open stdout file").
+        "--output=%x-%j.out",
     ]
     if job.gpus_per_node:
         # Acceptance and training want whole nodes: nothing else may share the GPUs, NICs or memory bandwidth.
@@ -145,26 +149,14 @@ def _directives(job: SlurmJob) -> list[str]:
 
 
 def _task_command(job: SlurmJob) -> str:
-    """What srun runs on every node, quoted for the batch script's shell."""
-    if job.verb in JUDGED_VERBS:
-        # gpucert's node agent: node rank from SLURM_NODEID, node 0's address from MASTER_ADDR below.
-        return shlex.join([*VERB_ARGV[job.verb], *job.args])
-    nproc = job.gpus_per_node or 1
-    torchrun = [
-        "torchrun",
-        f"--nnodes={job.nodes}",
-        f"--nproc-per-node={nproc}",
-        f"--rdzv-conf=timeout={int(job.rendezvous_timeout_s)}",
-        "-m",
-        "gpucert.finetune.train",
-        *job.args,
-    ]
-    # The node rank and the head's address differ per task: expanded in the task's shell, not the batch's.
-    inner = (
-        'exec torchrun --node-rank="$SLURM_NODEID" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" '
-        + shlex.join(torchrun[1:])
-    )
-    return f"bash -c {shlex.quote(inner)}"
+    """What srun runs on every node, quoted for the batch script's shell: gpucert itself, which reads its node
+    rank from SLURM_NODEID and node 0's address from MASTER_ADDR below, and starts the node's ranks."""
+    argv = [*VERB_ARGV[job.verb], *job.args]
+    if job.verb != "localize":
+        argv += ["--set", f"runtime.rendezvous_timeout_s={job.rendezvous_timeout_s:g}"]
+    if job.verb == "finetune" and job.gpus_per_node:
+        argv += ["--nproc", str(job.gpus_per_node)]
+    return shlex.join(argv)
 
 
 def render_sbatch(job: SlurmJob) -> str:
@@ -195,8 +187,9 @@ def render_sbatch(job: SlurmJob) -> str:
         ]
     lines = [
         "#!/bin/bash",
-        f"# gpucert launch slurm {job.verb}, rendered by gpucert {gpucert.__version__}: submit with sbatch;",
-        f"# every node's output goes to {job.run_dir}/"
+        f"# gpucert launch slurm {job.verb}, rendered by gpucert {gpucert.__version__}: submit with sbatch from any",
+        f"# directory (the job's own log: gpucert-{job.verb}-<job id>.out there); every node's output goes to",
+        f"# {job.run_dir}/"
         + ("pairs/<round>-<pair>/logs/." if job.verb in ONCE_VERBS else "logs/node-<index>-<host>.log."),
         *_directives(job),
         "set -euo pipefail",
@@ -229,8 +222,8 @@ def _run(argv: Sequence[str], timeout_s: float = 60.0) -> str:
 
 
 def submit(script: Path) -> str:
-    """The job id sbatch gives the script."""
-    return _run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+    """The job id sbatch gives the script, submitted from the run's logs/ (where the job's own log then goes)."""
+    return _run(["sbatch", "--parsable", f"--chdir={script.parent / 'logs'}", str(script)]).strip().split(";")[0]
 
 
 def parse_job(line: str) -> dict[str, str]:
@@ -267,7 +260,7 @@ def follow(job_id: str, timeout_s: float, say: Callable[[str], None], poll_s: fl
 def log_tails(run_dir: Path, lines: int = 12) -> str:
     """The end of every node's log, for the operator when a job ended badly."""
     parts = []
-    for log in sorted([*(run_dir / "logs").glob("*.log"), *(run_dir / "logs").glob("slurm-*.out")]):
+    for log in sorted([*(run_dir / "logs").glob("*.log"), *(run_dir / "logs").glob("*.out")]):
         text = log.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"== {log}\n" + "\n".join(text))
     return "\n".join(parts)

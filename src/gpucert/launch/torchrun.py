@@ -1,8 +1,8 @@
 """`gpucert launch torchrun VERB`: the exact command for every node of a cluster without a scheduler.
 
 Start them in any order: node rank 0 serves the rendezvous; the others wait for it, and every wait is bounded
-(runtime.rendezvous_timeout_s for gpucert's agents, torchrun's --rdzv-conf timeout for fine-tuning), so a node
-that never comes is named instead of waited for.
+by runtime.rendezvous_timeout_s, so a node that never comes is named instead of waited for. Every verb starts
+the same way (gpucert on every node, its ranks on torchrun's engine: runtime/launcher.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from gpucert.config.loader import ConfigError
-from gpucert.launch.slurm import JUDGED_VERBS, VERB_ARGV, VERBS, refuse_once_verb
+from gpucert.launch.slurm import VERB_ARGV, VERBS, refuse_once_verb
 
 
 def node_commands(
@@ -32,14 +32,13 @@ def node_commands(
     prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
     commands = []
     for rank in range(nodes):
-        if verb in JUDGED_VERBS:
-            argv = [*prefix, *VERB_ARGV[verb], "--nnodes", str(nodes), "--node-rank", str(rank)]
-            argv += ["--master-addr", head, "--master-port", str(port)]
-            argv += ["--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}", *args]
-        else:
-            argv = [*prefix, "torchrun", f"--nnodes={nodes}", f"--node-rank={rank}"]
-            argv += [f"--nproc-per-node={gpus_per_node or 1}", f"--master-addr={head}", f"--master-port={port}"]
-            argv += [f"--rdzv-conf=timeout={int(rendezvous_timeout_s)}", "-m", "gpucert.finetune.train", *args]
+        # Every verb the same way: gpucert on every node, meeting at the head (runtime/launcher.py).
+        argv = [*prefix, *VERB_ARGV[verb], "--nnodes", str(nodes), "--node-rank", str(rank)]
+        argv += ["--master-addr", head, "--master-port", str(port)]
+        argv += ["--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}"]
+        if verb == "finetune" and gpus_per_node:
+            argv += ["--nproc", str(gpus_per_node)]
+        argv += args
         commands.append(shlex.join(argv))
     return commands
 

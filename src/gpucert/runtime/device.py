@@ -47,6 +47,13 @@ def gpu_uuid_and_index(ordinal: int) -> tuple[str | None, int | None]:
         return uuid, None
 
 
+def gpu_count() -> int:
+    """CUDA devices this process sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def default_nproc() -> int:
     """One process per visible GPU; two gloo processes on a CPU machine, so collectives have a peer."""
     import torch

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -44,9 +45,13 @@ class AbortRecord:
     phase: str
     rank: int | None = None
     node: str | None = None
+    # A rank's own exception: `file:line in function` where it was raised, and the traceback's last lines.
+    where: str | None = None
+    traceback: list[str] = field(default_factory=list)
 
     def message(self) -> str:
-        return f"{self.who} failed during {self.phase}: {self.cause}"
+        where = f" (raised at {self.where})" if self.where else ""
+        return f"{self.who} failed during {self.phase}: {self.cause}{where}"
 
 
 def record_abort(store: Any, record: AbortRecord) -> AbortRecord:
@@ -59,6 +64,16 @@ def record_abort(store: Any, record: AbortRecord) -> AbortRecord:
 def read_phase(store: Any, rank: int, default: str = "start") -> str:
     """Where rank `rank` last said it was (Runtime.set_phase), or `default` if it never said."""
     return store.get(f"phase/{rank}").decode() if store.check([f"phase/{rank}"]) else default
+
+
+def previous_round_abort(rt: Runtime) -> AbortRecord | None:
+    """Why the launcher's last round of workers ended, as recorded under its key prefix (None: nothing was)."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart < 1 or rt.endpoint is None:
+        return None
+    prefix = f"gpucert/{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}.{restart - 1}/"
+    base = connect_store(*rt.endpoint, False, rt.config.rendezvous_timeout_s, rt.me.describe())
+    return read_abort(dist.PrefixStore(prefix, base))
 
 
 def read_abort(store: Any) -> AbortRecord | None:
@@ -106,6 +121,9 @@ class Runtime:
     watchdog: Any = None
     phase: str = "start"
     serves_store: bool = False
+    # What outlives this round of workers when the launcher restarts them after a failure (runtime/launcher.py):
+    # node checks, finished benchmarks, the verdict. The same store, not this round's key prefix.
+    run_store: Any = None
     _node_group: Any = field(default=None, repr=False)
 
     # The names benchmarks and the training loop use.
@@ -179,10 +197,19 @@ def start_runtime(
     problems = config.problems()
     if problems:
         raise ConfigError("; ".join(problems))
-    env = read_rank_env(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    if environ.get("GPUCERT_AGENT_PID"):
+        # Started by gpucert's launcher (runtime/launcher.py): die with it, and one log a rank.
+        from gpucert.runtime.launcher import merge_rank_log
+        from gpucert.runtime.spawn import die_with_parent
+
+        die_with_parent(int(environ["GPUCERT_AGENT_PID"]))
+        merge_rank_log()
+    env = read_rank_env(environ)
     device, uuid, index = _bind_device(env)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if env is None or env.world_size == 1:
+    # A lone rank of gpucert's launcher still joins the store: its launcher reads the abort record there.
+    if env is None or (env.world_size == 1 and not env.agent_store):
         # A lone process needs no rendezvous: an in-memory store binds no port.
         store: Any = dist.HashStore()
         if not dist.is_initialized():
@@ -190,7 +217,10 @@ def start_runtime(
                 backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=config.collective_timeout_s)
             )
         me = _lone_identity(device, uuid, index)
-        return Runtime(me=me, peers=[me], device=device, backend=backend, config=config, store=store)
+        run_store = dist.PrefixStore("gpucert/run/", store)
+        return Runtime(
+            me=me, peers=[me], device=device, backend=backend, config=config, store=store, run_store=run_store
+        )
     host = socket.gethostname()
     mine = RankIdentity(
         env.rank,
@@ -229,6 +259,7 @@ def start_runtime(
         store=store,
         endpoint=(env.master_addr, env.master_port),
         serves_store=serves,
+        run_store=dist.PrefixStore("gpucert/run/", base),
     )
     from gpucert.runtime.watchdog import Watchdog
 
@@ -292,10 +323,39 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(parts)
 
 
+# Traceback lines kept in a record: the raising frame and its caller, and the exception line(s).
+TRACEBACK_LINES = 8
+
+
 def own_record(rt: Runtime, exc: BaseException) -> AbortRecord:
-    """This rank's failure as it would be recorded: who, the exception's first line, and the phase."""
+    """This rank's failure as it would be recorded: who, the exception's first line, where it was raised, the
+    traceback's last lines, and the phase."""
     cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
-    return AbortRecord(who=rt.me.describe(), cause=cause, phase=rt.phase, rank=rt.rank, node=rt.me.node)
+    text = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    lines = [line for line in text if line.strip(" ^~")]  # not the column markers under the code
+    return AbortRecord(
+        who=rt.me.describe(),
+        cause=cause,
+        phase=rt.phase,
+        rank=rt.rank,
+        node=rt.me.node,
+        where=raised_at(exc),
+        traceback=lines[-TRACEBACK_LINES:],
+    )
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """Where exc was raised: `file:line in function` of the innermost frame, by its package path."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    last = frames[-1]
+    path = last.filename
+    for root in ("/site-packages/", "/src/"):  # the package path, not where it is installed
+        if root in path:
+            path = path.split(root, 1)[1]
+            break
+    return f"{path}:{last.lineno} in {last.name}"
 
 
 def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
@@ -304,9 +364,7 @@ def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
     running, since it is what names a peer that died silently (rank 0's watches every rank; when it names one
     it ends this process itself). Only then, with nobody else named, this rank records itself."""
     record = own_record(rt, exc)
-    if rt.world_size == 1:
-        return record
-    if _looks_like_peer_failure(exc):
+    if rt.world_size > 1 and _looks_like_peer_failure(exc):
         # The watchdog names a silent peer by heartbeat_timeout_s + one interval, give or take its store round trips
         # on a loaded machine: two intervals more before this rank names itself instead.
         deadline = time.monotonic() + rt.config.heartbeat_timeout_s + 4 * rt.config.heartbeat_interval_s

@@ -14,7 +14,9 @@ completed a round trip for the heartbeat timeout: then the store itself is gone,
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -128,6 +130,11 @@ class Watchdog:
                     continue  # it finished its part and left (stop_runtime): silent, not dead
                 peer = self.rt.peers[r]
                 phase = read_phase(store, r)
+                if peer.host == self.rt.me.host:
+                    # A SIGSTOPped peer holds the SIGTERM its launcher sends next until it is woken: wake it, so
+                    # it reads the record and leaves now, not after the launcher's grace period.
+                    with contextlib.suppress(OSError):
+                        os.kill(peer.pid, signal.SIGCONT)
                 return record_abort(
                     store,
                     AbortRecord(
@@ -166,44 +173,3 @@ def deadman(
                 "that serves it (node rank 0's gpucert or torchrun agent, or rank 0) is gone, stopped or unreachable"
             )
             os._exit(ABORTED_EXIT)
-
-
-class StoreDeadman:
-    """For a process that waits on the store without heartbeats of its own (a node agent): a thread that
-    pings the store over its own connection, and the deadman that ends the process when pings stop
-    completing (its workers die with it: PR_SET_PDEATHSIG)."""
-
-    def __init__(self, endpoint: tuple[str, int], interval_s: float, timeout_s: float, who: str) -> None:
-        self.endpoint, self.interval_s, self.timeout_s, self.who = endpoint, interval_s, timeout_s, who
-        self.last_ok = time.monotonic()
-        self.armed = threading.Event()
-
-    def begin(self) -> StoreDeadman:
-        self.armed.set()
-        threading.Thread(target=self._ping, name="gpucert-store-ping", daemon=True).start()
-        addr, port = self.endpoint
-        args = (
-            lambda: self.last_ok,
-            self.armed,
-            self.interval_s,
-            self.timeout_s,
-            f"{self.who}: the store at {addr}:{port}",
-        )
-        threading.Thread(target=deadman, args=args, name="gpucert-deadman", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.armed.clear()
-
-    def _ping(self) -> None:
-        try:
-            store = connect_store(*self.endpoint, False, self.timeout_s, self.who)
-        except RuntimeError:
-            return  # the deadman names the store once the timeout has passed
-        while self.armed.is_set():
-            try:
-                store.check(["gpucert/agent/roster"])
-                self.last_ok = time.monotonic()
-            except RuntimeError:
-                pass
-            time.sleep(self.interval_s)

@@ -1,0 +1,436 @@
+"""One node's share of a multi-process job, started by torchrun's engine in this process.
+
+Every verb that needs more than one process (accept's and bench's benchmarks, finetune, evaluate, cluster fs, and
+through those localize's pair jobs) starts the same way, on one node, under `srun --ntasks-per-node=1`, or in a
+Kubernetes indexed Job: this process becomes the node's torchrun agent (torch.distributed.elastic's
+LocalElasticAgent, the engine `torchrun` runs: one worker per GPU, all of a node's workers stopped once one
+fails, SIGINT/SIGTERM passed on), and every worker runs the verb's own code as one rank of the job. What gpucert
+adds is its rendezvous handler (backend "gpucert", `NodeRendezvous`):
+
+- node rank 0 serves the job's TCP store, which is also the workers' store (torchrun's agent store); every node
+  says who it is and waits, bounded by runtime.rendezvous_timeout_s; a timeout names, in one line, the node ranks
+  that never came and the address they should reach.
+- torchrun's agent sees only its own workers exit. While they run it asks the rendezvous, every monitor interval,
+  whether another node wants a new round (`num_nodes_waiting`): that question is where this node learns that a
+  rank anywhere recorded the job's abort, or that the store has stopped answering. Its own workers then get
+  two heartbeat intervals to leave by themselves (their watchdogs read the same record), and are then killed,
+  SIGCONT first (a SIGSTOPped worker holds SIGTERM); the agent sees them fail and ends.
+
+    outcome = launch_ranks(node, nproc, [sys.executable, "-m", "gpucert", "accept", ...], config, log_dir)
+    outcome.ok, outcome.cause      # cause: one line naming the rank, its node, what it was doing and why
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
+from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+from gpucert.runtime.config import RuntimeConfig
+from gpucert.runtime.errors import JobFailed, RendezvousError
+from gpucert.runtime.group import POLL_S, connect_store, read_abort
+from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
+from gpucert.runtime.spawn import exit_cause
+
+BACKEND = "gpucert"
+# One job per store: node rank 0's gpucert serves it for this run alone, so a fixed id is unique where it counts.
+RUN_ID = "gpucert"
+NODES_PREFIX = "gpucert/nodes/"
+# What outlives a round of workers (group.Runtime.run_store); `over` there ends the job instead of a new round.
+RUN_PREFIX = "gpucert/run/"
+
+
+def worker_prefix(round_: int) -> str:
+    """Where a round's workers keep their keys (group.start_runtime: gpucert/<TORCHELASTIC_RUN_ID>.<restart>/)."""
+    return f"gpucert/{RUN_ID}.{round_}/"
+
+
+# Set in every worker's environment: the node process's pid (workers die with it) and where local rank 0
+# writes the node's verdict (the exit code this process returns).
+AGENT_PID = "GPUCERT_AGENT_PID"
+VERDICT_FILE = "GPUCERT_VERDICT_FILE"
+LOG_DIR = "GPUCERT_LOG_DIR"
+
+
+class NodeRendezvous(RendezvousHandler):
+    """torchrun's rendezvous, gpucert's way: nodes met by node rank, the wait bounded and its failure named, and
+    the job's abort record watched for this node's agent (module docstring)."""
+
+    def __init__(self, params: RendezvousParameters) -> None:
+        self.addr, port = params.endpoint.rsplit(":", 1)
+        self.port = int(port)
+        self.node_rank = int(params.get("node_rank"))
+        self.num_nodes = params.max_nodes
+        self.host = str(params.get("host") or socket.gethostname())
+        self.name = str(params.get("node_name") or self.host)
+        self.config = RuntimeConfig(**json.loads(params.get("runtime", "{}")))
+        self.store: Any = None
+        self.round = -1  # torchrun's restart count: every node starts each round of workers together
+        self.labels: dict[int, str] = {}
+        self.cause: str | None = None
+        self._watch: Any = None
+        self._last_ok = time.monotonic()
+        self._next_look = 0.0
+        self._abort_seen: float | None = None
+        self._closed = False
+
+    @property
+    def serves(self) -> bool:
+        return self.node_rank == 0
+
+    @property
+    def who(self) -> str:
+        return f"node rank {self.node_rank} (host {self.host})"
+
+    def get_backend(self) -> str:
+        return BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Round 0: connect (node 0 serves) and meet. A later round (the ranks ended on a failure and torchrun
+        restarts them, runtime.md): meet again, unless the ranks said the run is over."""
+        if self.store is None:
+            self.store = connect_store(self.addr, self.port, self.serves, self.config.rendezvous_timeout_s, self.who)
+            self.port = self.store.port  # a lone node serves on a port the OS chose
+        self.round += 1
+        self.cause, self._abort_seen = None, None
+        if self.round > 0:
+            run = dist.PrefixStore(RUN_PREFIX, self.store)
+            if run.check(["over"]):
+                raise JobFailed(run.get("over").decode())
+        self._meet()
+        info = RendezvousStoreInfo(self.addr, self.port)
+        store = dist.PrefixStore(f"torchelastic/{self.round}/", self.store)  # torch's own keys, fresh each round
+        return RendezvousInfo(store, self.node_rank, self.num_nodes, info)
+
+    def _meet(self) -> None:
+        """Every node says who it is; node 0 waits for all (bounded) and hands out the labels."""
+        prefix = f"{NODES_PREFIX}{self.round}/"
+        store, timeout_s = dist.PrefixStore(prefix, self.store), self.config.rendezvous_timeout_s
+        store.set(str(self.node_rank), json.dumps({"name": self.name, "host": self.host}))
+        store.add("count", 1)
+        if self.serves:
+            deadline = time.monotonic() + timeout_s
+            while store.add("count", 0) < self.num_nodes:
+                if time.monotonic() > deadline:
+                    message = self._missing_nodes_message(store)
+                    store.set("roster", json.dumps({"error": message}))
+                    raise RendezvousError(message)
+                time.sleep(POLL_S)
+            from gpucert.runtime.identity import node_labels
+
+            names = {r: json.loads(store.get(str(r)))["name"] for r in range(self.num_nodes)}
+            store.set("roster", json.dumps({"labels": node_labels(names)}))
+        else:
+            try:
+                store.wait(["roster"], timedelta(seconds=timeout_s))
+            except RuntimeError:
+                raise RendezvousError(
+                    f"{self.who}: node rank 0 at {self.addr}:{self.port} did not finish the rendezvous within "
+                    f"{timeout_s:g} s (runtime.rendezvous_timeout_s)"
+                ) from None
+        roster = json.loads(store.get("roster"))
+        if "error" in roster:
+            raise RendezvousError(roster["error"])
+        self.labels = {int(r): label for r, label in roster["labels"].items()}
+
+    def _missing_nodes_message(self, store: Any) -> str:
+        present = [r for r in range(self.num_nodes) if store.check([str(r)])]
+        missing = [r for r in range(self.num_nodes) if r not in present]
+        hosts = [json.loads(store.get(str(r)))["host"] for r in present]
+        if self.labels:
+            # A later round: the node was there, its workers ended with the failure and it did not come back.
+            lost = ", ".join(f"{self.labels.get(r, r)} (node rank {r})" for r in missing)
+            return (
+                f"{lost} did not come back for round {self.round} of the workers within "
+                f"{self.config.rendezvous_timeout_s:g} s (runtime.rendezvous_timeout_s): its gpucert is gone (node "
+                "lost, killed?); what ran before is in the report"
+            )
+        return (
+            f"{self.who}: waited {self.config.rendezvous_timeout_s:g} s (runtime.rendezvous_timeout_s) at "
+            f"{self.addr}:{self.port} for {self.num_nodes} nodes; {len(present)} joined ({', '.join(hosts)}); "
+            f"missing node rank(s) {', '.join(map(str, missing))}. Start gpucert there with the same command and "
+            f"--node-rank set, or check that they reach {self.addr}:{self.port}"
+        )
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def set_closed(self) -> None:
+        self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        """The agent's question every monitor interval; the answer is always 0 (no node joins a running job),
+        and the moment to look at the job's abort record and at the store (module docstring)."""
+        now = time.monotonic()
+        if now < self._next_look or self.store is None:
+            return 0
+        self._next_look = now + self.config.heartbeat_interval_s
+        if self._abort_seen is not None:
+            if now - self._abort_seen > 2 * self.config.heartbeat_interval_s:
+                kill_children(signal.SIGKILL)
+            return 0
+        try:
+            if self._watch is None:
+                # Its own connection with a short timeout: a stopped store must not hold the agent's loop.
+                self._watch = connect_store(self.addr, self.port, False, self.config.heartbeat_interval_s, self.who)
+            record = read_abort(dist.PrefixStore(worker_prefix(self.round), self._watch))
+            self._last_ok = now
+        except RuntimeError:
+            silent = now - self._last_ok
+            if silent > self.config.heartbeat_timeout_s + 2 * self.config.heartbeat_interval_s:
+                self.cause = (
+                    f"{self.who} stops: the job's store at {self.addr}:{self.port} has not answered for "
+                    f"{silent:.0f} s (runtime.heartbeat_timeout_s {self.config.heartbeat_timeout_s:g}): node rank "
+                    "0's gpucert is gone, stopped or unreachable"
+                )
+                kill_children()
+            return 0
+        if record is not None:
+            self.cause = record.message()
+            self._abort_seen = now
+            kill_children(None)  # woken, a SIGSTOPped worker reads the record and leaves by itself
+        return 0
+
+    def read_cause(self) -> str | None:
+        """The job's abort record as it stands, if the store still answers (a local rank recorded it just now)."""
+        if self.cause is not None or self.store is None:
+            return self.cause
+        with contextlib.suppress(RuntimeError):
+            watch = self._watch or connect_store(self.addr, self.port, False, self.config.heartbeat_interval_s, "")
+            run = dist.PrefixStore(RUN_PREFIX, watch)
+            if run.check(["over"]):
+                return str(run.get("over").decode())
+            record = read_abort(dist.PrefixStore(worker_prefix(self.round), watch))
+            return record.message() if record is not None else None
+        return None
+
+    def get_run_id(self) -> str:
+        return RUN_ID
+
+    def shutdown(self) -> bool:
+        return True
+
+
+# The handler of the launch in progress, for the outcome's cause (torch builds it from the registry).
+_CURRENT: list[NodeRendezvous] = []
+
+
+def _create(params: RendezvousParameters) -> NodeRendezvous:
+    handler = NodeRendezvous(params)
+    _CURRENT[:] = [handler]
+    return handler
+
+
+def kill_children(sig: signal.Signals | None = signal.SIGKILL) -> None:
+    """Every worker of this process, in its own session (torch starts them so): SIGCONT, then `sig`."""
+    for pid in _children(os.getpid()):
+        for each in (signal.SIGCONT, sig):
+            if each is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, each)
+
+
+def stop_children(grace_s: float) -> None:
+    """SIGTERM every worker (each says where it was and leaves), SIGKILL what is left after grace_s."""
+    kill_children(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _children(os.getpid()) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass  # reaped: a zombie is still our child
+        time.sleep(0.05)
+    kill_children(signal.SIGKILL)
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found.append(int(entry))
+    return found
+
+
+class RankLogs(LogsSpecs):
+    """Rank 0 keeps its node's terminal (it prints the report there); every other rank writes stdout and stderr
+    to `<log_dir>/rank-<global rank>.log` (the rank merges its stderr into it)."""
+
+    def __init__(self, log_dir: Path | None) -> None:
+        super().__init__(log_dir=str(log_dir) if log_dir else None)
+        self.log_dir = log_dir
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self.log_dir or "")
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        console = dict.fromkeys(envs, "")  # torch's word for "the terminal"
+        if self.log_dir is None:
+            return LogsDest(stdouts=console, stderrs=dict(console), error_files=dict.fromkeys(envs, os.devnull))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stdouts = {
+            local: "" if env["RANK"] == "0" else str(self.log_dir / f"rank-{env['RANK']}.log")
+            for local, env in envs.items()
+        }
+        # torch opens stdout and stderr files apart (two offsets in one file would overwrite each other): the rank
+        # sends its stderr into its stdout itself (merge_rank_log).
+        errors = {local: str(self.log_dir / f"error-rank-{env['RANK']}.json") for local, env in envs.items()}
+        return LogsDest(stdouts=stdouts, stderrs=console, error_files=errors)
+
+
+def merge_rank_log() -> None:
+    """In a rank whose stdout RankLogs sent to a file: its stderr goes there too, one log a rank."""
+    if os.environ.get(LOG_DIR) and os.environ.get("RANK", "0") != "0" and not os.isatty(1):
+        os.dup2(1, 2)
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    ok: bool
+    # This node's verdict (exit code) as its local rank 0 wrote it, when the ranks finished.
+    verdict: int | None = None
+    # Why the job failed, in one line: the recorded abort, else how this node's first worker ended.
+    cause: str | None = None
+    # Node rank -> label, as the nodes met.
+    labels: dict[int, str] = dataclasses.field(default_factory=dict)
+
+
+def launch_ranks(
+    node: NodeEnv,
+    nproc: int,
+    argv: Sequence[str],
+    config: RuntimeConfig,
+    log_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    max_restarts: int = 0,
+) -> LaunchOutcome:
+    """Run `argv` as nproc ranks on this node, with every other node's (node.num_nodes nodes, met at
+    node.master_addr:node.master_port; a lone node serves on a free port). Blocks until the job ends.
+
+    max_restarts: rounds of fresh workers after a failure (accept: one a benchmark, so a benchmark that fails
+    or hangs costs that benchmark, not the run); the ranks carry the run across rounds in the run store and set
+    `over` there to end it. RendezvousError: a node did not come (named); JobFailed: the ranks ended the run
+    (the cause); KeyboardInterrupt: Ctrl-C, every worker stopped."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, launch_agent
+
+    with contextlib.suppress(ValueError):  # registered already, by an earlier launch in this process
+        rendezvous_handler_registry.register(BACKEND, _create)
+    # torchrun's own logging repeats, as tracebacks and tables, what the cause line says.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    lone = node.num_nodes == 1
+    verdict_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpucert-verdict-{os.getpid()}-{time.monotonic_ns()}"
+    saved = dict(os.environ)
+    # The workers inherit this process's environment (torch adds RANK, WORLD_SIZE, ... per worker).
+    for key in RANK_VARIABLES:
+        os.environ.pop(key, None)
+    os.environ.update(env or {})
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # c10d's C++ logs repeat every connection retry, with stack dumps; our own messages say what failed.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    os.environ.update({AGENT_PID: str(os.getpid()), VERDICT_FILE: str(verdict_file)})
+    if log_dir is not None:
+        os.environ[LOG_DIR] = str(log_dir)
+    settings: dict[str, Any] = {
+        "min_nodes": node.num_nodes,
+        "max_nodes": node.num_nodes,
+        "nproc_per_node": nproc,
+        "run_id": RUN_ID,
+        "rdzv_backend": BACKEND,
+        "rdzv_endpoint": f"{'127.0.0.1' if lone else node.master_addr}:{0 if lone else node.master_port}",
+        "rdzv_configs": {
+            "node_rank": node.node_rank,
+            "node_name": node.node_name or "",
+            "runtime": json.dumps(dataclasses.asdict(config)),
+        },
+        "max_restarts": max_restarts,
+        "monitor_interval": min(0.5, config.heartbeat_interval_s),
+        "logs_specs": RankLogs(log_dir),
+    }
+    fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+    if "shutdown_timeout" in fields:
+        settings["shutdown_timeout"] = max(int(config.kill_grace_s), 1)  # TERM, then KILL after this long
+    if "signals_to_handle" in fields:
+        # Ctrl-C stays Python's KeyboardInterrupt here (stop_children below); torch would pass SIGINT on to
+        # ranks that may still be importing, each printing a traceback.
+        settings["signals_to_handle"] = "SIGTERM,SIGHUP,SIGQUIT"
+    _CURRENT.clear()
+    try:
+        launch_agent(LaunchConfig(**settings), argv[0], list(argv[1:]))
+        return LaunchOutcome(True, _read_verdict(verdict_file), labels=_CURRENT[0].labels if _CURRENT else {})
+    except ChildFailedError as exc:
+        handler = _CURRENT[0] if _CURRENT else None
+        cause = handler.read_cause() if handler else None
+        if cause is None:
+            rank, failure = exc.get_first_failure()
+            cause = f"rank {rank} on this node ended: {exit_cause(failure.exitcode)}"
+        if handler is not None and handler.serves and not lone:
+            time.sleep(2 * config.heartbeat_interval_s)  # the other nodes read the abort record from our store
+        return LaunchOutcome(False, _read_verdict(verdict_file), cause)
+    except SignalException as exc:
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        return LaunchOutcome(False, None, f"stopped by {signal.Signals(exc.sigval).name} (the job was cancelled?)")
+    except KeyboardInterrupt:
+        stop_children(config.kill_grace_s)
+        raise
+    finally:
+        kill_children()  # whatever torch's shutdown left: nothing outlives the launch
+        os.environ.clear()
+        os.environ.update(saved)
+        verdict_file.unlink(missing_ok=True)
+
+
+def write_verdict(code: int) -> None:
+    """In local rank 0 of a node: this node's exit code, for the process that launched the ranks."""
+    path = os.environ.get(VERDICT_FILE)
+    if path:
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(str(code))
+        tmp.replace(path)
+
+
+def _read_verdict(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def launched_by_gpucert() -> bool:
+    return VERDICT_FILE in os.environ
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
