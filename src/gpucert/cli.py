@@ -93,7 +93,6 @@ def _cluster_options() -> _Parser:
 
 def build_parser() -> argparse.ArgumentParser:
     from gpucert.finetune import commands  # its options only: no torch until a finetune runs
-    from gpucert.finetune.bfcl import add_suite_arguments
 
     parser = _Parser(prog="gpucert", description="Acceptance testing for NVIDIA GPU nodes and clusters.")
     parser.add_argument("--version", action="version", version=f"gpucert {gpucert.__version__}")
@@ -200,7 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--adapter", type=Path, required=True, help="adapter directory (PEFT format)")
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
     evaluate.add_argument("--output", "-o", help="report directory (default: evaluation/ beside the adapter)")
-    add_suite_arguments(evaluate)
     for verb in [*verbs.choices.values(), *cluster_checks.choices.values()]:  # after the verb too; SUPPRESS: no reset
         verb.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help=output_format)
     return parser
@@ -293,23 +291,30 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         outcome = run_local(request)
     else:
         outcome = run_with_agents(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, say)
-    code = _show(outcome, args, console)
     if getattr(args, "drain", False) and outcome.report is not None:
-        code = _drain(outcome.report, args, code)
-    return code
+        outcome = _drain(outcome, args)  # before it is shown: one verdict, the exit code's
+    return _show(outcome, args, console)
 
 
-def _drain(report: Report, args: argparse.Namespace, code: int) -> int:
-    """The health verdict, or ERROR when the node should have been drained and could not be."""
+def _drain(outcome: RunOutcome, args: argparse.Namespace) -> RunOutcome:
+    """The health report with what --drain did as one more result (slurm.drain, ERROR when the node should have
+    been drained or checked and could not be), written again."""
+    import dataclasses
     import socket
 
-    from gpucert.cluster.slurm_checks import apply_drain
+    from gpucert.acceptance import RunOutcome
+    from gpucert.cluster.slurm_checks import drain_result
+    from gpucert.report.store import write_report
 
+    assert outcome.report is not None
+    report = outcome.report
     node = args.slurm_node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     timeout_s = float(report.meta.config.get("health", {}).get("command_timeout_s", 20.0))
-    said, ok = apply_drain(node, list(report.results), timeout_s)
-    print(f"gpucert: {said}", file=sys.stderr)
-    return code if ok else ERROR_EXIT
+    result = drain_result(node, list(report.results), timeout_s)
+    print(f"gpucert: {result.message}", file=sys.stderr)
+    report = dataclasses.replace(report, results=[*report.results, result])
+    path = write_report(report, outcome.path.parent) if outcome.path is not None else None
+    return RunOutcome(report, path, report.status.exit_code)
 
 
 def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpucert.hardware.gpus import HW_SLOWDOWN_BITS, clock_event_names
 from gpucert.hardware.nvml import CLOCK_SM, TEMPERATURE_GPU
+from gpucert.report.numbers import sig
 from gpucert.report.schema import Result
 from gpucert.status import Status
 
@@ -27,6 +28,8 @@ class TelemetrySampler:
         self.api, self.interval_s = api, interval_s
         self.samples: dict[str, list[Any]] = {"t_s": []}
         self.gpus: dict[str, dict[str, list[Any]]] = {}
+        # The first error of each NVML query that went unanswered: why a series has gaps (or is all gaps).
+        self.errors: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -58,7 +61,8 @@ class TelemetrySampler:
     def _ask(self, fn: str, *args: Any) -> Any:
         try:
             return getattr(self.api, fn)(*args)
-        except Exception:  # a missed sample is a gap in the plot, not a failed benchmark
+        except Exception as exc:  # a missed sample is a gap in the plot; a series of nothing but gaps is judged
+            self.errors.setdefault(fn, f"{type(exc).__name__}: {exc}")
             return None
 
     def stop(self) -> dict[str, Any]:
@@ -69,9 +73,13 @@ class TelemetrySampler:
         # Slowdown reasons of every raw sample, OR-ed before thinning: a one-sample HW slowdown must not be
         # dropped along with the samples the plots do not need.
         seen = {gpu: _or_all(series["clock_events"]) for gpu, series in self.gpus.items()}
+        read = {gpu: sum(m is not None for m in series["clock_events"]) for gpu, series in self.gpus.items()}
         thinned = thin({"t_s": self.samples["t_s"], "gpus": self.gpus})
         for gpu, mask in seen.items():
             thinned["gpus"][gpu]["clock_events_seen"] = mask
+            thinned["gpus"][gpu]["clock_events_read"] = read[gpu]
+        thinned["samples"] = len(self.samples["t_s"])
+        thinned["unreadable"] = dict(self.errors)
         return thinned
 
 
@@ -91,8 +99,18 @@ def thin(series: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _clock_events_read(series: dict[str, Any]) -> int:
+    """Samples whose clock-event reasons NVML answered (counted before thinning where the sampler says)."""
+    return int(series.get("clock_events_read", sum(m is not None for m in series["clock_events"])))
+
+
+def _range(values: list[float], unit: str) -> str:
+    return f"{sig(min(values))}-{sig(max(values))} {unit}" if values else "unreadable"
+
+
 def judge_telemetry(benchmark: str, telemetry: dict[str, Any] | None, hostname: str) -> list[Result]:
-    """FAIL when any GPU hit a hardware slowdown under load (gpu-fryer's rule); the series go in details."""
+    """FAIL when any GPU hit a hardware slowdown under load (gpu-fryer's rule); ERROR when a GPU's clock-event
+    reasons could not be read at all (nothing was judged: never a PASS); the series go in details."""
     if not telemetry or not telemetry.get("gpus"):
         return []
     hot = {}
@@ -100,9 +118,10 @@ def judge_telemetry(benchmark: str, telemetry: dict[str, Any] | None, hostname: 
         bits = series.get("clock_events_seen", _or_all(series["clock_events"]))
         if bits & HW_SLOWDOWN_BITS:
             hot[gpu] = clock_event_names(bits & HW_SLOWDOWN_BITS)
+    unread = [gpu for gpu, series in telemetry["gpus"].items() if _clock_events_read(series) == 0]
     temps = [t for s in telemetry["gpus"].values() for t in s["temperature_c"] if t is not None]
     clocks = [c for s in telemetry["gpus"].values() for c in s["sm_clock_mhz"] if c is not None]
-    summary = f"max {max(temps, default=0):g} C, SM clock {min(clocks, default=0)}-{max(clocks, default=0)} MHz"
+    summary = f"max {sig(max(temps)) + ' C' if temps else 'temperature unreadable'}, SM clock {_range(clocks, 'MHz')}"
     base: dict[str, Any] = dict(
         name=f"telemetry.{benchmark}",
         subject=hostname,
@@ -123,6 +142,20 @@ def judge_telemetry(benchmark: str, telemetry: dict[str, Any] | None, hostname: 
                 status=Status.FAIL,
                 message=f"expected no hardware slowdown under load during {benchmark}, found {listed} ({summary})",
                 remediation="check cooling and power delivery; a GPU that throttles under load fails acceptance",
+            )
+        ]
+    if unread:
+        samples = telemetry.get("samples", len(telemetry.get("t_s", [])))
+        why = (telemetry.get("unreadable") or {}).get("nvmlDeviceGetCurrentClocksEventReasons", "no answer")
+        gpus = ", ".join(f"GPU {gpu}" for gpu in unread)
+        return [
+            Result(
+                **base,
+                status=Status.ERROR,
+                message=f"could not judge hardware slowdown during {benchmark}: NVML answered none of {samples} "
+                f"clock-event samples of {gpus} ({why}; {summary})",
+                remediation="check the driver with `nvidia-smi -q -d PERFORMANCE`; a GPU that stops answering NVML "
+                "needs a reset",
             )
         ]
     return [Result(**base, status=Status.PASS, message=f"no hardware slowdown during {benchmark} ({summary})")]

@@ -373,3 +373,23 @@ def apply_drain(
     return f"{node} left {state}: nothing failed" + (
         f" (drained by someone else: {was})" if "DRAIN" in state else ""
     ), True
+
+
+def drain_result(node: str, results: list[Result], timeout_s: float, ask: Any = None) -> Result:
+    """What `health --drain` did, as one more result of the health report, so that the report's one verdict is
+    the exit code: INFO when Slurm did what the verdict asked (drained, resumed, or nothing to do), ERROR when
+    it could not be done or checked (slurmctld unreachable, the node unknown)."""
+    said, ok = apply_drain(node, results, timeout_s, ask)
+    base: dict[str, Any] = dict(name="slurm.drain", subject=node)
+    if ok:
+        return Result(**base, status=Status.INFO, message=said)
+    should_drain = drain_reason(results) is not None
+    return Result(
+        **base,
+        status=Status.ERROR,
+        message=f"{said}; "
+        + ("this failing node is still in service" if should_drain else "whether gpucert drained it before is unknown"),
+        remediation=f"check that slurmctld answers (`scontrol ping`) and that {node} is the node's Slurm name "
+        "(--slurm-node)"
+        + (f"; drain it by hand: scontrol update NodeName={node} State=DRAIN Reason=..." if should_drain else ""),
+    )
