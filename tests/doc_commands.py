@@ -67,7 +67,8 @@ class Checked:
 
 
 def doc_paths(root: Path = REPO) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """README.md and every page under docs/ (the results pages too: their commands are how to measure again)."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 # ---------------------------------------------------------------- collect
@@ -225,7 +226,9 @@ def is_placeholder(word: str) -> bool:
 def placeholders(text: str) -> list[str]:
     """The words of a command a reader fills in before running it; `[...]` marks an optional part."""
     found = [w for w in words(text) if is_placeholder(w) or w.startswith("[") or (w.endswith("]") and "[" not in w)]
-    return found + (["$(...)"] if "$(" in text or "${" in text else [])
+    # $node, ${RUN}, $(hostname): the shell's values on the reader's machine.
+    shell = re.findall(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\$\([^)]*\)", text)
+    return list(dict.fromkeys(found + shell))
 
 
 def without_brackets(args: list[str]) -> list[str]:
@@ -317,6 +320,8 @@ def _check_torchrun(args: list[str], result: Checked) -> None:
     if (parsed.module and script == "gpucert") or (parsed.no_python and Path(script).name == "gpucert"):
         result.checks.append("gpucert parser")
         result.problems += check_gpucert(without_brackets(parsed.training_script_args))
+    elif parsed.module:
+        _check_python(["-m", script], result)
 
 
 def _check_docker_run(args: list[str], result: Checked) -> None:
@@ -369,11 +374,16 @@ def parse_with(parser: Any, args: list[str], name: str) -> tuple[Any, str]:
             # the node the doc speaks of, here one that exists.
             args[node_path] = str(Path(tempfile.gettempdir()) / Path(args[node_path]).name)
             continue
+        elided = re.search(r"unrecognized arguments: (.*)$", message)
+        if elided and all(word == "..." for word in elided.group(1).split()):
+            return None, ""  # `gpucert cluster localize ... --set ...`: the doc left words out
         bad = re.search(r"invalid (?:\w+ value|choice): '([^']*)'", message)
-        if not (bad and is_placeholder(bad.group(1)) and bad.group(1) in args):
+        at = [i for i, a in enumerate(args) if bad and (a == bad.group(1) or a.endswith(f"={bad.group(1)}"))]
+        if not (bad and is_placeholder(bad.group(1)) and at):
             return None, message
         choice = re.search(r"choose from '?([^',)]+)", message)
-        args[args.index(bad.group(1))] = choice.group(1) if choice else "1"
+        value = choice.group(1) if choice else "1"
+        args[at[0]] = value if args[at[0]] == bad.group(1) else f"{args[at[0]].split('=', 1)[0]}={value}"
     return None, "argparse refused it"
 
 
@@ -494,7 +504,7 @@ def expected_exit_codes(command: DocCommand) -> set[int]:
     last = unwrap(segments(tokens)[-1]) if segments(tokens) else []
     if last[:1] == ["gpucert"] and "--npd" in last:
         return {0, 1}
-    judged = {"discover", "health", "accept", "bench", "report", "cluster", "evaluate"}
+    judged = {"discover", "health", "accept", "bench", "report", "cluster", "evaluate", "finetune"}
     verb = next((w for w in last[1:] if not w.startswith("-")), "")
     if last[:1] == ["gpucert"] and verb in judged and "--list-recipes" not in last:
         return {0, 1, 2}

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.doc_commands import (
+    REPO,
     DocCommand,
     check_command,
     collect_all,
@@ -34,7 +35,8 @@ COMMANDS = collect_all()
 # Commands not run, by pattern (re.search on the command; the first that matches gives the reason), each with
 # where it is covered instead. Their gpucert parts are still parsed (tier 1).
 NOT_RUN = {
-    r"^pip install ": "installs packages: .ci/run installs the checkout this way before the suite runs",
+    r"^pip install ": "installs packages: .ci/run installs the checkout this way before the suite runs; the accept "
+    "after it: tests/test_cli.py::test_verbs_run_on_a_cpu_machine_and_write_a_valid_report",
     r"gpucert finetune --config qwen2-7b": "trains a 7B model on GPUs: docs/results/finetune.md has those runs",
     r"^gpucert finetune$": "trains the offline recipe (~20 s): "
     "tests/finetune/test_cli_finetune.py::test_offline_default_trains_saves_and_evaluates runs it",
@@ -56,6 +58,7 @@ NOT_RUN = {
     "gpucert command parsed)",
     r"^docker ": "needs a docker daemon (and a GPU node): tests/fleet/test_deploy.py checks the Dockerfile's "
     "sources and the wheel it installs",
+    r"^bash tools/device_": "drives a GPU machine (tools/device_*.sh): the docs/results pages hold what it measured",
     r"^promtool ": "Prometheus's tool, not a dependency of gpucert: "
     "tests/fleet/test_metrics.py::test_alert_rules_fire_on_a_real_fail evaluates the rules where Prometheus is",
 }
@@ -119,6 +122,17 @@ def test_every_table_entry_still_matches_a_documented_command() -> None:
     """An entry no command matches any more is dead: the table names what the docs show, nothing else."""
     dead = [p for p in [*NOT_RUN, *RUN] if not any(re.search(p, c.text) for c in COMMANDS)]
     assert not dead, f"patterns matching no documented command: {dead}"
+
+
+def test_the_tests_named_as_covering_a_command_exist() -> None:
+    named = [m for reason in NOT_RUN.values() for m in re.finditer(r"(tests/[\w/]+\.py)(?:::(\w+))?", reason)]
+    missing = [
+        m.group(0)
+        for m in named
+        if not (REPO / m.group(1)).is_file()
+        or (m.group(2) and f"def {m.group(2)}(" not in (REPO / m.group(1)).read_text())
+    ]
+    assert named and not missing, f"NOT_RUN names tests that do not exist: {missing}"
 
 
 RUN_FILES = sorted({c.path for c in COMMANDS if classify(c)[0]})
