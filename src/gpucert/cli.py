@@ -93,6 +93,7 @@ def _cluster_options() -> _Parser:
 
 def build_parser() -> argparse.ArgumentParser:
     from gpucert.finetune import commands  # its options only: no torch until a finetune runs
+    from gpucert.finetune.bfcl import add_suite_arguments
 
     parser = _Parser(prog="gpucert", description="Acceptance testing for NVIDIA GPU nodes and clusters.")
     parser.add_argument("--version", action="version", version=f"gpucert {gpucert.__version__}")
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--adapter", type=Path, required=True, help="adapter directory (PEFT format)")
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
     evaluate.add_argument("--output", "-o", help="report directory (default: evaluation/ beside the adapter)")
+    add_suite_arguments(evaluate)
     for verb in [*verbs.choices.values(), *cluster_checks.choices.values()]:  # after the verb too; SUPPRESS: no reset
         verb.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help=output_format)
     return parser
