@@ -62,7 +62,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         "--image",
         required=True,
         help="container image with gpucert installed, pushed where the nodes pull from; build one from the "
-        "repository's Dockerfile (docs/fleet.md)",
+        "repository's deploy/Dockerfile (docs/fleet.md)",
     )
     k.add_argument("--name", help="Job name (default gpucert-VERB)")
     k.add_argument("--pvc", help="PersistentVolumeClaim of the shared filesystem")

@@ -297,7 +297,8 @@ class RankLogs(LogsSpecs):
         console = dict.fromkeys(envs, "")  # torch's word for "the terminal"
         if self.log_dir is None:
             return LogsDest(stdouts=console, stderrs=dict(console), error_files=dict.fromkeys(envs, os.devnull))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if any(env["RANK"] != "0" for env in envs.values()):
+            self.log_dir.mkdir(parents=True, exist_ok=True)  # a lone rank 0 writes none: no empty folder
         stdouts = {
             local: "" if env["RANK"] == "0" else str(self.log_dir / f"rank-{env['RANK']}.log")
             for local, env in envs.items()
