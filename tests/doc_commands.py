@@ -43,6 +43,8 @@ PREFIXES = {"exec", "sudo", "time", "command"}
 WRAPPERS = {"srun", "salloc", "timeout", "nice", "nohup", "xargs"}
 BOX_CHARACTERS = set("─│┌┐└┘├┤┬┴┼►◄▼▲═║")
 OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;", "|&"}
+# Pages that record what was run (measurements): their commands must still parse, as they were run.
+RECORDS = ("docs/results/",)
 REPO_DIRS = ("configs/", "deploy/", "docs/", "src/", "tests/", "tools/")
 
 
@@ -163,15 +165,26 @@ def collect_all(root: Path = REPO) -> list[DocCommand]:
 ANGLED = re.compile(r"<([A-Za-z][\w.-]*)>")
 
 
+# `--master-addr=$(scontrol show hostnames ... | head -n1)`: one word, whatever its inside holds.
+SUBSTITUTION = re.compile(r"\$\([^()]*\)")
+
+
 def words(text: str) -> list[str]:
     """The command's words as the shell splits them (quotes removed), operators (&&, |, >) as words."""
+    substitutions = SUBSTITUTION.findall(text)
+    for i, found in enumerate(substitutions):
+        text = text.replace(found, f"\u27e6{i}\u27e7", 1)
     lexer = shlex.shlex(ANGLED.sub("\u27e8\\1\u27e9", text), posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
-        found = list(lexer)
+        tokens = list(lexer)
     except ValueError:  # an unclosed quote
-        found = text.split()
-    return [word.replace("\u27e8", "<").replace("\u27e9", ">") for word in found]
+        tokens = text.split()
+    restored = []
+    for token in tokens:
+        token = token.replace("\u27e8", "<").replace("\u27e9", ">")
+        restored.append(re.sub("\u27e6(\\d+)\u27e7", lambda m: substitutions[int(m.group(1))], token))
+    return restored
 
 
 def segments(tokens: list[str]) -> list[list[str]]:
@@ -251,13 +264,13 @@ def check_command(command: DocCommand) -> Checked:
     """Every part of the command that can be checked without running it; problems name the doc's file:line."""
     result = Checked()
     for segment in segments(words(command.text)):
-        _check_segment(unwrap(segment), result)
+        _check_segment(unwrap(segment), result, record=command.path.startswith(RECORDS))
     _check_repo_paths(words(command.text), result)
     result.problems = [f"{command.id}: `{command.text}`: {problem}" for problem in result.problems]
     return result
 
 
-def _check_segment(segment: list[str], result: Checked) -> None:
+def _check_segment(segment: list[str], result: Checked, record: bool = False) -> None:
     if not segment:
         return
     program, args = Path(segment[0]).name, segment[1:]
@@ -267,14 +280,14 @@ def _check_segment(segment: list[str], result: Checked) -> None:
     elif program.startswith("python"):
         _check_python(args, result)
     elif program == "torchrun":
-        _check_torchrun(args, result)
+        _check_torchrun(args, result, record)
     elif program in WRAPPERS:
         # srun's own options are Slurm's to judge (tests/cluster); what it starts is ours.
         inner = next(
             (i for i, a in enumerate(args) if Path(a).name in ("gpucert", "python", "python3", "torchrun")), None
         )
         if inner is not None:
-            _check_segment(args[inner:], result)
+            _check_segment(args[inner:], result, record)
     elif program == "make":
         targets = [a for a in args if not a.startswith("-") and "=" not in a]
         makefile = (REPO / "Makefile").read_text()
@@ -306,16 +319,26 @@ def _check_python(args: list[str], result: Checked) -> None:
 def _torchrun_parser() -> Any:
     from torch.distributed.run import get_args_parser
 
-    return get_args_parser()
+    parser = get_args_parser()
+    parser.prog = "torchrun"
+    return parser
 
 
-def _check_torchrun(args: list[str], result: Checked) -> None:
-    """torchrun's options by torch's own parser; the gpucert it starts (-m gpucert, --no-python gpucert) by ours."""
+def _check_torchrun(args: list[str], result: Checked, record: bool = False) -> None:
+    """torchrun's options by torch's own parser; the gpucert it starts (-m gpucert, --no-python gpucert) by ours.
+    A torchrun across nodes bounds its rendezvous, unless the page is a record of what ran (docs/results/)."""
     result.checks.append("torchrun parser")
     parsed, message = parse_with(_torchrun_parser(), without_brackets(args), "torchrun")
     if message:
         result.problems.append(message)
         return
+    nodes = max(int(n) for n in re.findall(r"\d+", parsed.nnodes) or ["2"])
+    if not record and nodes > 1 and not re.search(r"(^|,)(join_)?timeout=\d", parsed.rdzv_conf or ""):
+        # torchrun's rendezvous waits 600-900 s for a node that never comes, then a traceback naming nobody.
+        result.problems.append(
+            f"torchrun --nnodes {parsed.nnodes} with no bound on its rendezvous: add --rdzv-conf=timeout=120 "
+            "(static, with --master-addr) or --rdzv-conf=join_timeout=120 (c10d)"
+        )
     script = parsed.training_script
     if (parsed.module and script == "gpucert") or (parsed.no_python and Path(script).name == "gpucert"):
         result.checks.append("gpucert parser")

@@ -27,6 +27,8 @@ from tests.doc_commands import (
     expected_exit_codes,
     placeholders,
     run_in_order,
+    segments,
+    unwrap,
     words,
 )
 
@@ -75,16 +77,23 @@ RUN = {
 }
 
 
+# What a runnable command may start, in every part of a chain: anything else (sbatch, kubectl) needs NOT_RUN.
+LOCAL_PROGRAMS = {"gpucert", "mkdir", "cp", "grep", "cat", "ls", "head", "tail", "echo", "cd"}
+
+
 def classify(command: DocCommand) -> tuple[bool, str]:
-    """(run it, why): NOT_RUN first, then a placeholder to fill in, then RUN; ("", False) is unclassified."""
+    """(run it, why): NOT_RUN first (on the line or any part of a chain), then a placeholder to fill in, then RUN
+    where every part starts a program of this machine; (False, "") is unclassified."""
+    parts = [" ".join(unwrap(segment)) for segment in segments(words(command.text))]
     for pattern, reason in NOT_RUN.items():
-        if re.search(pattern, command.text):
+        if any(re.search(pattern, text) for text in [command.text, *parts]):
             return False, reason
     filled = placeholders(command.text)
     if filled:
         return False, f"placeholders to fill in: {' '.join(filled)}"
+    local = all(part.split(" ", 1)[0] in LOCAL_PROGRAMS for part in parts)
     for pattern, what in RUN.items():
-        if re.search(pattern, command.text):
+        if local and re.search(pattern, command.text):
             return True, what
     return False, ""
 
@@ -194,12 +203,17 @@ def test_output_diagrams_and_other_languages_are_no_commands(tmp_path: Path) -> 
         ("srun --ntasks-per-node=1 gpucert acept", "invalid choice: 'acept'"),
         ("env NCCL_DEBUG=INFO gpucert health --set bench.nproc=x", "bench.nproc: expected int"),
         pytest.param(
-            "torchrun --nodes-count 2 -m gpucert accept",
+            "torchrun --nodes-count 2 --rdzv-conf=timeout=60 -m gpucert accept",
             "unrecognized arguments: --nodes-count",
             marks=_torch_slow("torchrun"),
         ),
         pytest.param(
-            "torchrun --nnodes 2 -m gpucert accept --nodes 2",
+            "torchrun --nnodes 2 --master-addr node-a -m gpucert accept",
+            "torchrun --nnodes 2 with no bound on its rendezvous",
+            marks=_torch_slow("torchrun"),
+        ),
+        pytest.param(
+            "torchrun --nnodes 2 --rdzv-conf=timeout=60 -m gpucert accept --nodes 2",
             "unrecognized arguments: --nodes",
             marks=_torch_slow("torchrun"),
         ),
@@ -216,7 +230,7 @@ def test_a_doc_that_drifts_from_the_code_fails_naming_its_line(tmp_path: Path, l
     assert message in "\n".join(problems)
 
 
-def test_placeholders_parse_and_are_not_run(tmp_path: Path) -> None:
+def test_placeholders_are_parsed_not_run_and_other_programs_must_be_classified(tmp_path: Path) -> None:
     commands = _doc(
         tmp_path,
         "gpucert report history NODE [RUNS_DIR] [--threshold PCT]\n"
@@ -224,8 +238,10 @@ def test_placeholders_parse_and_are_not_run(tmp_path: Path) -> None:
     )
     assert [check_command(c).problems for c in commands] == [[], []]
     assert all(classify(c)[1].startswith("placeholders to fill in") for c in commands)
-    (unclassified,) = _doc(tmp_path, "nvidia-smi topo -m\n")
-    assert classify(unclassified) == (False, "")
+    unclassified = _doc(
+        tmp_path, "nvidia-smi topo -m\ngpucert launch slurm accept --nodes 2 --dry-run > j.sh && sbatch j.sh\n"
+    )
+    assert [classify(c) for c in unclassified] == [(False, ""), (False, "")]
 
 
 @pytest.mark.slow
