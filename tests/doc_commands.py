@@ -98,13 +98,15 @@ def fenced_blocks(text: str) -> Iterator[tuple[str, list[tuple[int, str]]]]:
 
 def split_comment(line: str) -> tuple[str, str]:
     """(code, comment) of one line: a `#` outside quotes, at the start or after a space, starts the comment."""
-    quote = ""
+    quote, escaped = "", False
     for i, char in enumerate(line):
-        if quote:
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
             if char == quote:
                 quote = ""
-            elif char == "\\" and quote == '"':
-                continue
         elif char in "'\"":
             quote = char
         elif char == "#" and (i == 0 or line[i - 1].isspace()):
@@ -119,7 +121,7 @@ def commands_of_block(language: str, body: list[tuple[int, str]], path: str) -> 
         return []  # a diagram
     prompted = language == "console" or any(line.startswith("$ ") for _, line in body)
     found: list[DocCommand] = []
-    start, parts, comments = 0, [], []  # type: ignore[var-annotated]
+    start, parts, comments = 0, list[str](), list[str]()
     for number, raw in body:
         line = raw
         if not parts:
@@ -171,6 +173,7 @@ SUBSTITUTION = re.compile(r"\$\([^()]*\)")
 
 def words(text: str) -> list[str]:
     """The command's words as the shell splits them (quotes removed), operators (&&, |, >) as words."""
+    text = re.sub(r"(?<=\s)\d+(?=>)", "", text)  # `2>&1`: the descriptor is no argument
     substitutions = SUBSTITUTION.findall(text)
     for i, found in enumerate(substitutions):
         text = text.replace(found, f"\u27e6{i}\u27e7", 1)
@@ -196,7 +199,7 @@ def segments(tokens: list[str]) -> list[list[str]]:
             skip = False
         elif token in OPERATORS:
             found.append([])
-        elif token[:1] in "<>" or token == "&>":
+        elif token[:1] in ("<", ">") or token == "&>":
             skip = True  # `> file`, `2>&1`: the target is no argument
         else:
             found[-1].append(token)

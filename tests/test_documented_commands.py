@@ -258,3 +258,12 @@ def test_a_documented_run_that_no_longer_works_fails_naming_its_line(tmp_path: P
     assert "name the recipe with --config" in failures[0]
     assert failures[1].startswith("fake.md:5: ") and "expected [2]" in failures[1]
     assert "kind: Job" in (tmp_path / "run/tmp/job.yaml").read_text()  # /tmp/ moved into the scratch directory
+
+
+def test_words_are_split_as_the_shell_splits_them_with_the_docs_placeholders_kept_whole() -> None:
+    assert segments(words("gpucert report runs/<id>/evaluation 2>&1 > out.txt | grep '#x' && echo $(hostname)")) == [
+        ["gpucert", "report", "runs/<id>/evaluation"],
+        ["grep", "#x"],
+        ["echo", "$(hostname)"],
+    ]
+    assert unwrap(words("env NCCL_DEBUG=INFO exec gpucert health")) == ["gpucert", "health"]
