@@ -375,11 +375,11 @@ def apply_drain(
     ), True
 
 
-def drain_result(node: str, results: list[Result], timeout_s: float, ask: Any = None) -> Result:
+def drain_result(node: str, results: list[Result], timeout_s: float, ask: Any = None, resume_after: int = 1) -> Result:
     """What `health --drain` did, as one more result of the health report, so that the report's one verdict is
     the exit code: INFO when Slurm did what the verdict asked (drained, resumed, or nothing to do), ERROR when
     it could not be done or checked (slurmctld unreachable, the node unknown)."""
-    said, ok = apply_drain(node, results, timeout_s, ask)
+    said, ok = apply_drain(node, results, timeout_s, ask, resume_after)
     base: dict[str, Any] = dict(name="slurm.drain", subject=node)
     if ok:
         return Result(**base, status=Status.INFO, message=said)
