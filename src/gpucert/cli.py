@@ -118,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="as a node-problem-detector custom plugin: one line on stdout, exit 0 OK, 1 a FAIL, 2 unknown (ERROR)",
     )
+    health.add_argument(
+        "--resume-after",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --drain: resume a node gpucert drained after N passing runs in a row (default 1); a FAIL drains "
+        "only when the checks run again at once FAIL too",
+    )
     accept = verbs.add_parser(
         "accept", parents=[common, cluster], help="the acceptance suite: discover + health + benchmarks"
     )
@@ -257,6 +265,8 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         overrides.append(f"bench.nproc={nproc}")
     benchmarks = _benchmarks_of(args)
     overrides += _duration_override(args)
+    if getattr(args, "resume_after", 1) < 1:
+        raise ConfigError(f"--resume-after counts passing runs: it must be >= 1, found {args.resume_after}")
     if getattr(args, "drain", False) and (args.replay or getattr(args, "nnodes", None) not in (None, 1)):
         raise ConfigError("--drain acts on this live node: not with --replay or --nnodes (run it on every node)")
     if benchmarks and args.replay:
@@ -294,6 +304,9 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
     else:
         outcome = run_with_agents(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, say)
     if getattr(args, "drain", False) and outcome.report is not None:
+        from gpucert.fleet.recheck import recheck
+
+        outcome = recheck(outcome, lambda: run_local(request))  # one noisy reading never drains a node
         outcome = _drain(outcome, args)  # before it is shown: one verdict, the exit code's
     return _show(outcome, args, console)
 
@@ -312,7 +325,7 @@ def _drain(outcome: RunOutcome, args: argparse.Namespace) -> RunOutcome:
     report = outcome.report
     node = args.slurm_node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     timeout_s = float(report.meta.config.get("health", {}).get("command_timeout_s", 20.0))
-    result = drain_result(node, list(report.results), timeout_s)
+    result = drain_result(node, list(report.results), timeout_s, resume_after=args.resume_after)
     print(f"gpucert: {result.message}", file=sys.stderr)
     report = dataclasses.replace(report, results=[*report.results, result])
     path = write_report(report, outcome.path.parent) if outcome.path is not None else None

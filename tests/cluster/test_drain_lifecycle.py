@@ -46,3 +46,38 @@ def test_resume_only_after_three_passes_in_a_row(slurm_cluster, monkeypatch: pyt
         assert "DRAIN" not in node2()[0]
     finally:
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], timeout=30, check=False)
+
+
+@pytest.mark.slow
+def test_health_drain_rechecks_a_fail_and_resumes_after_two_passes(slurm_cluster, tmp_path) -> None:
+    """`gpucert health --drain --resume-after 2` as HealthCheckProgram on node2: a FAIL (one GPU expected on
+    this CPU machine) is measured twice (two run directories) before node2 is drained; the first passing run
+    keeps it drained and counts it, the second resumes it."""
+    import sys
+
+    def health(runs: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "gpucert", "health", "--profile", "cpu", "--drain", "--resume-after", "2"]
+        argv += ["--slurm-node", "node2", "--json", "--set", f"runs_dir={tmp_path / runs}", *extra]
+        return subprocess.run(argv, env=slurm_cluster.env, capture_output=True, text=True, timeout=120)
+
+    def node2() -> tuple[str, str]:
+        out = subprocess.run(["scontrol", "show", "node", "node2", "-o"], env=slurm_cluster.env, capture_output=True,
+                             text=True, timeout=30, check=True).stdout  # fmt: skip
+        return out.split("State=")[1].split()[0], out.split(" Reason=")[1].strip() if " Reason=" in out else ""
+
+    try:
+        failed = health("failed", "--set", "health.expected_gpus=1")
+        assert failed.returncode == 2, failed.stderr
+        assert len(list((tmp_path / "failed").glob("*/report.json"))) == 2  # the reading and its recheck
+        state, reason = node2()
+        assert "DRAIN" in state and reason.startswith("gpucert: gpu.count"), (state, reason)
+        first = health("pass1")
+        assert first.returncode == 0 and "stays drained: its checks pass, 1 of 2 runs in a row" in first.stderr
+        assert len(list((tmp_path / "pass1").glob("*/report.json"))) == 1  # nothing FAILed: no recheck
+        state, reason = node2()
+        assert "DRAIN" in state and "[passes 1 of 2]" in reason, (state, reason)
+        second = health("pass2")
+        assert second.returncode == 0 and "resumed node2" in second.stderr, second.stderr
+        assert "DRAIN" not in node2()[0]
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], env=slurm_cluster.env, timeout=30)
