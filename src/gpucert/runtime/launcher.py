@@ -112,17 +112,25 @@ class NodeRendezvous(RendezvousHandler):
 
     def next_rendezvous(self) -> RendezvousInfo:
         """Round 0: connect (node 0 serves) and meet. A later round (the ranks ended on a failure and torchrun
-        restarts them, runtime.md): meet again, unless the ranks said the run is over."""
+        restarts them, docs/architecture.md): meet again, unless the ranks said the run is over."""
         if self.store is None:
             self.store = connect_store(self.addr, self.port, self.serves, self.config.rendezvous_timeout_s, self.who)
             self.port = self.store.port  # a lone node serves on a port the OS chose
         self.round += 1
         self.cause, self._abort_seen = None, None
-        if self.round > 0:
-            run = dist.PrefixStore(RUN_PREFIX, self.store)
-            if run.check(["over"]):
-                raise JobFailed(run.get("over").decode())
-        self._meet()
+        try:
+            if self.round > 0:
+                run = dist.PrefixStore(RUN_PREFIX, self.store)
+                if run.check(["over"]):
+                    raise JobFailed(run.get("over").decode())
+            self._meet()
+        except (RendezvousError, JobFailed):
+            raise
+        except RuntimeError:  # the store's own errors: its server, node rank 0's gpucert, is gone
+            raise RendezvousError(
+                f"{self.who}: the job's store at {self.addr}:{self.port} stopped answering before round "
+                f"{self.round} of the workers: node rank 0's gpucert is gone (node lost, killed?)"
+            ) from None
         info = RendezvousStoreInfo(self.addr, self.port)
         store = dist.PrefixStore(f"torchelastic/{self.round}/", self.store)  # torch's own keys, fresh each round
         return RendezvousInfo(store, self.node_rank, self.num_nodes, info)
