@@ -573,4 +573,10 @@ def run_in_order(commands: list[DocCommand], directory: Path, timeout_s: float =
         if done.returncode not in expected or "Traceback" in done.stderr + done.stdout:
             tail = "\n".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-8:])
             failures.append(f"{command.id}: `{text}` exited {done.returncode}, expected {sorted(expected)}:\n{tail}")
+        elif words(text)[:3] == ["gpucert", "launch", "torchrun"]:
+            # What it prints is what every node runs: those commands are checked as the doc's own are.
+            for line in done.stdout.splitlines():
+                if line.strip() and not line.startswith("#"):
+                    printed = check_command(DocCommand(command.path, command.line, line.strip()))
+                    failures += [f"printed by {problem}" for problem in printed.problems]
     return failures

@@ -250,10 +250,13 @@ def test_a_documented_run_that_no_longer_works_fails_naming_its_line(tmp_path: P
         tmp_path,
         "gpucert launch torchrun finetune --nodes 2 --head node-a\n"  # refused: no recipe named
         "gpucert report tests/fixtures/reports/accept-cpu-a.json   # exits 2\n"  # the doc's claim is wrong
-        "gpucert launch k8s accept --nodes 2 --gpus-per-node 8 --image example/gpucert:1 > /tmp/job.yaml\n",
+        "gpucert launch k8s accept --nodes 2 --gpus-per-node 8 --image example/gpucert:1 > /tmp/job.yaml\n"
+        "gpucert launch torchrun accept --nodes 2 --head node-a --set health.bogus=1\n",  # prints, every node fails
     )
     failures = run_in_order(commands, tmp_path / "run")
-    assert len(failures) == 2
+    assert len(failures) == 4
+    assert all(f.startswith("printed by fake.md:7: `gpucert accept --nnodes 2") for f in failures[2:])
+    assert "unknown key 'health.bogus'" in failures[2]
     assert failures[0].startswith("fake.md:4: `gpucert launch torchrun finetune") and "exited 3" in failures[0]
     assert "name the recipe with --config" in failures[0]
     assert failures[1].startswith("fake.md:5: ") and "expected [2]" in failures[1]
