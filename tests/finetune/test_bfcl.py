@@ -117,6 +117,8 @@ def test_missing_or_broken_data_is_named_with_what_to_do(tmp_path: Path, monkeyp
         load_category(tmp_path / "data", "multiple")
     with pytest.raises(BfclDataError, match="unknown simple_java"):
         load_suite(DATA, ["simple_java"])
+    with pytest.raises(BfclDataError, match="--bfcl-limit 0: expected at least 1"):
+        load_suite(DATA, limit=0)
 
 
 def _runs(outputs: dict[str, list[str]], base: dict[str, list[str]] | None = None) -> list[CategoryRun]:

@@ -188,6 +188,8 @@ def load_category(directory: Path, category: str, limit: int | None = None) -> l
 def load_suite(
     directory: Path, categories: Sequence[str] = CATEGORIES, limit: int | None = None
 ) -> dict[str, list[Turn]]:
+    if limit is not None and limit < 1:
+        raise BfclDataError(f"--bfcl-limit {limit}: expected at least 1 entry per category")
     unknown = [c for c in categories if c not in CATEGORIES]
     if unknown:
         raise BfclDataError(
@@ -367,7 +369,8 @@ def add_suite_arguments(parser: Any) -> None:
         "--suite",
         choices=("held-out", "bfcl"),
         default="held-out",
-        help="held-out: the recipe's held-out turns (default); bfcl: BFCL's single-turn AST categories",
+        help="held-out: the recipe's held-out turns (default); bfcl: BFCL's single-turn AST categories, report in "
+        "evaluation-bfcl/ beside the adapter",
     )
     parser.add_argument("--bfcl-data", help="BFCL's data folder (default: that of an installed bfcl_eval package)")
     parser.add_argument(
@@ -375,7 +378,7 @@ def add_suite_arguments(parser: Any) -> None:
     )
     parser.add_argument("--bfcl-limit", type=int, help="the first N entries of each category (default: all)")
     parser.add_argument(
-        "--compare-base", action="store_true", help="score the base model too (the adapter disabled), beside it"
+        "--compare-base", action="store_true", help="--suite bfcl: score the base model too (adapter disabled)"
     )
 
 
