@@ -268,13 +268,14 @@ def run_on_nodes(
     """This node's process: check the request, claim the run directory (node 0), and start the node's ranks on
     torchrun's engine (runtime/launcher.py); each rank runs `argv` (this same command), rank 0 writes the
     report. The exit code is the run's verdict, or 3 with the cause in one line."""
-    from gpucert.runtime.device import default_nproc
-    from gpucert.runtime.launcher import LaunchOutcome, launch_ranks
-
     started = datetime.now(timezone.utc)
     config = load_run_config(request)
     if plan.node_rank == 0:
         check_output_writable(request, config)
+    # torch loads with these (seconds): a bad file or key above is refused before.
+    from gpucert.runtime.device import default_nproc
+    from gpucert.runtime.launcher import LaunchOutcome, launch_ranks
+
     if nproc is None:
         nproc = (config.bench.nproc or default_nproc()) if request.benchmarks else 1
     if nproc < 1:

@@ -197,7 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--hostfile", type=Path, help="a file of nodes, one per line (MPI's `host slots=8` works)")
     # Parsed by gpucert.launch.command (its unknown options pass through to the launched verb).
     verbs.add_parser("launch", help="a multi-node job: Slurm (submitted and followed), torchrun commands, Kubernetes")
-    finetune = verbs.add_parser("finetune", help="LoRA fine-tuning (offline default: tiny model, bundled data)")
+    finetune = verbs.add_parser(
+        "finetune", parents=[_cluster_options()], help="LoRA fine-tuning (offline default: tiny model, bundled data)"
+    )
+    finetune.add_argument("--nproc", type=int, help="training processes per node (default: one per GPU; 1 on CPU)")
     finetune.add_argument("stage", nargs="?", choices=["prepare"], help="prepare: build the data cache only")
     finetune.add_argument("--list-recipes", action="store_true", help="the recipes --config takes by name, and exit")
     commands.add_arguments(finetune)
@@ -254,7 +257,7 @@ def _duration_override(args: argparse.Namespace) -> list[str]:
 
 
 def run_suite(args: argparse.Namespace, console: Console) -> int:
-    from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_with_agents
+    from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_on_nodes
     from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
 
     overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
@@ -293,16 +296,18 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
             "install gpucert[bench], or run `gpucert health` on each node and join the reports with "
             "`gpucert report merge`"
         )
-    plan = _flag_plan(args)
-    if plan is None and args.verb != "discover" and not args.replay and read_rank_env(os.environ) is not None:
-        # One rank of an outside torchrun/srun job: join it (a lone torchrun rank too, for a uniform path).
+    if args.verb != "discover" and read_rank_env(os.environ) is not None:
+        # One rank of the job: started by gpucert's launcher below, or by an outside torchrun or srun.
         return _show(run_in_ranks(request, say), args, console)
+    plan = _flag_plan(args)
     if plan is None and not args.replay:
         plan = read_node_env(os.environ)
     if args.verb == "discover" or (not benchmarks and (plan is None or plan.num_nodes == 1)):
         outcome = run_local(request)
     else:
-        outcome = run_with_agents(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, say)
+        # This node's process: its ranks run this same command on torchrun's engine (runtime/launcher.py).
+        ranks = [sys.executable, "-m", "gpucert", *args.argv]
+        outcome = run_on_nodes(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, ranks, say)
     if getattr(args, "drain", False) and outcome.report is not None:
         from gpucert.fleet.recheck import recheck
 
@@ -456,8 +461,8 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
 
 def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest
-    from gpucert.cluster.fs_checks import FsOptions, run_job
-    from gpucert.runtime.launch_env import NodeEnv, read_node_env
+    from gpucert.cluster.fs_checks import FsOptions, run_in_ranks, run_job
+    from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
 
     for name in ("files", "size_mib"):
         if getattr(args, name) < 1:
@@ -473,7 +478,10 @@ def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
             console.print(line, style="dim")
 
     options = FsOptions(args.path.absolute(), args.files, args.size_mib)
-    return _show(run_job(request, plan, options, say), args, console)
+    if read_rank_env(os.environ) is not None:
+        return _show(run_in_ranks(request, options, say), args, console)
+    ranks = [sys.executable, "-m", "gpucert", *args.argv]
+    return _show(run_job(request, plan, options, ranks, say), args, console)
 
 
 def run_cluster_localize(args: argparse.Namespace, console: Console) -> int:
@@ -530,9 +538,13 @@ def run_merge(args: argparse.Namespace, console: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Before torch loads (it reads this once): c10d's C++ errors come with a stack dump of 30 frames, and every
+    # one of them is said again, in one line naming the node and the address, by gpucert's own message.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     if argv[:1] == ["launch"]:
         return run_launch(argv[1:])
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what a node's ranks run again (runtime/launcher.py)
     set_format(args.format)
     console = make_console()
     try:
@@ -568,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_plugin(lambda: run_suite(args, console))
         return run_suite(args, console)
     except KeyboardInterrupt:
-        # The workers were stopped on the way out (runtime/spawn.py); one line, the shell's code for SIGINT.
+        # The ranks were stopped on the way out (runtime/launcher.py); one line, the shell's code for SIGINT.
         print("gpucert: interrupted", file=sys.stderr)
         return 130
     except (ConfigError, ValueError) as exc:
@@ -579,8 +591,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpucert: error: {describe_os_error(exc)}", file=sys.stderr)
         return ERROR_EXIT
     except RuntimeError as exc:
-        from gpucert.runtime.errors import RendezvousError
+        from gpucert.runtime.errors import JobFailed, RendezvousError
 
+        if isinstance(exc, JobFailed):
+            print(f"gpucert: {exc}", file=sys.stderr)  # the cause, in one line; every rank is gone
+            return ERROR_EXIT
         if not isinstance(exc, RendezvousError):
             traceback.print_exc()
         print(f"gpucert: error: {exc}", file=sys.stderr)

@@ -53,6 +53,7 @@ def finetune(args: argparse.Namespace) -> int:
     extra += [f"output_dir={json.dumps(str(args.output))}"] if args.output else []
     cfg = load(args, extra, training=args.stage != "prepare")
     if args.stage == "prepare":
+        check_data_source(cfg.data)  # a missing data file is named before torch and the tokenizer load
         return prepare(cfg)
     plan = node_plan(args)
     if plan is not None:
