@@ -45,6 +45,7 @@ REPORT_RESULTS = [
     "eval_loss",
     "tokens_per_s_per_gpu",
     "mfu",
+    "time_to_first_step",
     "peak_memory_gib",
     "peak_rss_gib",
     "train.memory_plan",
@@ -89,6 +90,9 @@ METRICS_KEYS = {
     "oom",
     "memory_plan",
     "outputs",
+    "time_to_first_step_s",
+    "first_step_s",
+    "compile",
 }
 
 

@@ -43,9 +43,10 @@ from gpucert.config.loader import ConfigError
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MARKERS = "gpucert-warm"
-# torch's counters that say whether a compile was done or loaded (torch._dynamo.utils.counters).
+# torch's counters that say whether a compile was done or loaded (torch._dynamo.utils.counters), and how many
+# kernel timings inductor's block-size tuning ran.
 CACHE_COUNTERS = {
-    "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"),
+    "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass", "coordesc_tuning_bench"),
     "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass"),
 }
 

@@ -289,11 +289,11 @@ def run_results(metrics: dict[str, Any]) -> list[Result]:
     """Every result of a run: the judged criteria first, then the measurements (INFO or SKIP), then the data."""
     criteria = [Result.from_dict(c) for c in metrics["criteria"]]
     measured = [_steps(metrics), _eval_loss(metrics), _throughput(metrics)]
-    if metrics.get("time_to_first_step_s") is not None:  # absent from runs before it was measured
-        measured.append(_first_step(metrics))
     measured.append(_utilisation(metrics, "mfu", metrics.get("mfu"), "LoRA-aware MFU"))
     if metrics["config"]["model"]["gradient_checkpointing"]:
         measured.append(_utilisation(metrics, "hfu", metrics.get("hfu"), "HFU (with checkpoint recompute)"))
+    if metrics.get("time_to_first_step_s") is not None:  # absent from runs before it was measured
+        measured.append(_first_step(metrics))
     plan = [_memory_plan(metrics["memory_plan"])] if metrics.get("memory_plan") else []
     return [*criteria, *measured, *_memory(metrics), *plan, data_result(metrics["dataset"])]
 

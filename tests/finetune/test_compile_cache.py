@@ -1,0 +1,153 @@
+"""The compile cache (finetune/compile_cache.py): where it lives, and the warm-up's order over ranks.
+
+The multi-process test starts two gloo ranks (a file store: no port to race for) running this file as a
+script, `python test_compile_cache.py RANK WORLD STORE CACHE OUT`: the warm-up compiles a small function with
+inductor (a forward and a backward, as the trainer's warm-up does), and torch's own counters say what each rank
+compiled and what it loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpucert.config.loader import ConfigError
+from gpucert.finetune.compile_cache import (
+    INDUCTOR_ENV,
+    TRITON_ENV,
+    default_cache_dir,
+    resolve_cache_dir,
+    signature,
+    use_cache_dir,
+)
+
+SIG = "test-signature"
+
+
+def test_cache_dir_setting_then_environment_then_per_user_default(tmp_path: Path) -> None:
+    env = {INDUCTOR_ENV: str(tmp_path / "from-env"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert resolve_cache_dir(str(tmp_path / "set"), env) == tmp_path / "set"
+    assert resolve_cache_dir(None, env) == tmp_path / "from-env"
+    assert resolve_cache_dir(None, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}) == tmp_path / "xdg/gpucert/compile"
+    assert default_cache_dir({}) == Path.home() / ".cache/gpucert/compile"
+    with pytest.raises(ConfigError, match=r"train\.compile_cache_dir must be a directory or null"):
+        resolve_cache_dir(" ", env)
+
+
+def test_cache_dir_points_inductor_and_triton_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(INDUCTOR_ENV, raising=False)
+    monkeypatch.delenv(TRITON_ENV, raising=False)
+    use_cache_dir(tmp_path / "cache")
+    assert os.environ[INDUCTOR_ENV] == str(tmp_path / "cache")
+    assert os.environ[TRITON_ENV] == str(tmp_path / "cache/triton")
+    assert (tmp_path / "cache/triton").is_dir()
+
+
+def test_unwritable_cache_dir_names_the_key_and_path(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match=r"train.compile_cache_dir: cannot create .*a-file/cache"):
+        use_cache_dir(tmp_path / "a-file" / "cache")
+
+
+def test_signature_changes_with_what_decides_the_graphs() -> None:
+    base = {"model": {"compile": True, "precision": "bf16"}, "micro_batch": 2}
+    assert signature(base) == signature(json.loads(json.dumps(base)))
+    assert signature(base) != signature({**base, "micro_batch": 3})
+
+
+def test_compile_summary_takes_the_slowest_rank() -> None:
+    from gpucert.finetune.compile_cache import WarmUp
+    from gpucert.finetune.train import compile_summary
+
+    alone: Any = SimpleNamespace(rank=0, world_size=1)
+    warm = WarmUp(0, "cpu", "alone", seconds=3.0, counters={"fxgraph_cache_miss": 2})
+    first = {"time_to_first_step_s": 9.0, "first_step_s": 1.5}
+    got = compile_summary(alone, Path("/cache"), warm, first)
+    assert (got["time_to_first_step_s"], got["first_step_s"]) == (9.0, 1.5)
+    assert got["compile"]["warm_up_s"] == 3.0
+    assert got["compile"]["ranks"][0]["warm_up"]["counters"] == {"fxgraph_cache_miss": 2}
+    assert compile_summary(alone, None, None, first)["compile"] is None
+
+
+# --- Two ranks ------------------------------------------------------------------------------------------------
+
+
+def run_job(tmp_path: Path, job: str, cache: Path) -> list[dict[str, Any]]:
+    """Two gloo ranks through one warm-up each; what each reported."""
+    store = tmp_path / f"{job}.store"
+    outs = [tmp_path / f"{job}-{rank}.json" for rank in range(2)]
+    env = {k: v for k, v in os.environ.items() if k not in (INDUCTOR_ENV, TRITON_ENV)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(rank), "2", str(store), str(cache), str(outs[rank])],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    for proc in procs:
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, output
+    return [json.loads(out.read_text()) for out in outs]
+
+
+@pytest.mark.slow
+def test_rank_1_loads_what_rank_0_compiled_and_compiles_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first, second = run_job(tmp_path, "job1", cache)
+    assert first["order"] == "first"
+    assert first["counters"]["fxgraph_cache_miss"] >= 2  # a forward and a backward graph
+    assert first["counters"]["fxgraph_cache_hit"] == 0
+    assert first["after_step"] == first["counters"]  # the step after rank 0's warm-up compiled nothing more
+    # Rank 1 waited for rank 0's warm-up to end, then torch's own counters say it loaded every graph from rank
+    # 0's artifacts and compiled none, in its warm-up or in the step after.
+    assert second["order"] == "after"
+    assert second["began"] >= first["ended"]
+    assert second["counters"]["fxgraph_cache_miss"] == 0
+    assert second["counters"]["fxgraph_cache_hit"] == first["counters"]["fxgraph_cache_miss"]
+    assert second["after_step"]["fxgraph_cache_miss"] == 0
+    assert (cache / "gpucert-warm" / f"{SIG}-cpu.json").is_file()
+    # The marker says the cache is warm: the next job's ranks warm up at once, and both only load.
+    again = run_job(tmp_path, "job2", cache)
+    assert [r["order"] for r in again] == ["together", "together"]
+    assert [r["waited_s"] for r in again] == [0.0, 0.0]
+    assert [r["counters"]["fxgraph_cache_miss"] for r in again] == [0, 0]
+
+
+def worker(rank: int, world: int, store: str, cache: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from gpucert.finetune.compile_cache import cache_counters, warm_up
+
+    use_cache_dir(Path(cache))
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    times: dict[str, float] = {}
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 16)
+    compiled = torch.compile(lambda x: torch.nn.functional.gelu(layer(x)).sum())
+
+    def step() -> None:
+        times["began"] = time.time()
+        compiled(torch.randn(4, 16)).backward()
+        times["ended"] = time.time()
+
+    record = warm_up(step, rank, world, torch.device("cpu"), Path(cache), SIG).to_dict()
+    compiled(torch.randn(4, 16)).backward()  # the run's first step
+    Path(out).write_text(json.dumps({**record, **times, "after_step": cache_counters()}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    rank_, world_, store_, cache_, out_ = sys.argv[1:]
+    worker(int(rank_), int(world_), store_, cache_, out_)
