@@ -176,6 +176,8 @@ def node_report(
             continue  # the base's weak pair; a healed matrix has no short pair
         r = dict(r, node=label, subject=label if r["subject"] == host else r["subject"])
         if r["name"] == "p2p.matrix":
+            if present < 2:
+                continue  # one GPU has no peer
             r = _healed_p2p(r, present, rng)
         elif r["category"] == "telemetry":
             r = _widened_telemetry(r, present)

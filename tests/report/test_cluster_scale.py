@@ -6,6 +6,7 @@ summary, and its views must stay within the budgets that hold at 1,024 nodes (do
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -61,7 +62,15 @@ def test_the_merge_names_every_fault_and_nothing_else(cluster: tuple[Report, lis
 
 def test_the_json_is_the_report_and_follows_the_schema(cluster: tuple[Report, list[Fault], Path, int]) -> None:
     merged, _, out, inputs = cluster
-    assert load_report(out) == merged
+    loaded = load_report(out)
+    # The report kept for the views has scalar details only; report.json has every sweep and series.
+    assert loaded == dataclasses.replace(merged, results=loaded.results)
+    assert [dataclasses.replace(r, details={}) for r in loaded.results] == [
+        dataclasses.replace(r, details={}) for r in merged.results
+    ]
+    assert all(a.details.items() >= b.details.items() for a, b in zip(loaded.results, merged.results, strict=True))
+    assert any(isinstance(v, list) for r in loaded.results for v in r.details.values())
+    assert not any(isinstance(v, list) for r in merged.results if r.node for v in r.details.values())
     data = json.loads((out / "report.json").read_text())
     schema = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json").read_text())
     data["results"] = data["results"][:: len(data["results"]) // 500]  # a spread sample: the whole takes 10 s
@@ -101,3 +110,23 @@ def test_the_markdown_is_a_summary(cluster: tuple[Report, list[Fault], Path, int
         line.removeprefix("## Node ").split(":")[0] for line in text.splitlines() if line.startswith("## Node ")
     ]
     assert sorted(headings) == sorted(f.node for f in faults)
+
+
+def test_nodes_that_share_a_name_are_relabelled_in_the_streamed_json(tmp_path: Path) -> None:
+    """Past DETAILED_NODES_MAX nodes write_merged streams each node's results before it knows every label."""
+    write_cluster(tmp_path / "nodes", 17, 2, seed=1)
+    twin = tmp_path / "nodes/node0016/report.json"
+    data = json.loads(twin.read_text())
+    data["meta"].update(host="node0000", nodes=["node0000"])
+    data["inventory"]["hostname"] = "node0000"
+    for r in data["results"]:
+        r["node"] = "node0000"
+        r["subject"] = r["subject"].replace("node0016", "node0000")
+    twin.write_text(json.dumps(data))
+    merged = write_merged(sorted((tmp_path / "nodes").glob("node*")), tmp_path / "out", ["gpucert"])
+    assert merged.meta.nodes[0] == "node0000[n0]" and merged.meta.nodes[16] == "node0000[n16]"
+    loaded = load_report(tmp_path / "out")
+    twins = [r for r in loaded.results if r.node == "node0000[n16]" and r.gpu_index == 1 and r.name == "gpu.memory"]
+    assert [r.subject for r in twins] == ["node0000[n16] GPU 1"]
+    assert {r.node for r in loaded.results if r.node} == set(merged.meta.nodes)
+    assert [(r.node, r.subject) for r in loaded.results] == [(r.node, r.subject) for r in merged.results]

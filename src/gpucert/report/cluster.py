@@ -687,10 +687,11 @@ def _result_json(result: Result) -> str:
     return json.dumps({**vars(result), "status": result.status.value})
 
 
-def report_json_chunks(report: Report) -> Iterator[str]:
+def report_json_chunks(report: Report, result_lines: Iterable[str] | None = None) -> Iterator[str]:
     """The report's JSON (the keys and values of Report.to_dict) in pieces: one line per result and per node
     inventory, so a cluster report of hundreds of MB is never one string. json.dumps with an indent runs the
-    pure-Python encoder: the whole 1,024-node report with indent=1 took 38 s, one line per result takes 2-3."""
+    pure-Python encoder: the whole 1,024-node report with indent=1 took 38 s, one line per result takes 2-3.
+    `result_lines`, when given, are the results already encoded (write_merged's, with their full details)."""
     status = report.status
     head = {
         "schema_version": report.schema_version,
@@ -704,8 +705,9 @@ def report_json_chunks(report: Report) -> Iterator[str]:
     for key, value in head.items():
         yield f" {json.dumps(key)}: {json.dumps(value, indent=1)},\n"
     yield ' "results": [\n'
-    for i, r in enumerate(report.results):
-        yield ("" if i == 0 else ",\n") + _result_json(r)
+    lines = (_result_json(r) for r in report.results) if result_lines is None else result_lines
+    for i, line in enumerate(lines):
+        yield ("" if i == 0 else ",\n") + line
     yield '\n ],\n "nodes": {\n'
     for i, (label, inventory) in enumerate(report.nodes.items()):
         yield ("" if i == 0 else ",\n") + f"{json.dumps(label)}: {json.dumps(inventory)}"
@@ -728,19 +730,62 @@ def _write_chunks_atomic(path: Path, chunks: Iterable[str]) -> None:
         raise
 
 
+def _scalar_details(result: Result) -> Result:
+    """The result with only the scalar entries of its details: what the views of a big cluster read (a GPU's
+    UUID, a floor), without the sweeps and series (the matmul sweep alone is 40 KB a GPU)."""
+    details = {k: v for k, v in result.details.items() if v is None or isinstance(v, (str, int, float, bool))}
+    return result if len(details) == len(result.details) else dataclasses.replace(result, details=details)
+
+
 def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
     """`gpucert report merge DIR... -o OUT`: per-node reports (run directories or report.json files) into one
-    cluster report in OUT (JSON, Markdown and HTML). Unreadable or unmergeable reports raise ValueError."""
+    cluster report in OUT (JSON, Markdown and HTML). Unreadable or unmergeable reports raise ValueError.
+
+    Each node's report is read once and its results go to report.json as they come (through a spool file
+    beside it), so a 1,024-node merge never holds every sweep and telemetry series: past DETAILED_NODES_MAX
+    nodes the report kept for the views (and returned) has scalar details only; report.json has them all."""
     # store renders the views, which import this module: imported here so either can be imported first.
     from gpucert.report.markdown import render_markdown
     from gpucert.report.store import load_report, write_html
 
-    reports = [load_report(path) for path in paths]
-    report = merge_reports(reports, [str(path) for path in paths], command)
-    del reports  # the merged report shares their details; the loaded copies' Result objects can go
     output.mkdir(parents=True, exist_ok=True)
-    _write_chunks_atomic(output / "report.json", report_json_chunks(report))
-    _write_chunks_atomic(output / "report.md", [render_markdown(report)])
+    slim = len(paths) > DETAILED_NODES_MAX
+    kept: list[Report] = []
+    spans: list[tuple[int, int]] = []  # each report's lines in the spool
+    with tempfile.TemporaryFile("w+b", dir=output, prefix=".merge-") as spool:
+        for path in paths:
+            report = load_report(path)
+            old = _label_of(report)
+            # Labelled by the node's own name now; merge_reports relabels when two nodes share a name.
+            results = [_relabel(r, report, old, old) for r in report.results]
+            start = spool.tell()
+            for r in results:
+                spool.write(_result_json(r).encode() + b"\n")
+            spans.append((start, spool.tell()))
+            kept.append(dataclasses.replace(report, results=[_scalar_details(r) for r in results] if slim else results))
+            del report, results
+        merged = merge_reports(kept, [str(path) for path in paths], command)
+        per_node = sum(len(r.results) for r in kept)
+        lines = _spooled_lines(merged, kept, spool, spans, merged.results[per_node:])
+        _write_chunks_atomic(output / "report.json", report_json_chunks(merged, lines))
+    _write_chunks_atomic(output / "report.md", [render_markdown(merged)])
     if importlib.util.find_spec("matplotlib") is not None:
-        write_html(report, output)
-    return report
+        write_html(merged, output)
+    return merged
+
+
+def _spooled_lines(
+    merged: Report, kept: list[Report], spool: Any, spans: list[tuple[int, int]], judged: list[Result]
+) -> Iterator[str]:
+    """The merged report's results as JSON lines: the nodes' from the spool (their full details), a node whose
+    label merge_reports changed (a shared hostname) relabelled on the way, then the cluster judgements."""
+    for report, (start, end), label in zip(kept, spans, merged.meta.nodes, strict=True):
+        old = _label_of(report)
+        spool.seek(start)
+        for raw in spool.read(end - start).decode().splitlines():
+            if label == old:
+                yield raw
+            else:
+                yield _result_json(_relabel(Result.from_dict(json.loads(raw)), report, old, label))
+    for r in judged:
+        yield _result_json(r)
