@@ -129,6 +129,10 @@ def evaluate(args: argparse.Namespace) -> int:
     (report.json, report.md) to --output, by default evaluation/ beside the adapter: `gpucert report DIR`
     renders it. The exit code is the report's verdict; a bad adapter or output directory exits 3 before any
     model is loaded."""
+    bfcl_only = [f for f in ("compare_base", "bfcl_data", "bfcl_categories", "bfcl_limit") if getattr(args, f, None)]
+    if getattr(args, "suite", "held-out") != "bfcl" and bfcl_only:
+        flags = ", ".join("--" + f.replace("_", "-") for f in bfcl_only)
+        raise ConfigError(f"{flags}: for --suite bfcl only (this evaluation is the held-out suite)")
     cfg = load(args, [f"data.source={json.dumps(args.data)}"] if args.data else [])
     check_data_source(cfg.data)  # a missing --data file is named before torch is imported
     # A run directory means its final adapter; a missing path is refused here, never tried as a hub id.
