@@ -61,6 +61,9 @@ NOT_RUN = {
     r"^docker ": "needs a docker daemon (and a GPU node): tests/fleet/test_deploy.py checks the Dockerfile's "
     "sources and the wheel it installs",
     r"^bash tools/device_": "drives a GPU machine (tools/device_*.sh): the docs/results pages hold what it measured",
+    r"^python -m gpucert.cluster.localize_sim ": "the planner simulated over 30-100 seeds at up to 1,024 nodes takes "
+    "minutes: tests/cluster/test_localize_sim.py::test_64_nodes_with_a_bad_node_a_slow_gpu_and_a_bad_uplink_are_named_"
+    "and_nothing_else runs it at 64",
     r"^promtool ": "Prometheus's tool, not a dependency of gpucert: "
     "tests/fleet/test_metrics.py::test_alert_rules_fire_on_a_real_fail evaluates the rules where Prometheus is",
 }
