@@ -157,7 +157,7 @@ def warm_up(
     waited = 0.0
     if not together and not first:
         began = time.perf_counter()
-        dist.barrier()  # the ranks that compile first are inside their warm-up
+        _barrier(device)  # the ranks that compile first are inside their warm-up
         waited = time.perf_counter() - began
     began = time.perf_counter()
     step()
@@ -168,5 +168,14 @@ def warm_up(
     if first:
         _write_marker(marker, {**record.to_dict(), "signature": sig, "written_at": time.time()})
     if not together and first:
-        dist.barrier()  # the others start loading now
+        _barrier(device)  # the others start loading now
     return record
+
+
+def _barrier(device: torch.device) -> None:
+    """A barrier over the job, bounded by runtime.collective_timeout_s: the ranks that wait wait at most that long for
+    the first ones' compile. NCCL is told the device rather than left to guess it."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index if device.index is not None else torch.cuda.current_device()])
+    else:
+        dist.barrier()
