@@ -226,3 +226,22 @@ def test_a_recipe_path_becomes_absolute_and_a_recipe_name_stays_a_name(tmp_path:
     assert f"--config {tmp_path / 'mine.yaml'}" in capsys.readouterr().out
     assert main(["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "qwen2-7b-glaive"]) == 0
     assert "--config qwen2-7b-glaive" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["torchrun", "--head", "a", "finetune", "--config", "qwen2-7b-glaive", "--set", "train.bogus=1"],
+            "train.bogus",
+        ),
+        (["torchrun", "--head", "a", "accept", "--set", "bench.nope=3"], "bench.nope"),
+        (["slurm", "accept", "--gpus-per-node", "0", "--bogus", "--dry-run"], "unrecognized arguments: --bogus"),
+        (["k8s", "--image", "reg/gpucert:1", "finetune", "--config", "no-such-recipe"], "no-such-recipe"),
+    ],
+)
+def test_the_verbs_own_options_are_checked_before_anything_is_printed_or_submitted(argv, said, capsys) -> None:
+    """A mistyped option or key is refused here, not by every node of a job already submitted."""
+    assert main(["launch", *argv, "--nodes", "2"]) == 3
+    captured = capsys.readouterr()
+    assert said in captured.err and captured.out == ""

@@ -70,6 +70,39 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     return parser
 
 
+def check_verb_args(verb: str, rest: list[str]) -> None:
+    """The options passed on to the verb, checked here with the verb's own parser and config schema, so a
+    mistyped option or --set key is refused now, not by every node of a job that was already submitted."""
+    import contextlib
+    import io
+
+    from gpucert.cli import build_parser as verb_parser
+
+    argv = [*slurm.VERB_ARGV[verb][1:], *rest]
+    if verb == "fs" and not [a for a in rest if not a.startswith("-")]:
+        argv.append(".")  # its PATH may be given later; the options are what is checked here
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parsed = verb_parser().parse_args(argv)
+    except SystemExit:
+        said = err.getvalue().strip().splitlines()[-1:] or ["bad options"]
+        raise ConfigError(f"launch ... {verb}: {said[0].removeprefix('gpucert: error: ')}") from None
+    overrides = list(getattr(parsed, "overrides", []) or [])
+    config = getattr(parsed, "config", None)
+    if verb == "finetune":
+        from gpucert.finetune.config import load_finetune_config, resolve_recipe
+
+        # A local file or a shipped recipe (else a ConfigError naming it), with its --set values.
+        load_finetune_config(resolve_recipe(config), overrides, False)
+    elif verb != "localize" or overrides:
+        from gpucert.config.loader import load_config
+        from gpucert.config.run import RunConfig
+
+        local = config if config is not None and Path(config).exists() else None
+        load_config(RunConfig, local, overrides)
+
+
 def _value_of(args: list[str], *flags: str) -> str | None:
     for i, arg in enumerate(args):
         for flag in flags:
@@ -147,6 +180,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
     problems = launch_problems(args)
     if problems:
         raise ConfigError(f"gpucert launch {args.backend}: " + "; ".join(problems))
+    check_verb_args(args.verb, rest)
     env = preset_env(args.preset, args.iface)
     if args.backend == "torchrun":
         port = args.port or 29500
