@@ -629,7 +629,10 @@ class Standing:
         if self.fails and not self.passes:
             # Where racks are known, failures across racks alone may be the uplinks': not the node's, yet.
             return "bad" if self.rack is None or self.firm_fails else None
-        if len(self.fails) >= INTERMITTENT_FAILS and self.firm_fails >= INTERMITTENT_FAILS:
+        # Crashes with known-good partners (never noise), or slow pairs within the rack one more than that (a
+        # single slow reading is one run in a few hundred).
+        crashes = sum(_crashed(o) for o, _r in self.fails)
+        if crashes >= INTERMITTENT_FAILS or self.firm_fails > INTERMITTENT_FAILS:
             return "intermittent"
         return None
 

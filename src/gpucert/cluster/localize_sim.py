@@ -326,7 +326,7 @@ SCENARIOS: tuple[tuple[str, ...], ...] = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpucert.cluster.localize_sim", description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[64])
+    parser.add_argument("--nodes", type=int, nargs="+", help="N (default: 64; with --table, 16 64 256 1024)")
     parser.add_argument("--faults", default="node", help=f"comma-separated, of {', '.join(KINDS)}; 'none' for none")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--racks-unknown", action="store_true", help="plan without rack labels")
@@ -340,11 +340,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--faults: unknown kind(s) {', '.join(unknown)}; expected {', '.join(KINDS)}")
     print(HEADER)
     if args.table:
-        for n in (16, 64, 256, 1024):
+        for n in args.nodes or (16, 64, 256, 1024):
             for scenario in SCENARIOS:
                 print(markdown(sweep(n, scenario, args.seeds, not args.racks_unknown)), flush=True)
         return 0
-    for n in args.nodes:
+    for n in args.nodes or [64]:
         model = Model(gpu_spread=args.gpu_spread)
         print(markdown(sweep(n, kinds, args.seeds, not args.racks_unknown, args.screens, model)), flush=True)
     return 0
