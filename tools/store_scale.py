@@ -89,8 +89,12 @@ class Rank:
         cfg, r, n = self.cfg, self.rank, self.n
         timeout = timedelta(seconds=cfg["rendezvous_timeout_s"])
         # Two connections, as a rank has: the main thread's (rendezvous) and the watchdog's (heartbeats).
+        c0 = time.perf_counter()
         main = dist.TCPStore(HOST, self.port, None, False, timeout, wait_for_workers=False)
         beat = dist.TCPStore(HOST, self.port, None, False, timeout, wait_for_workers=False)
+        self.out["connect_s"] = time.perf_counter() - c0
+        if r == n - 1:
+            time.sleep(cfg["straggle_s"])  # the last rank comes late: every other rank polls meanwhile
         t0 = time.time()
         main.set(f"rank/{r}", json.dumps(dict(IDENTITY, rank=r, world_size=n, node_rank=r // 8)))
         main.set(f"hb/{r}", "0")
@@ -113,6 +117,7 @@ class Rank:
         keys = [f"hb/{p}" for p in range(n)] if r == 0 else ["hb/0"]
         last: dict[int, tuple[bytes, float]] = {}
         beats: list[float] = []
+        beat_at: list[float] = []
         gets: list[float] = []
         end = time.monotonic() + cfg["run_s"]
         while time.monotonic() < end:
@@ -128,6 +133,7 @@ class Rank:
             values = beat.multi_get(keys)
             done = time.perf_counter()
             beats.append(done - start)
+            beat_at.append(time.time())
             if r == 0:
                 gets.append(done - g0)
             if aborted:
@@ -144,6 +150,7 @@ class Rank:
                         self.out["named"] = p
                         beat.compare_set("abort", "", json.dumps({"rank": p, "cause": "no heartbeat"}))
         self.out["beats_s"] = beats
+        self.out["beat_at"] = beat_at
         self.out["multi_get_s"] = gets
 
 
@@ -168,7 +175,11 @@ def _guarded(rank: Rank) -> None:
 
 
 def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
+    import torch.distributed as dist  # before the fork, so the children do not each import torch again
+
+    # fork: eight processes importing torch took two minutes on a busy 2-core machine; nothing in this
+    # process holds a store or a thread when they fork.
+    ctx = mp.get_context("fork")
     port_q, stop = ctx.Queue(), ctx.Event()
     server = ctx.Process(target=_serve, args=(port_q, stop), daemon=True)
     server.start()
@@ -181,19 +192,24 @@ def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
     ]
     for c in clients:
         c.start()
-    # The server's CPU over the rendezvous: sampled once every rank has read the identities (the store counts
-    # `joined`; the last multi_get follows within a poll), then over the steady heartbeat window.
-    import torch.distributed as dist
-
+    # The server's CPU while ranks poll for the straggler, from its arrival until every rank holds every
+    # identity (`met`), then over a window of steady heartbeats.
     probe = dist.TCPStore(HOST, port, None, False, timedelta(seconds=60), wait_for_workers=False)
-    while probe.add("joined", 0) < n and time.time() - wall0 < cfg["rendezvous_timeout_s"]:
+    deadline = time.time() + 600
+    # Polling: every rank but the straggler has joined and polls `joined` until it comes.
+    while probe.add("joined", 0) < n - 1 and time.time() < deadline:
+        time.sleep(0.02)
+    cpu_poll, wall_poll = _cpu_s(server.pid), time.time()
+    while probe.add("joined", 0) < n and time.time() < deadline:
         time.sleep(0.02)
     cpu_joined, wall_joined = _cpu_s(server.pid), time.time()
-    while probe.add("met", 0) < n and time.time() - wall0 < cfg["rendezvous_timeout_s"]:
+    while probe.add("met", 0) < n and time.time() < deadline:
         time.sleep(0.02)
     cpu1, wall1 = _cpu_s(server.pid), time.time()
-    steady = cfg["interval_s"] * (cfg["victim_beats"] - 1)
-    time.sleep(max(steady, cfg["interval_s"]))
+    # Heartbeats: from half an interval after the rendezvous to half an interval before the victim stops.
+    time.sleep(cfg["interval_s"] / 2)
+    cpu_hb, wall_hb = _cpu_s(server.pid), time.time()
+    time.sleep(cfg["interval_s"] * (cfg["victim_beats"] - 1))
     cpu2, wall2 = _cpu_s(server.pid), time.time()
     results = [q.get(timeout=cfg["rendezvous_timeout_s"] + cfg["run_s"] + 60) for _ in clients]
     for c in clients:
@@ -203,6 +219,9 @@ def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
     outs = [o for res in results for o in res["outs"]]
     errors = [o["error"] for o in outs if "error" in o]
     beats = [b for o in outs for b in o.get("beats_s", [])]
+    # Steady: beats after every rank has met; before, early ranks beat while late ones fetch identities.
+    all_met = max((o["met_at"] for o in outs if "met_at" in o), default=0.0)
+    steady = [b for o in outs for b, at in zip(o.get("beats_s", []), o.get("beat_at", []), strict=True) if at > all_met]
     gets = [g for o in outs for g in o.get("multi_get_s", [])]
     rank0 = next(o for res in results for r, o in zip(res["ranks"], res["outs"], strict=True) if r == 0)
     victim = next(o for res in results for r, o in zip(res["ranks"], res["outs"], strict=True) if r == n - 1)
@@ -222,19 +241,28 @@ def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
             - max((o["joined_at"] for o in outs if "joined_at" in o), default=float("nan")),
             3,
         ),
+        "connect_s_p50": _pct([o["connect_s"] for o in outs if "connect_s" in o], 0.5),
+        "connect_s_max": max((o["connect_s"] for o in outs if "connect_s" in o), default=float("nan")),
         "identities_ms_p50": 1e3 * _pct([o["identities_s"] for o in outs if "identities_s" in o], 0.5),
         "identities_ms_max": 1e3 * max((o["identities_s"] for o in outs if "identities_s" in o), default=0.0),
         "rendezvous_server_cpu_s": round(cpu1 - cpu0, 3),
         "rendezvous_tail_server_cpu_s": round(cpu1 - cpu_joined, 3),
         "rendezvous_wall_s": round(wall1 - wall0, 3),
         "rendezvous_tail_wall_s": round(wall1 - wall_joined, 3),
+        "polling_server_cpu_pct": round(100 * (cpu_joined - cpu_poll) / max(wall_joined - wall_poll, 1e-9), 2),
+        "polling_wall_s": round(wall_joined - wall_poll, 2),
         "beat_ms_p50": 1e3 * _pct(beats, 0.5),
         "beat_ms_p99": 1e3 * _pct(beats, 0.99),
         "beat_ms_max": 1e3 * max(beats, default=float("nan")),
         "beats": len(beats),
+        "steady_beat_ms_p50": 1e3 * _pct(steady, 0.5),
+        "steady_beat_ms_p99": 1e3 * _pct(steady, 0.99),
+        "steady_beat_ms_max": 1e3 * max(steady, default=float("nan")),
+        "steady_beats": len(steady),
         "rank0_multi_get_ms_p50": 1e3 * _pct(gets, 0.5),
         "rank0_multi_get_ms_max": 1e3 * max(gets, default=float("nan")),
-        "server_cpu_pct_heartbeats": round(100 * (cpu2 - cpu1) / (wall2 - wall1), 2),
+        "server_cpu_pct_heartbeats": round(100 * (cpu2 - cpu_hb) / (wall2 - wall_hb), 2),
+        "heartbeat_window_s": round(wall2 - wall_hb, 2),
         "named": rank0.get("named"),
         "named_s": round(rank0.get("named_at", float("nan")) - last_beat, 2),
         "all_out_s": round(max(saw, default=float("nan")) - last_beat, 2),
@@ -250,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0, help="runtime.heartbeat_timeout_s")
     parser.add_argument("--victim-beats", type=int, default=5, help="beats before the last rank stops")
     parser.add_argument("--procs", type=int, default=8, help="client processes the ranks' threads share")
+    parser.add_argument("--straggle", type=float, default=10.0, help="seconds the last rank joins late")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args(argv)
     if max(args.ranks) > MAX_RANKS:
@@ -258,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         "interval_s": args.interval,
         "timeout_s": args.timeout,
         "victim_beats": args.victim_beats,
+        "straggle_s": args.straggle,
         "rendezvous_timeout_s": 120.0,
         # Long enough for the victim's beats, the timeout, naming and one more beat for everyone to read it.
-        "run_s": args.interval * (args.victim_beats + 4) + args.timeout,
+        "run_s": args.interval * (args.victim_beats + 10) + args.timeout,
     }
     rows = []
     for n in args.ranks:
@@ -269,13 +299,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     print(
         f"{'ranks':>6} {'tail_s':>7} {'srv_cpu_tail_s':>14} {'beat_p50':>9} {'beat_p99':>9} {'beat_max':>9} "
-        f"{'r0_get_ms':>9} {'srv_cpu_%':>9} {'named_s':>8} {'all_out_s':>9} errors"
+        f"{'steady_p99':>10} "
+        f"{'r0_get_ms':>9} {'poll_cpu_%':>10} {'srv_cpu_%':>9} {'named_s':>8} {'all_out_s':>9} errors"
     )
     for r in rows:
         print(
             f"{r['ranks']:>6} {r['rendezvous_tail_s']:>7.2f} {r['rendezvous_tail_server_cpu_s']:>14.2f} "
             f"{r['beat_ms_p50']:>9.2f} {r['beat_ms_p99']:>9.2f} {r['beat_ms_max']:>9.1f} "
-            f"{r['rank0_multi_get_ms_p50']:>9.2f} {r['server_cpu_pct_heartbeats']:>9.1f} {r['named_s']:>8.1f} "
+            f"{r['steady_beat_ms_p99']:>10.2f} "
+            f"{r['rank0_multi_get_ms_p50']:>9.2f} {r['polling_server_cpu_pct']:>10.1f} "
+            f"{r['server_cpu_pct_heartbeats']:>9.1f} {r['named_s']:>8.1f} "
             f"{r['all_out_s']:>9.1f} {r['error_count']}"
         )
     if args.json:

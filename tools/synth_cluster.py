@@ -301,21 +301,20 @@ def write_cluster(out: Path, nodes: int, gpus: int, seed: int = 0, base: Path = 
 
 
 def measure_merge(nodes_dir: Path, out: Path) -> dict[str, Any]:
-    """What `gpucert report merge` does, phase by phase (wall and CPU seconds, bytes written), with the peak
-    RSS of the whole: loading, merging and judging, report.json, report.md, report.html, the terminal view."""
+    """`gpucert report merge` of OUT's node reports into MERGED (write_merged: read, merge and judge, and write
+    report.json, report.md and report.html), timed (wall and CPU seconds), then each view alone on the merged
+    report and the terminal view; peak RSS of the whole."""
     import io
     import resource
 
     from rich.console import Console
 
-    from gpucert.report.cluster import _write_chunks_atomic, merge_reports, report_json_chunks
+    from gpucert.report.cluster import write_merged
     from gpucert.report.html import render_html
     from gpucert.report.markdown import render_markdown
-    from gpucert.report.store import load_report
     from gpucert.report.terminal import print_report
 
     paths = sorted(nodes_dir.glob("node*"))
-    out.mkdir(parents=True, exist_ok=True)
     phases: dict[str, Any] = {}
 
     def timed(name: str, work: Any) -> Any:
@@ -324,26 +323,20 @@ def measure_merge(nodes_dir: Path, out: Path) -> dict[str, Any]:
         phases[name] = {"wall_s": round(time.perf_counter() - wall, 2), "cpu_s": round(time.process_time() - cpu, 2)}
         return value
 
-    loaded: list[Any] = timed("load", lambda: [load_report(p) for p in paths])
-    report = timed("merge", lambda: merge_reports(loaded, [str(p) for p in paths], ["gpucert", "report", "merge"]))
-    loaded.clear()  # as write_merged drops them: the merged report shares their details
-    timed("json", lambda: _write_chunks_atomic(out / "report.json", report_json_chunks(report)))
-    md = timed("markdown", lambda: render_markdown(report))
-    (out / "report.md").write_text(md)
-    page = timed("html", lambda: render_html(report))
-    (out / "report.html").write_text(page)
+    report = timed("write_merged", lambda: write_merged(paths, out, ["gpucert", "report", "merge", "..."]))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    timed("markdown", lambda: render_markdown(report))
+    timed("html", lambda: render_html(report))
     text = io.StringIO()
     timed("terminal", lambda: print_report(report, Console(file=text, width=160), False, None))
-    phases["json"]["bytes"] = (out / "report.json").stat().st_size
-    phases["markdown"]["bytes"] = len(md.encode())
-    phases["html"]["bytes"] = len(page.encode())
     phases["terminal"]["bytes"] = len(text.getvalue().encode())
     phases["terminal"]["lines"] = text.getvalue().count("\n")
     return {
         "nodes": len(paths),
         "input_bytes": sum((p / "report.json").stat().st_size for p in paths),
         "results": len(report.results),
-        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+        "peak_rss_gib_merge": round(rss, 3),
+        "bytes": {name: (out / name).stat().st_size for name in ("report.json", "report.md", "report.html")},
         "phases": phases,
     }
 

@@ -601,6 +601,8 @@ def _relabel(result: Result, report: Report, old: str, new: str) -> Result:
             status=Status.INFO,
             message=f"shown, not judged (PASS with no threshold in {old}'s report): {result.message}",
         )
+    if result.node == new and result.subject == subject:
+        return result  # already so named (write_merged labels as it reads, merge_reports again)
     return dataclasses.replace(result, node=new, subject=subject)
 
 
