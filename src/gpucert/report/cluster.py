@@ -523,6 +523,19 @@ def problem_groups(results: Sequence[Result]) -> list[ProblemGroup]:
     return [ProblemGroup(name, status, group) for (name, status), group in ordered]
 
 
+def worst_first(sections: Sequence[NodeSection], results: Sequence[Result]) -> list[NodeSection]:
+    """The nodes with a problem, worst status first, then the node whose rarest problem is rarest: the one node
+    with a narrow PCIe link before 900 that a noisy figure names, a widespread cause never buries a lone one."""
+    names: dict[str, set[str]] = {}
+    for r in results:
+        if r.node is not None and r.status in PROBLEM:
+            names.setdefault(r.node, set()).add(r.name)
+    spread = Counter(name for mine in names.values() for name in mine)
+    bad = [s for s in sections if s.status in PROBLEM]
+    rarest = {s.label: min((spread[n] for n in names.get(s.label, ())), default=0) for s in bad}
+    return sorted(bad, key=lambda s: (-s.status.rank, rarest[s.label]))
+
+
 @dataclass(frozen=True)
 class Figure:
     """One per-GPU figure across the cluster, for the heatmap."""

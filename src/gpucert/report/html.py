@@ -27,6 +27,7 @@ from gpucert.report.cluster import (
     node_tally,
     problem_groups,
     split_by_node,
+    worst_first,
 )
 from gpucert.report.plots import Plot, evaluation_plots, report_plots, training_plots
 from gpucert.report.schema import Report, Result
@@ -717,7 +718,7 @@ def _problem_nodes(report: Report, sections: list[NodeSection], anchors: dict[st
         if r.node is not None and r.status in PROBLEM:
             problems.setdefault(r.node, []).append(r)
     rows = []
-    for s in sorted((s for s in sections if s.status in PROBLEM), key=lambda s: s.status, reverse=True):
+    for s in worst_first(sections, report.results):
         mine = problems.get(s.label, [])
         where: dict[str, list[int | None]] = {}
         for r in mine:
@@ -938,7 +939,8 @@ def _cluster_body(report: Report) -> str:
         + "</section>"
     )
     # A big cluster's problem nodes come first, in the heatmap and below it, so no one scrolls 1,000 rows.
-    order = sections if detailed else sorted(sections, key=lambda s: s.status not in PROBLEM)
+    bad = worst_first(sections, report.results)
+    order = sections if detailed else [*bad, *(s for s in sections if s.status not in PROBLEM)]
     nodes_html = "".join(_node_section(report, s, anchors[s.label], detailed) for s in order)
     note = (
         ""

@@ -22,6 +22,7 @@ from gpucert.report.cluster import (
     node_tally,
     problem_groups,
     split_by_node,
+    worst_first,
 )
 from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import format_value
@@ -110,7 +111,7 @@ def _big_cluster_markdown(report: Report, cluster: list[Result], sections: list[
         )
         if len(g.results) > _PROBLEM_ROWS_MAX:
             lines += [f"and {len(g.results) - _PROBLEM_ROWS_MAX:,} more (report.json, report.html)", ""]
-    bad = sorted((s for s in sections if s.status in PROBLEM), key=lambda s: s.status, reverse=True)
+    bad = worst_first(sections, report.results)
     if bad:
         lines += ["## Nodes with problems", "", "| node | status | own problems | checks |", "|---|---|---|---|"]
         for s in bad:
