@@ -353,12 +353,13 @@ def _unclaimed(path: Path) -> RunDir:
     return RunDir(path, [], None)
 
 
-def failure_result(record: Any, logs: Path | None) -> Result:
-    """The result that says why a run stopped: the failed benchmark's ERROR when it failed in one (its rank's own
-    exception, where it was raised, the traceback's last lines), else `run.aborted`."""
+def failure_result(record: Any, logs: Path | None, stopped: bool = False) -> Result:
+    """What failed: the failed benchmark's ERROR when it failed in one (its rank's own exception, where it was
+    raised, the traceback's last lines); else, or with `stopped` (the run ends before all of it ran), the
+    `run.aborted` that says the run stopped and why."""
     where = f" (each rank's log is in {logs} on its node)" if logs else ""
     details = {"traceback": record.traceback} if record.traceback else {}
-    if record.phase.startswith("bench "):
+    if record.phase.startswith("bench ") and not stopped:
         name = record.phase.split(" ", 1)[1]
         return Result(
             name=f"bench.{name}",
@@ -393,7 +394,14 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     import torch.distributed as dist
 
     from gpucert.bench.suite import run_in_ranks as bench_in_ranks
-    from gpucert.runtime.group import AbortRecord, fail, leave_failed, start_runtime, stop_runtime
+    from gpucert.runtime.group import (
+        AbortRecord,
+        fail,
+        leave_failed,
+        start_runtime,
+        stop_runtime,
+        watch_run_store,
+    )
     from gpucert.runtime.launcher import launched_by_gpucert, write_verdict
     from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
 
@@ -416,20 +424,26 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         work = holder.get("work")
         if not holder.get("main", rt.is_main):
             return
+        # Over the watchdog's connection: this runs on its thread or SIGTERM's while the main thread may be
+        # blocked in a store wait on the same one.
+        run = watch_run_store(rt)
         if work is None:  # before this node was even checked: nothing to report, and nothing to go on with
-            rt.run_store.set("over", f"the run stopped: {record.message()}")
+            run.set("over", f"the run stopped: {record.message()}")
             return
-        run_dir, run = holder["run_dir"], rt.run_store
+        run_dir = holder["run_dir"]
         failed = failure_result(record, run_dir.path / "logs")
         name = record.phase.split(" ", 1)[1] if record.phase.startswith("bench ") else None
         left = [b for b in request.benchmarks if b != name and not run.check([f"done/{b}"])]
         # A new round only where one is left and there are benchmarks for it: the last one's failure is the end.
         going_on = not final and restarts_left > 0 and name is not None and bool(left)
-        if going_on:
-            run.set(f"done/{record.phase.split(' ', 1)[1]}", json.dumps([failed.to_dict()]))
+        if name is not None:
+            run.set(f"done/{name}", json.dumps([failed.to_dict()]))
         # Also when the run goes on: should a node not come back for the next round, this report stands.
         parts = read_parts(run, rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
-        results = finished() if going_on else [*finished(), failed]
+        results = finished(run)
+        if not going_on and (name is None or left):
+            # The run ends here, and not everything ran: say so, and why.
+            results.append(failure_result(record, None, stopped=True))
         report = build_report(request, holder["started"], holder["t0"], work, parts, results)
         path = write_report(report, run_dir.path)
         write_verdict(Status.ERROR.exit_code)
@@ -440,9 +454,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         run.set("over", f"the run stopped: {record.message()}; partial report {path}")
         say(f"partial report written to {path}")
 
-    def finished() -> list[Result]:
+    def finished(run: Any) -> list[Result]:
         """Every benchmark's judged results so far, in the run store (this round's and earlier rounds')."""
-        run = rt.run_store
         keys = [f"done/{name}" for name in request.benchmarks]
         return [Result.from_dict(r) for key in keys if run.check([key]) for r in json.loads(run.get(key))]
 
@@ -504,7 +517,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         if rt.is_main:
             wait = rt.config.collective_timeout_s
             parts = read_parts(run, rt.num_nodes, request.benchmarks, wait, skip_missing=False)
-            report = build_report(request, holder["started"], holder["t0"], work, parts, finished())
+            report = build_report(request, holder["started"], holder["t0"], work, parts, finished(run))
             with written:
                 if holder.get("written"):  # a partial one is there: this process is on its way out
                     raise RuntimeError("the run was stopped while its report was being written")

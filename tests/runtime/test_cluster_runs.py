@@ -399,25 +399,31 @@ def test_under_an_outside_torchrun_a_dead_rank_is_named_in_a_partial_report(tmp_
     """Every rank runs `gpucert accept` in one process group; rank 1 is SIGKILLed during matmul. Rank 0's
     watchdog names it, writes what ran (health of both nodes) with the cause, and every node exits."""
     port, out = free_port(), tmp_path / "run"
-    procs = []
+    procs, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
     for node in (0, 1):
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}"]
         argv += ["--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
         argv += ["-m", "gpucert", "accept", "--profile", "cpu", "-o", str(out), "--set", "bench.matmul.warmup_s=60"]
         argv += ["--set", "runtime.heartbeat_interval_s=0.5", "--set", "runtime.heartbeat_timeout_s=3"]
-        procs.append(
-            subprocess.Popen(
-                argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        with logs[node].open("wb") as sink:
+            procs.append(
+                subprocess.Popen(argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=sink, stderr=subprocess.STDOUT)
             )
-        )
     victim = accept_rank(procs[1], 1)
-    time.sleep(8)  # past the rendezvous and the node checks: in the matmul warm-up
+    # Rank 0 says so after the barrier that opens the benchmark: both nodes are past their node checks.
+    deadline = time.monotonic() + within(90)
+    while "running benchmark matmul" not in logs[0].read_text(errors="replace"):
+        assert procs[0].poll() is None and time.monotonic() < deadline, logs[0].read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    time.sleep(1)
     victim.kill()
     killed = time.monotonic()
-    outputs = [p.communicate(timeout=within(90)) for p in procs]
+    for proc in procs:
+        proc.wait(timeout=within(90))
     assert time.monotonic() - killed < within(30)
     assert procs[0].returncode != 0 and procs[1].returncode != 0
-    assert "rank 1 (" in outputs[0][1] and "no heartbeat" in outputs[0][1], outputs[0][1][-2000:]
+    said = logs[0].read_text(errors="replace")
+    assert "rank 1 (" in said and "no heartbeat" in said, said[-2000:]
     report = load(out)
     results = {r["name"]: r for r in report["results"]}
     assert results["run.aborted"]["status"] == "ERROR" and "rank 1 (" in results["run.aborted"]["message"]

@@ -392,6 +392,12 @@ def watch_store(rt: Runtime) -> Any:
     return rt.watchdog.store if rt.watchdog is not None and rt.watchdog.store is not None else rt.store
 
 
+def watch_run_store(rt: Runtime) -> Any:
+    """The run store over the watchdog's own connection where there is one (see watch_store)."""
+    watchdog = rt.watchdog
+    return watchdog.run_store if watchdog is not None and watchdog.run_store is not None else rt.run_store
+
+
 def leave_failed(rt: Runtime, code: int) -> NoReturn:
     """Exit after fail(), without tearing down a process group whose peers may be gone (that can block). The
     rank that serves the job's store keeps it up for two heartbeats, so every peer reads the abort record."""

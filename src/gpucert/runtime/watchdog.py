@@ -46,6 +46,7 @@ class Watchdog:
         self.on_abort = on_abort
         # The heartbeat thread's own connection, also for on_abort (the main thread's may be mid-wait).
         self.store: Any = None
+        self.run_store: Any = None  # the run store (Runtime.run_store) over the same connection
         self.last_ok = time.monotonic()
         self._beating = threading.Event()
         self._armed = threading.Event()
@@ -80,6 +81,7 @@ class Watchdog:
             say(f"watchdog of {rt.me.describe()} could not connect: {exc}")
             return
         store = self.store = dist.PrefixStore(self.prefix, base)
+        self.run_store = dist.PrefixStore("gpucert/run/", base)
         watched = range(rt.world_size) if rt.rank == 0 else [0]
         keys = [f"hb/{r}" for r in watched]
         last: dict[int, tuple[bytes, float]] = {}
