@@ -302,19 +302,6 @@ class EvalThresholds:
     bfcl_live_parallel_multiple_min_pct: float | None = None
     bfcl_live_irrelevance_min_pct: float | None = None
     bfcl_overall_min_pct: float | None = None
-    # `gpucert evaluate --suite bfcl`: % of a BFCL category's entries fully right (finetune/bfcl.py), and the
-    # unweighted mean of the categories evaluated.
-    bfcl_simple_min_pct: float | None = None
-    bfcl_multiple_min_pct: float | None = None
-    bfcl_parallel_min_pct: float | None = None
-    bfcl_parallel_multiple_min_pct: float | None = None
-    bfcl_irrelevance_min_pct: float | None = None
-    bfcl_live_simple_min_pct: float | None = None
-    bfcl_live_multiple_min_pct: float | None = None
-    bfcl_live_parallel_min_pct: float | None = None
-    bfcl_live_parallel_multiple_min_pct: float | None = None
-    bfcl_live_irrelevance_min_pct: float | None = None
-    bfcl_overall_min_pct: float | None = None
 
     def problems(self) -> list[str]:
         found = []
