@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from gpucert.cluster.localize import parse_hosts, slurm_nodes
+from gpucert.cluster.localize import NodeSpec, parse_hosts, screen_pairs, slurm_nodes
 from gpucert.cluster.localize_sim import build, simulate
 from gpucert.config.loader import ConfigError
 
@@ -71,3 +71,14 @@ def test_slurm_allocations_take_their_racks_from_the_leaf_switches_of_slurms_top
     said["show topology"] = ""  # topology/none: racks unknown, planned at random
     nodes = slurm_nodes({"SLURM_JOB_NODELIST": "gpu[01-04]"}, lambda argv: said[" ".join(argv[1:])])
     assert [n.rack for n in nodes] == [None] * 4
+
+
+def test_screens_pair_within_racks_first_then_each_rack_with_many_others() -> None:
+    nodes = [NodeSpec(f"n{i:02d}", f"n{i:02d}", rack=f"r{i // 8}") for i in range(32)]
+    within, left = screen_pairs(nodes, seed=3, round_no=1, across=False)
+    assert not left and all(p.head.rack == p.other.rack for p in within)
+    across, left = screen_pairs(nodes, seed=3, round_no=2, across=True)
+    assert not left and all(p.head.rack != p.other.rack for p in across)
+    met = {rack: {n.rack for p in across if rack in (p.head.rack, p.other.rack) for n in p.nodes} - {rack}
+           for rack in ("r0", "r1", "r2", "r3")}  # fmt: skip
+    assert all(len(others) >= 2 for others in met.values()), met  # an uplink's failures point at one rack

@@ -282,8 +282,9 @@ def sweep(
     racks_known: bool = True,
     screens: int | None = None,
     model: Model = Model(),
+    max_rounds: int | None = None,
 ) -> Row:
-    runs = [simulate(n, kinds, s, racks_known, model=model, screens=screens) for s in range(seeds)]
+    runs = [simulate(n, kinds, s, racks_known, max_rounds, model, screens) for s in range(seeds)]
     return Row(
         n, tuple(kinds), racks_known, seeds,
         statistics.mean(r.rounds for r in runs), max(r.rounds for r in runs),
@@ -331,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--racks-unknown", action="store_true", help="plan without rack labels")
     parser.add_argument("--screens", type=int, help="rounds that pair every free node (default: localize's)")
+    parser.add_argument("--max-rounds", type=int, help="rounds after the first (default: ceil(log2 N))")
     parser.add_argument("--gpu-spread", type=float, default=Model.gpu_spread, help="GPU-to-GPU matmul spread (sd)")
     parser.add_argument("--table", action="store_true", help="every N of 16..1,024 and every scenario")
     args = parser.parse_args(argv)
@@ -346,7 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for n in args.nodes or [64]:
         model = Model(gpu_spread=args.gpu_spread)
-        print(markdown(sweep(n, kinds, args.seeds, not args.racks_unknown, args.screens, model)), flush=True)
+        row = sweep(n, kinds, args.seeds, not args.racks_unknown, args.screens, model, args.max_rounds)
+        print(markdown(row), flush=True)
     return 0
 
 
