@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
+from tests.report.test_html import CHROMIUM, _chromium
 from tools.synth_cluster import Fault, write_cluster
 
 import gpucert.report
@@ -130,3 +131,29 @@ def test_nodes_that_share_a_name_are_relabelled_in_the_streamed_json(tmp_path: P
     assert [r.subject for r in twins] == ["node0000[n16] GPU 1"]
     assert {r.node for r in loaded.results if r.node} == set(merged.meta.nodes)
     assert [(r.node, r.subject) for r in loaded.results] == [(r.node, r.subject) for r in merged.results]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (CI installs it)")
+def test_the_heatmap_shows_its_outliers_in_a_real_browser(
+    cluster: tuple[Report, list[Fault], Path, int], tmp_path: Path
+) -> None:
+    """The heatmap alone, in the page's own style: the outlier cells and the F marks must be drawn in the FAIL
+    red (a CSS rule of the table's own shade once painted them over, white on near-white)."""
+    from PIL import Image
+
+    _, _, out, _ = cluster
+    page = (out / "report.html").read_text()
+    head = page[: page.index("<body>")]
+    heatmap = page[page.index('<section id="heatmap">') : page.index('<div id="nodes">')]
+    only = tmp_path / "heatmap.html"
+    only.write_text(f"{head}<body><main>{heatmap}</main></body></html>")
+    shot = tmp_path / "shot.png"
+    run = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,900", only.as_uri())
+    assert shot.exists(), run.stderr[-2000:]
+    colours = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None
+    red = sum(n for n, (r, g, b) in colours if abs(r - 0xCF) < 12 and abs(g - 0x22) < 12 and abs(b - 0x2E) < 12)
+    # The legend's two red swatches are about 2,700 pixels; the faulty nodes' rows (first) bring it to about
+    # 7,000 (with the table's shade painted over the cells: 2,700).
+    assert red > 5000, red
