@@ -26,7 +26,6 @@ The model (assumptions, not measurements, except where said; docs/localize.md li
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
@@ -41,6 +40,7 @@ from gpucert.cluster.localize import (
     PairOutcome,
     conclude,
     drive,
+    round_budget,
     rule_of,
     slow_gpu_nodes,
 )
@@ -223,8 +223,9 @@ def simulate(
     n: int, kinds: Sequence[str], seed: int, racks_known: bool = True, max_rounds: int | None = None,
     model: Model = Model(), screens: int | None = None,
 ) -> Outcome:  # fmt: skip
-    """One search over a modelled cluster of n nodes with the faults `kinds`; max_rounds (re-pair rounds after
-    the first) defaults to ceil(log2 n); screens (rounds that pair every free node) to localize's default."""
+    """One search over a modelled cluster of n nodes with the faults `kinds`; max_rounds (rounds after the first)
+    defaults to localize's budget (log2 n from 8 nodes on); screens (rounds that pair every free node) to
+    localize's default."""
     cluster = build(n, kinds, seed, racks_known, model)
     profile = load_profile(PROFILE)
     rule = rule_of(RunConfig(), profile)
@@ -241,7 +242,7 @@ def simulate(
         slow.update(slow_gpu_nodes(cross_node_outliers(gpu_results(cluster, first), profile)))
         return slow
 
-    rounds = max_rounds if max_rounds is not None else max(1, math.ceil(math.log2(n)))
+    rounds = max_rounds if max_rounds is not None else round_budget(RunConfig().localize.max_rounds, n)
     judged, left_out = drive(cluster.nodes, seed, rounds, run_round, slow_of, rule, "Ring all_gather 1 GiB", screens)
     results = conclude(cluster.nodes, judged, slow, left_out)
     found, false, warns, named = score(cluster, results)

@@ -351,7 +351,8 @@ class LocalizeConfig:
     base_port: int = 29600
     # Seeds the random pairing of round 1; None draws one (recorded in the report, to rerun the same pairs).
     seed: int | None = None
-    # Rounds after the first that re-pair suspects with known-good nodes (more when suspects outnumber them).
+    # Rounds after the first (re-pairs, reruns, a second screen), at least log2 of the node count: the search stops
+    # sooner when it has nothing left to learn (docs/localize.md).
     max_rounds: int = 3
 
     def problems(self) -> list[str]:
