@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         "The run directory (--output) must be on a filesystem every node shares.",
     )
     where = localize.add_mutually_exclusive_group()
-    where.add_argument("--hosts", nargs="+", metavar="HOST[:GPUS]", help="the nodes, e.g. gpu01 gpu02, or h:0 h:1")
+    where.add_argument(
+        "--hosts", nargs="+", metavar="HOST[:GPUS][@RACK]", help="the nodes, e.g. gpu01 gpu02, h:0 h:1, gpu01@r1"
+    )
     where.add_argument("--hostfile", type=Path, help="a file of nodes, one per line (MPI's `host slots=8` works)")
     # Parsed by gpucert.launch.command (its unknown options pass through to the launched verb).
     verbs.add_parser("launch", help="a multi-node job: Slurm (submitted and followed), torchrun commands, Kubernetes")
