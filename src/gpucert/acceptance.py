@@ -19,7 +19,6 @@ import dataclasses
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -269,9 +268,11 @@ def run_on_nodes(
     torchrun's engine (runtime/launcher.py); each rank runs `argv` (this same command), rank 0 writes the
     report. The exit code is the run's verdict, or 3 with the cause in one line."""
     started = datetime.now(timezone.utc)
-    config = load_run_config(request)
     if plan.node_rank == 0:
-        check_output_writable(request, config)
+        check_output_writable(request, load_run_config(request))  # before the inventory, which takes seconds
+    # This node's hardware and profile: its sizes are refused here if they do not fit, before any rank starts.
+    work = collect_node(request)
+    config = work.config
     # torch loads with these (seconds): a bad file or key above is refused before.
     from gpucert.runtime.device import default_nproc
     from gpucert.runtime.launcher import LaunchOutcome, launch_ranks
@@ -280,11 +281,10 @@ def run_on_nodes(
         nproc = (config.bench.nproc or default_nproc()) if request.benchmarks else 1
     if nproc < 1:
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
+    check_fits(work, request.benchmarks, nproc)
     env = {}
-    host = socket.gethostname()
+    host = work.inventory.hostname  # a replayed node is named by its bundle's host, as its results are
     if request.replay:
-        # A replayed node is named by its bundle's host, as its results are.
-        host = bundle_sources(request.replay).hostname
         env["GPUCERT_NODE_LABEL"] = host
     elif plan.node_name:
         env["GPUCERT_NODE_LABEL"] = plan.node_name
