@@ -98,7 +98,7 @@ CASES = [
     (["finetune", "--config", "fsdir"], ["--config fsdir: is a directory"]),
     (["finetune", "--set", "lora.bogus=1"], ["--set lora.bogus=1: unknown key 'lora.bogus'"]),
     (["finetune", "--output", "afile"], ["output_dir must be a directory", "afile"]),
-    (["finetune", "prepare", "--set", "data.source=nope.jsonl"], ["data.source: file nope.jsonl not found"]),
+    (["finetune", "prepare", "--set", "data.source=nope.jsonl"], ["data.source nope.jsonl: no such file"]),
     (["evaluate", "--adapter", "fsdir", "--data", "/nonexistent.jsonl"], ["data.source /nonexistent.jsonl: no such"]),
     (["evaluate", "--adapter", "fsdir", "--data", "fsdir"], ["data.source fsdir: is a directory"]),
 ]

@@ -45,7 +45,8 @@ def dry_run_then_sbatch(cluster: SlurmCluster, tmp_path: Path, verb: str, *argv:
         timeout=300,
     )
     [job_log] = list(empty.glob(f"gpucert-{verb}-*.out"))  # where the script's header says it goes
-    assert done.returncode == 0, done.stderr + job_log.read_text()[-2000:] + slurm_log_tails(run)
+    # The job's exit code is the run's verdict: 0 PASS, 1 WARN (a check directory on no shared filesystem).
+    assert done.returncode in (0, 1), done.stderr + job_log.read_text()[-2000:] + slurm_log_tails(run)
     return run, job_log
 
 

@@ -65,7 +65,7 @@ def test_localize_runs_once_in_the_batch_step_and_fs_on_every_node() -> None:
     assert "\ngpucert cluster localize --profile h200 --output /shared/runs/loc || rc=$?\n" in script
     fs = render_sbatch(job(2, **FS))
     assert fs == (GOLDEN / "fs-2-nodes.sbatch").read_text()
-    assert "--kill-on-bad-exit=1 --output=/shared/runs/fs/logs/node-%n-%N.log gpucert cluster fs /shared/scratch" in fs
+    assert "srun --ntasks-per-node=1 --output=/shared/runs/fs/logs/node-%n-%N.log gpucert cluster fs /shared" in fs
 
 
 def test_localize_is_refused_where_it_cannot_run_once() -> None:

@@ -1,6 +1,6 @@
 """`gpucert launch slurm VERB`: the sbatch script from a dataclass, submitted and followed to a verdict.
 
-The script runs one task per node (`srun --ntasks-per-node=1 --kill-on-bad-exit=1`), for every verb the same:
+The script runs one task per node (`srun --ntasks-per-node=1`), for every verb the same:
 gpucert, which reads its node rank from SLURM_NODEID and starts the node's ranks on torchrun's engine
 (runtime/launcher.py). Node rank 0's address is resolved inside the job (the allocation's first host).
 `set -euo pipefail` and `exit $rc` carry srun's status to the job's. The script runs as printed under plain
@@ -165,7 +165,10 @@ def render_sbatch(job: SlurmJob) -> str:
         raise ConfigError("; ".join(problems))
     run_dir = shlex.quote(job.run_dir)
     # %n (the node's index in the job) keeps two nodes of one hostname apart; %N names the host.
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--output={job.run_dir}/logs/node-%n-%N.log"]
+    # No --kill-on-bad-exit: every node exits with the run's verdict (1 WARN, 2 FAIL), and srun would SIGTERM the
+    # nodes still on their way out (the job's code then 143, not the verdict); a failed node ends the others
+    # within runtime.heartbeat_timeout_s by itself (runtime/launcher.py).
+    srun = ["srun", "--ntasks-per-node=1", f"--output={job.run_dir}/logs/node-%n-%N.log"]
     if job.container_image:
         srun += [f"--container-image={job.container_image}", f"--container-mounts={job.run_dir}:{job.run_dir}"]
     port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 10000))"

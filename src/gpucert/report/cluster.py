@@ -763,6 +763,12 @@ def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
     from gpucert.report.markdown import render_markdown
     from gpucert.report.store import load_report, write_html
 
+    # Every input is there before anything is created: a typo leaves no half-made output directory behind.
+    missing = [str(p) for p in paths if not (p / "report.json" if p.is_dir() else p).is_file()]
+    if missing:
+        raise ValueError(
+            "; ".join(f"{m}: not a readable gpucert report (no such run directory or report.json)" for m in missing)
+        )
     output.mkdir(parents=True, exist_ok=True)
     slim = len(paths) > DETAILED_NODES_MAX
     kept: list[Report] = []
