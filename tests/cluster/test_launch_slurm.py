@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.cluster.slurm import SlurmCluster
+from tests.cluster.slurm import SlurmCluster, wait_job
+from tests.conftest import within
 
 pytestmark = pytest.mark.slow
 GPUCERT = [sys.executable, "-m", "gpucert"]
@@ -36,17 +37,16 @@ def dry_run_then_sbatch(cluster: SlurmCluster, tmp_path: Path, verb: str, *argv:
     empty = tmp_path / f"{verb}-submit"
     empty.mkdir()
     (empty / "job.sh").write_text(rendered.stdout)
+    # Plain sbatch, as printed; then polled (sbatch --wait polls at growing intervals: 30 s more a job).
     done = subprocess.run(
-        ["sbatch", "--wait", "--parsable", "job.sh"],
-        cwd=empty,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["sbatch", "--parsable", "job.sh"], cwd=empty, env=cluster.env, capture_output=True, text=True, timeout=60
     )
+    assert done.returncode == 0, done.stderr
+    record = wait_job(int(done.stdout.strip().split(";")[0]), cluster.env, timeout_s=within(300))
     [job_log] = list(empty.glob(f"gpucert-{verb}-*.out"))  # where the script's header says it goes
     # The job's exit code is the run's verdict: 0 PASS, 1 WARN (a check directory on no shared filesystem).
-    assert done.returncode in (0, 1), done.stderr + job_log.read_text()[-2000:] + slurm_log_tails(run)
+    code = record.get("ExitCode", "?").split(":")[0]
+    assert code in ("0", "1"), str(record) + job_log.read_text()[-2000:] + slurm_log_tails(run)
     return run, job_log
 
 
@@ -105,7 +105,7 @@ def test_a_rank_lost_in_a_slurm_job_is_named_and_the_job_fails(slurm_cluster: Sl
     argv += ["--set", "bench.matmul.warmup_s=60", "--set", "runtime.heartbeat_interval_s=0.5"]
     argv += ["--set", "runtime.heartbeat_timeout_s=3"]
     proc = subprocess.Popen(argv, env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim, deadline = None, time.monotonic() + 120
+    victim, deadline = None, time.monotonic() + within(120)
     while victim is None and time.monotonic() < deadline:
         for p in psutil.process_iter(["cmdline"]):
             try:
@@ -116,7 +116,12 @@ def test_a_rank_lost_in_a_slurm_job_is_named_and_the_job_fails(slurm_cluster: Sl
                 continue
         time.sleep(0.5)
     assert victim is not None, "no worker of rank 1 appeared"
-    time.sleep(3)
+    # Past its node checks and in the benchmark: its log says it joined (acceptance.run_in_ranks).
+    log = run / "logs" / "rank-1.log"
+    while not (log.exists() and "joined the job" in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline and proc.poll() is None, "rank 1 never joined the benchmarks"
+        time.sleep(0.5)
+    time.sleep(1)
     victim.kill()
     killed = time.monotonic()
     _, err = proc.communicate(timeout=120)
