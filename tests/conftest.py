@@ -32,7 +32,7 @@ def _has_gpu() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _has_gpu():
         return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the lent GPU machine)")
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run them on a GPU node)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
