@@ -24,17 +24,7 @@ from gpucert.report.compare import (
 )
 from gpucert.report.schema import Report
 from gpucert.report.store import _write_atomic as write_atomic
-from gpucert.status import Status
-
-# The report page's status colours (report/html.py STATUS_COLOUR), repeated so this page needs no matplotlib.
-STATUS_COLOUR = {
-    Status.SKIP: "#6e7781",
-    Status.INFO: "#0969da",
-    Status.PASS: "#1a7f37",
-    Status.WARN: "#9a6700",
-    Status.FAIL: "#cf222e",
-    Status.ERROR: "#a626a4",
-}
+from gpucert.report.terminal import STATUS_COLOUR
 
 _CSS = """
 body { margin: 0; background: #f6f8fa; color: #1f2328;

@@ -31,18 +31,9 @@ from gpucert.report.cluster import (
 )
 from gpucert.report.plots import Plot, evaluation_plots, report_plots, training_plots
 from gpucert.report.schema import Report, Result
-from gpucert.report.terminal import format_value
+from gpucert.report.terminal import STATUS_COLOUR, format_value
 from gpucert.status import Status, worst
 
-# The terminal's colours (report/terminal.py STATUS_STYLE), in shades that read on white.
-STATUS_COLOUR = {
-    Status.SKIP: "#6e7781",
-    Status.INFO: "#0969da",
-    Status.PASS: "#1a7f37",
-    Status.WARN: "#9a6700",
-    Status.FAIL: "#cf222e",
-    Status.ERROR: "#a626a4",
-}
 STATUS_BACKGROUND = {
     Status.SKIP: "#f3f4f6",
     Status.INFO: "#ddf4ff",

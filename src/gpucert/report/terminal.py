@@ -36,6 +36,15 @@ STATUS_STYLE = {
     Status.FAIL: "bold red",
     Status.ERROR: "bold magenta",
 }
+# The same colours in shades that read on white, for the HTML pages (report/html.py, report/compare_html.py).
+STATUS_COLOUR = {
+    Status.SKIP: "#6e7781",
+    Status.INFO: "#0969da",
+    Status.PASS: "#1a7f37",
+    Status.WARN: "#9a6700",
+    Status.FAIL: "#cf222e",
+    Status.ERROR: "#a626a4",
+}
 
 
 def set_format(name: str) -> None:
