@@ -14,7 +14,6 @@ node's label, and the messages say the same.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +21,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -396,6 +395,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     from gpucert.bench.suite import run_in_ranks as bench_in_ranks
     from gpucert.runtime.group import (
         AbortRecord,
+        deadline,
         fail,
         leave_failed,
         start_runtime,
@@ -505,7 +505,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
                 say(f"running benchmark {name}...")
             # The burn runs for its duration by design: the timeout counts beyond it.
             limit_s = work.config.bench.timeout_s + (work.config.bench.burn.duration_s if name == "burn" else 0)
-            with _deadline(rt, name, limit_s, write_partial):
+            with deadline(rt, f"bench {name}", limit_s, "bench.timeout_s", write_partial):
                 judged, telemetry = bench_in_ranks(rt, name, work.config, work.profile, has_gpus, work.sources.nvml)
             if rt.local_rank == 0:
                 run.set(f"telemetry/{name}/{rt.node_rank}", json.dumps([r.to_dict() for r in telemetry]))
@@ -587,40 +587,6 @@ def rank_run_dir(request: RunRequest, work: NodeWork, started: datetime) -> RunD
         return RunDir(Path(claimed), [], None)
     check_output_writable(request, work.config)
     return claim_output(request, work, started)
-
-
-@contextlib.contextmanager
-def _deadline(rt: Any, name: str, limit_s: float, write_partial: Callable[[Any], None]) -> Iterator[None]:
-    """Rank 0: a benchmark with no result within limit_s (a hung collective or kernel) ends the job, naming
-    where every rank was; the other ranks read the record and leave."""
-    from gpucert.runtime.group import AbortRecord, leave_failed, read_phase, record_abort, watch_store
-
-    def overdue() -> None:
-        store = watch_store(rt)
-        phases = "; ".join(
-            f"rank {r}: {rt.phase if r == rt.rank else read_phase(store, r, 'start-up')}" for r in range(rt.world_size)
-        )
-        record = AbortRecord(
-            who=f"node {rt.me.node}",
-            cause=f"no result within {limit_s:g} s (bench.timeout_s; hung collective or kernel?); {phases}",
-            phase=f"bench {name}",
-            node=rt.me.node,
-        )
-        with contextlib.suppress(RuntimeError):
-            record = record_abort(store, record)
-        write_partial(record)
-        say_line(f"{rt.me.describe()} stops: {record.message()}")
-        leave_failed(rt, Status.ERROR.exit_code)
-
-    timer = threading.Timer(limit_s, overdue) if rt.is_main else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
-    try:
-        yield
-    finally:
-        if timer is not None:
-            timer.cancel()
 
 
 def say_line(line: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,11 @@ from gpucert.config.loader import ConfigError
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.group import (
     ABORTED_EXIT,
-    AbortRecord,
     RendezvousError,
     Runtime,
+    deadline,
     fail,
     leave_failed,
-    record_abort,
     say,
     start_runtime,
     stop_runtime,
@@ -46,19 +45,10 @@ def main(argv: list[str]) -> int:
         return ABORTED_EXIT
     say(f"{rt.me.describe()} joined the job ({rt.world_size} ranks): bench {spec['benchmark']}")
     limit = spec.get("timeout_s")
-    if rt.is_main and limit:
-
-        def overdue() -> None:
-            cause = f"no result within {limit:g} s (hung collective or kernel?)"
-            record = AbortRecord(f"node {rt.me.node}", cause, f"bench {spec['benchmark']}", node=rt.me.node)
-            record_abort(rt.store, record)
-            leave_failed(rt, ABORTED_EXIT)
-
-        timer = threading.Timer(float(limit), overdue)
-        timer.daemon = True
-        timer.start()
+    bounded = deadline(rt, f"bench {spec['benchmark']}", float(limit), "timeout_s") if limit else nullcontext()
     try:
-        data = run(rt, spec)
+        with bounded:
+            data = run(rt, spec)
         if data is not None:
             out = Path(argv[1])
             tmp = out.with_name(f".{out.name}.tmp")

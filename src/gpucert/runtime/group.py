@@ -14,9 +14,10 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -396,6 +397,43 @@ def watch_run_store(rt: Runtime) -> Any:
     """The run store over the watchdog's own connection where there is one (see watch_store)."""
     watchdog = rt.watchdog
     return watchdog.run_store if watchdog is not None and watchdog.run_store is not None else rt.run_store
+
+
+@contextlib.contextmanager
+def deadline(
+    rt: Runtime, phase: str, limit_s: float, setting: str, on_abort: Callable[[AbortRecord], None] | None = None
+) -> Iterator[None]:
+    """Rank 0: the block not done within limit_s (a hung collective or kernel) ends the job, recording where
+    every rank was (on_abort sees the record first: a partial report); the other ranks read it and leave.
+    `setting` names where the limit comes from, for the message."""
+
+    def overdue() -> None:
+        store = watch_store(rt)
+        phases = "; ".join(
+            f"rank {r}: {rt.phase if r == rt.rank else read_phase(store, r, 'start-up')}" for r in range(rt.world_size)
+        )
+        record = AbortRecord(
+            who=f"node {rt.me.node}",
+            cause=f"no result within {limit_s:g} s ({setting}; hung collective or kernel?); {phases}",
+            phase=phase,
+            node=rt.me.node,
+        )
+        with contextlib.suppress(RuntimeError):
+            record = record_abort(store, record)
+        if on_abort is not None:
+            on_abort(record)
+        say(f"{rt.me.describe()} stops: {record.message()}")
+        leave_failed(rt, ABORTED_EXIT)
+
+    timer = threading.Timer(limit_s, overdue) if rt.is_main else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def leave_failed(rt: Runtime, code: int) -> NoReturn:
