@@ -7,7 +7,6 @@ sections are in tests/config/test_validation.py, memory that cannot hold a size 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from gpucert.cli import main
 from tests.conftest import NODE_BUNDLES
+from tests.finetune.test_checkpoint import can_mount_tmpfs
 
 BUNDLE = str(NODE_BUNDLES / "h100")
 
@@ -140,13 +140,6 @@ def test_bad_input_exits_3_naming_it_with_nothing_written(
     assert "error: " in err
     assert "Traceback" not in err
     assert listing(workdir) == before  # no runs/, no --output, no job directory
-
-
-def can_mount_tmpfs() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True).returncode == 0
 
 
 @pytest.mark.slow
