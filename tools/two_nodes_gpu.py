@@ -1,0 +1,231 @@
+"""Two GPUs of one machine as two "nodes" on NCCL's network path, started as the README says: figures for
+docs/results. `python tools/two_nodes_gpu.py PART --out DIR` with PART one of:
+
+- accept: `gpucert accept --nnodes 2 --node-rank R --master-addr 127.0.0.1` on each node, full default run;
+- finetune: the shipped speed recipe (`--config qwen2-7b-speed`) across the two nodes on an empty compile cache,
+  then on one GPU alone (the cache now warm), tokens/s per GPU of each and the share kept;
+- faults: node 0 alone (named within the rendezvous timeout), then a rank SIGKILLed and a rank SIGSTOPped
+  mid-fine-tuning (named on both nodes within the heartbeat timeout), with the default heartbeats.
+
+Each node sees only its own GPU (CUDA_VISIBLE_DEVICES) and NCCL may use neither peer access nor shared memory
+(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), so the collectives take the network path as between two machines.
+Needs a machine of two GPUs; writes PART.json (and the run's reports) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+GPUCERT = [sys.executable, "-m", "gpucert"]
+NAMES = ("node-a", "node-b")
+STEPS = 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def node_env(gpu: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {**env, "CUDA_VISIBLE_DEVICES": str(gpu), "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
+            "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
+
+def node_flags(rank: int, port: int) -> list[str]:
+    return ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "--node-name", NAMES[rank]]  # fmt: skip
+
+
+def start(argv: list[str], gpu: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, env=node_env(gpu), stdout=out, stderr=subprocess.STDOUT)
+
+
+def last_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def gpucert_lines(log: Path) -> list[str]:
+    return [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("gpucert:")]
+
+
+def ranks_alive(marker: str) -> list[int]:
+    """Processes with a rank's environment whose command line holds `marker` (the run's output directory)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or []) and "RANK" in proc.environ():
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def gpu_processes() -> int:
+    """Compute processes still holding a GPU (nvidia-smi's view): a rank that outlived its node shows here."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                         text=True, check=False).stdout  # fmt: skip
+    return len([ln for ln in out.splitlines() if ln.strip()])
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int | None]:
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return [p.returncode for p in procs]
+
+
+def accept(out: Path) -> dict[str, Any]:
+    port, runs = free_port(), [Path(f"/tmp/accept-{n}") for n in NAMES]
+    for run in runs:
+        shutil.rmtree(run, ignore_errors=True)
+    sets = ["--set", "health.expected_gpus=1"]
+    # Over sockets (a few GB/s) the default sweep to the largest message takes minutes per operation.
+    if os.environ.get("MAX_BYTES"):
+        sets += ["--set", f"bench.collectives.max_bytes={os.environ['MAX_BYTES']}"]
+        sets += ["--set", f"bench.collectives.gate_bytes={os.environ['MAX_BYTES']}"]
+    t0 = time.monotonic()
+    procs = [start([*GPUCERT, "accept", "-o", str(runs[r]), *node_flags(r, port), *sets], r, out / f"accept-{r}.log")
+             for r in (0, 1)]  # fmt: skip
+    codes = wait_all(procs, 560)
+    took = time.monotonic() - t0
+    report_dir = next((p.parent for p in runs[0].rglob("report.json")), None)
+    said = [last_line(out / f"accept-{r}.log") for r in (0, 1)]
+    summary: dict[str, Any] = {"seconds": round(took, 1), "exit_codes": codes, "said": said}
+    if report_dir is not None:
+        for name in ("report.json", "report.md", "report.html"):
+            if (report_dir / name).exists():
+                shutil.copy(report_dir / name, out / f"accept-{name}")
+        report = json.loads((report_dir / "report.json").read_text())
+        results = report["results"]
+        summary["verdict"] = report.get("verdict") or report.get("status")
+        summary["nodes"] = sorted({str(r.get("node")) for r in results if r.get("node")})
+        summary["counts"] = {s: sum(r["status"] == s for r in results) for s in sorted({r["status"] for r in results})}
+        summary["collectives"] = [
+            {k: r.get(k) for k in ("name", "status", "value", "unit", "expected", "message")}
+            for r in results if r["name"].startswith("collective.")
+        ]  # fmt: skip
+        summary["not_pass"] = [f"{r['status']} {r['name']} {r.get('subject', '')}: {r.get('message', '')}"
+                               for r in results if r["status"] not in ("PASS", "INFO")]  # fmt: skip
+    return summary
+
+
+def metrics(run: Path) -> dict[str, Any]:
+    found = sorted(run.rglob("metrics.json"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        return {}
+    m = json.loads(found[-1].read_text())
+    keep = ("world_size", "parallel", "device", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib", "t_eff",
+            "time_to_first_step_s", "first_step_s", "compile", "wall_time_s", "train_time_s", "status")  # fmt: skip
+    return {k: m.get(k) for k in keep}
+
+
+def finetune_argv(run: Path, cache: Path, steps: int) -> list[str]:
+    return [*GPUCERT, "finetune", "--config", "qwen2-7b-speed", "--output", str(run),
+            "--set", f"train.max_steps={steps}", "--set", f"train.compile_cache_dir={cache}"]  # fmt: skip
+
+
+def finetune(out: Path) -> dict[str, Any]:
+    cache = Path("/tmp/gpucert-compile-two-nodes")
+    shutil.rmtree(cache, ignore_errors=True)
+    figures: dict[str, Any] = {"steps": STEPS, "compile_cache": "empty before the two-node run, shared by both nodes"}
+    run2, port = Path("/tmp/ft-two-nodes"), free_port()
+    shutil.rmtree(run2, ignore_errors=True)
+    t0 = time.monotonic()
+    procs = [start([*finetune_argv(run2, cache, STEPS), *node_flags(r, port)], r, out / f"finetune-2n-{r}.log")
+             for r in (0, 1)]  # fmt: skip
+    codes = wait_all(procs, 400)
+    figures["two_nodes"] = {"seconds": round(time.monotonic() - t0, 1), "exit_codes": codes, **metrics(run2)}
+    run1 = Path("/tmp/ft-one-gpu")
+    shutil.rmtree(run1, ignore_errors=True)
+    t0 = time.monotonic()
+    codes = wait_all([start(finetune_argv(run1, cache, STEPS), 0, out / "finetune-1.log")], 300)
+    figures["one_gpu"] = {"seconds": round(time.monotonic() - t0, 1), "exit_codes": codes, **metrics(run1)}
+    try:
+        two = figures["two_nodes"]["tokens_per_s_per_gpu"]["effective"]
+        one = figures["one_gpu"]["tokens_per_s_per_gpu"]["effective"]
+        figures["share_kept"] = round(two / one, 4)
+    except (KeyError, TypeError):
+        figures["share_kept"] = None
+    return figures
+
+
+def missing_node(out: Path) -> dict[str, Any]:
+    run, port, timeout_s = Path("/tmp/ft-missing"), free_port(), 30
+    argv = [*finetune_argv(run, Path("/tmp/gpucert-compile-two-nodes"), STEPS), *node_flags(0, port)]
+    argv += ["--set", f"runtime.rendezvous_timeout_s={timeout_s}"]
+    t0 = time.monotonic()
+    [code] = wait_all([start(argv, 0, out / "fault-missing.log")], 200)
+    return {"rendezvous_timeout_s": timeout_s, "seconds": round(time.monotonic() - t0, 1), "exit_code": code,
+            "said": gpucert_lines(out / "fault-missing.log")[-3:], "gpu_processes_left": gpu_processes()}  # fmt: skip
+
+
+def rank_fault(out: Path, name: str, sig: signal.Signals) -> dict[str, Any]:
+    run, port = Path(f"/tmp/ft-{name}"), free_port()
+    shutil.rmtree(run, ignore_errors=True)
+    logs = [out / f"fault-{name}-{r}.log" for r in (0, 1)]
+    procs = [start([*finetune_argv(run, Path("/tmp/gpucert-compile-two-nodes"), 5000), *node_flags(r, port)], r,
+                   logs[r]) for r in (0, 1)]  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not re.search(r"\[finetune\] step 3/", logs[0].read_text(errors="replace")):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            wait_all(procs, 1)
+            return {"error": "no step 3 before the fault", "tail": logs[0].read_text(errors="replace")[-2000:]}
+        time.sleep(0.5)
+    # The rank itself: a direct child of node 1's gpucert (its compile workers inherit RANK too).
+    [victim] = [p for p in psutil.Process(procs[1].pid).children() if p.environ().get("RANK") == "1"]
+    victim.send_signal(sig)
+    t0 = time.monotonic()
+    codes = wait_all(procs, 240)
+    took = time.monotonic() - t0
+    time.sleep(1)
+    return {"signal": sig.name, "seconds_to_every_node_gone": round(took, 1), "exit_codes": codes,
+            "said": [gpucert_lines(log)[-2:] for log in logs], "ranks_left": len(ranks_alive(str(run))),
+            "gpu_processes_left": gpu_processes(),
+            "tracebacks_on_terminal": sum("Traceback" in log.read_text(errors="replace") for log in logs)}  # fmt: skip
+
+
+def faults(out: Path) -> dict[str, Any]:
+    return {
+        "heartbeats": "defaults: runtime.heartbeat_interval_s and runtime.heartbeat_timeout_s",
+        **({} if os.environ.get("SKIP_MISSING") else {"missing_node": missing_node(out)}),
+        "killed_rank": rank_fault(out, "killed", signal.SIGKILL),
+        "stopped_rank": rank_fault(out, "stopped", signal.SIGSTOP),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=("accept", "finetune", "faults"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    figures = {"accept": accept, "finetune": finetune, "faults": faults}[args.part](args.out)
+    text = json.dumps(figures, indent=1, default=str)
+    print(text)
+    (args.out / f"{args.part}.json").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
