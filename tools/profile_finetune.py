@@ -48,7 +48,7 @@ import torch
 import gpucert.finetune.loss as loss_module
 import gpucert.finetune.model as model_module
 import gpucert.finetune.train as train_module
-from gpucert.finetune.packing import RowLayout
+from gpucert.finetune.data.packing import RowLayout
 
 KINDS = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn.*(sdp|mha)|flex", re.I)),

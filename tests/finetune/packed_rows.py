@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gpucert.finetune.packing import collate
+from gpucert.finetune.data.packing import collate
 
 
 def packed_batch(

@@ -184,8 +184,8 @@ def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
+    from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.model import load_model
-    from gpucert.finetune.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
     model_cfg = ModelConfig(name="tiny", dtype="fp32")

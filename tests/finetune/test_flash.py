@@ -20,9 +20,9 @@ from tests.finetune.packed_rows import packed_batch
 from gpucert.finetune import flash
 from gpucert.finetune import model as model_module
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
+from gpucert.finetune.data.packing import row_layout
+from gpucert.finetune.data.tokenizer import load_tokenizer
 from gpucert.finetune.model import forward_loss, load_base_model
-from gpucert.finetune.packing import row_layout
-from gpucert.finetune.tokenizer import load_tokenizer
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
 LORA = LoraConfig(r=8, alpha=16, dropout=0.0)

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from tools.sample_data import expected_unparsable
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import DataConfig, load_finetune_config
-from gpucert.finetune.formats import (
+from gpucert.finetune.data.formats import (
     DataError,
     alpaca_to_conversation,
     load_conversations,
@@ -18,7 +19,6 @@ from gpucert.finetune.formats import (
     parse_alpaca_rows,
     parse_messages_rows,
 )
-from gpucert.finetune.sample_data import expected_unparsable
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "finetune"
 

@@ -27,6 +27,7 @@ from gpucert.finetune.config import (
     TrainConfig,
     load_finetune_config,
 )
+from gpucert.finetune.data.tokenizer import load_tokenizer
 from gpucert.finetune.fp8 import (
     FP8,
     FP8_MAX,
@@ -36,7 +37,6 @@ from gpucert.finetune.fp8 import (
     quantize_rows,
 )
 from gpucert.finetune.model import forward_plan, load_model, tiny_config
-from gpucert.finetune.tokenizer import load_tokenizer
 
 TINY_BF16 = ModelConfig(name="tiny", dtype="bf16", precision="fp8")
 LORA = LoraConfig(r=8, alpha=16, dropout=0.0)

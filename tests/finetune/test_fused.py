@@ -380,8 +380,8 @@ def test_load_model_puts_adapters_in_the_gemm_only_where_they_compute_in_its_dty
     shard, LoRA dropout, or the switch off: no."""
     import gpucert.finetune.model as model_module
     from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
+    from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.model import load_model
-    from gpucert.finetune.tokenizer import load_tokenizer
 
     monkeypatch.setattr(model_module, "check_fp8_device", lambda device: None)
     tokenizer = load_tokenizer(ModelConfig(name="tiny"), DataConfig())

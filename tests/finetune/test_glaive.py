@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucert.finetune.glaive import (
+from gpucert.finetune.data.glaive import (
     MAX_EXAMPLES,
     Conversation,
     GlaiveFormatError,

@@ -11,6 +11,8 @@ import torch
 from peft import PeftModel
 
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
+from gpucert.finetune.data.packing import collate
+from gpucert.finetune.data.tokenizer import load_tokenizer
 from gpucert.finetune.model import (
     forward_loss,
     load_base_model,
@@ -19,8 +21,6 @@ from gpucert.finetune.model import (
     supervised_count,
     tiny_config,
 )
-from gpucert.finetune.packing import collate
-from gpucert.finetune.tokenizer import load_tokenizer
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
 LORA = LoraConfig(r=8, alpha=16, dropout=0.0)

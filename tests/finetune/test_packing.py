@@ -6,11 +6,11 @@ import random
 
 import pytest
 import torch
+from tools.sample_data import generate_rows
 
 from gpucert.finetune.config import DataConfig, ModelConfig
-from gpucert.finetune.glaive import parse_rows
-from gpucert.finetune.model import tiny_config
-from gpucert.finetune.packing import (
+from gpucert.finetune.data.glaive import parse_rows
+from gpucert.finetune.data.packing import (
     additive_mask,
     attention_mask_for,
     best_fit_decreasing,
@@ -20,9 +20,9 @@ from gpucert.finetune.packing import (
     pack,
     row_layout,
 )
-from gpucert.finetune.sample_data import generate_rows
-from gpucert.finetune.template import IGNORE_INDEX, check_supervised, render
-from gpucert.finetune.tokenizer import load_tokenizer
+from gpucert.finetune.data.template import IGNORE_INDEX, check_supervised, render
+from gpucert.finetune.data.tokenizer import load_tokenizer
+from gpucert.finetune.model import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tools.sample_data import generate_rows
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig, ModelConfig
-from gpucert.finetune.formats import DataError
-from gpucert.finetune.glaive import parse_rows
-from gpucert.finetune.prepare import (
+from gpucert.finetune.data.formats import DataError
+from gpucert.finetune.data.glaive import parse_rows
+from gpucert.finetune.data.prepare import (
     COLUMNS,
     DATA_METHOD_VERSION,
     READY,
@@ -23,9 +24,8 @@ from gpucert.finetune.prepare import (
     report_lines,
     split_conversations,
 )
-from gpucert.finetune.sample_data import generate_rows
-from gpucert.finetune.template import IGNORE_INDEX
-from gpucert.finetune.tokenizer import load_tokenizer
+from gpucert.finetune.data.template import IGNORE_INDEX
+from gpucert.finetune.data.tokenizer import load_tokenizer
 
 
 def config(cache: Path, **data: object) -> FinetuneConfig:
@@ -262,7 +262,7 @@ def test_every_conversation_over_max_length_is_refused_naming_the_split_and_the_
 
 
 def test_a_failed_build_leaves_no_temporary_directory(tmp_path: Path, tokenizer, monkeypatch) -> None:
-    from gpucert.finetune import prepare
+    from gpucert.finetune.data import prepare
 
     def broken(*_args, **_kwargs):
         raise OSError("disk full")

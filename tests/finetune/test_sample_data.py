@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from gpucert.finetune.glaive import parse_rows
-from gpucert.finetune.sample_data import (
+from tools.sample_data import (
     CATALOGUE,
     SAMPLE_PATH,
     SAMPLE_ROWS,
@@ -15,6 +14,8 @@ from gpucert.finetune.sample_data import (
     generate_rows,
     to_jsonl,
 )
+
+from gpucert.finetune.data.glaive import parse_rows
 
 
 def test_shipped_file_is_the_generator_output() -> None:

@@ -7,12 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
+from tools.sample_data import generate_rows
 
 from gpucert.finetune.config import DataConfig, ModelConfig
-from gpucert.finetune.formats import alpaca_to_conversation
-from gpucert.finetune.glaive import Conversation, parse_row, parse_rows
-from gpucert.finetune.sample_data import generate_rows
-from gpucert.finetune.template import (
+from gpucert.finetune.data.formats import alpaca_to_conversation
+from gpucert.finetune.data.glaive import Conversation, parse_row, parse_rows
+from gpucert.finetune.data.template import (
     IGNORE_INDEX,
     TemplateError,
     check_supervised,
@@ -23,7 +23,7 @@ from gpucert.finetune.template import (
     template_hash,
     template_text,
 )
-from gpucert.finetune.tokenizer import (
+from gpucert.finetune.data.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
     SPECIAL_TOKENS,

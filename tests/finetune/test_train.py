@@ -21,10 +21,10 @@ import gpucert.report
 from gpucert.finetune import train as train_module
 from gpucert.finetune.checkpoint import find_latest, save_adapter
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
+from gpucert.finetune.data.packing import collate
+from gpucert.finetune.data.tokenizer import load_tokenizer
 from gpucert.finetune.fused import AInGemmLoraLinear, FusedProjections
 from gpucert.finetune.model import forward_loss, load_base_model, load_model
-from gpucert.finetune.packing import collate
-from gpucert.finetune.tokenizer import load_tokenizer
 from gpucert.finetune.train import (
     data_time_share,
     epoch_order,

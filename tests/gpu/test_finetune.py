@@ -79,7 +79,7 @@ def packed_loss_and_grads(cfg: Any) -> tuple[float, list[torch.Tensor]]:
     """One forward/backward of the tiny model on the GPU over rows of several packed documents and padding."""
     from gpucert.finetune.config import DataConfig, LoraConfig
     from gpucert.finetune.model import forward_loss, load_model
-    from gpucert.finetune.tokenizer import load_tokenizer
+    from gpucert.finetune.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(cfg, DataConfig())
     documents = [[70, 130, 50], [200], [30, 30]]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, check_data_source, load_finetune_config
-from gpucert.finetune.hub import resolve_adapter
+from gpucert.finetune.data.hub import resolve_adapter
 from gpucert.runtime.launch_env import NodeEnv
 from gpucert.status import Status
 
@@ -115,8 +115,8 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
 
 def prepare(cfg: FinetuneConfig) -> int:
     """Tokenize, mask, split and pack once; every later run with the same fingerprint reuses the cache."""
-    from gpucert.finetune.prepare import prepare_dataset, report_lines
-    from gpucert.finetune.tokenizer import load_tokenizer
+    from gpucert.finetune.data.prepare import prepare_dataset, report_lines
+    from gpucert.finetune.data.tokenizer import load_tokenizer
 
     prepared = prepare_dataset(cfg, load_tokenizer(cfg.model, cfg.data))
     print(f"{'prepared' if prepared.built else 'reused'} {prepared.path} (fingerprint {prepared.fingerprint[:12]})")
@@ -151,12 +151,12 @@ def evaluate(args: argparse.Namespace) -> int:
     from peft import PeftModel
     from rich.console import Console
 
+    from gpucert.finetune.data.packing import collate
+    from gpucert.finetune.data.prepare import load_eval_conversations, prepare_dataset
+    from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval_report import evaluation_report, evaluation_results
     from gpucert.finetune.evaluate import evaluate as run_eval
     from gpucert.finetune.model import load_base_model
-    from gpucert.finetune.packing import collate
-    from gpucert.finetune.prepare import load_eval_conversations, prepare_dataset
-    from gpucert.finetune.tokenizer import load_tokenizer
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
     from gpucert.report.terminal import print_report

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from gpucert.finetune import ce_kernel
+from gpucert.finetune.data.packing import supervised_positions
 from gpucert.finetune.fp8 import (
     FAST_ACCUM_FORWARD,
     FAST_ACCUM_HEAD_BACKWARD,
@@ -33,7 +34,6 @@ from gpucert.finetune.fp8 import (
     power_of_two_scale,
     quantize_rows,
 )
-from gpucert.finetune.packing import supervised_positions
 
 # Tokens per chunk: 1024 x 152k fp32 logits is 0.6 GB, and a 1024-row matmul still runs at full speed.
 CHUNK_TOKENS = 1024

@@ -383,7 +383,7 @@ def model_shape(cfg: FinetuneConfig, vocab_size: int) -> ModelShape:
         return shape_from_config(tiny_config(vocab_size), vocab_size)
     from transformers import AutoConfig
 
-    from gpucert.finetune.hub import pretrained_source
+    from gpucert.finetune.data.hub import pretrained_source
 
     source, offline = pretrained_source(cfg.model.name)
     return shape_from_config(AutoConfig.from_pretrained(source, **offline), vocab_size)

@@ -32,12 +32,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 
 from gpucert.finetune import flash
 from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies, fuse_mlp_applies
+from gpucert.finetune.data.hub import pretrained_source
+from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents
 from gpucert.finetune.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.fused import fuse_projections, refresh_adapters_in_gemm
-from gpucert.finetune.hub import pretrained_source
 from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
-from gpucert.finetune.packing import RowLayout, attention_mask_for, flash_documents
 from gpucert.finetune.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -78,8 +78,11 @@ from gpucert.finetune.compile_cache import (
     warm_up,
 )
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.data.hub import check_model_source
+from gpucert.finetune.data.packing import RowLayout, collate, row_layout
+from gpucert.finetune.data.prepare import Prepared, prepare_dataset
+from gpucert.finetune.data.tokenizer import load_tokenizer
 from gpucert.finetune.fused import clear_pending
-from gpucert.finetune.hub import check_model_source
 from gpucert.finetune.memory_plan import Plan, fixed_micro_batch, plan_for_run
 from gpucert.finetune.model import (
     IGNORE_INDEX,
@@ -90,12 +93,9 @@ from gpucert.finetune.model import (
     merge_adapter,
     supervised_count,
 )
-from gpucert.finetune.packing import RowLayout, collate, row_layout
 from gpucert.finetune.parallel import gradient_sync, resolve_mode, wrap
-from gpucert.finetune.prepare import Prepared, prepare_dataset
 from gpucert.finetune.run_report import build_report, invocation, write_run_files
 from gpucert.finetune.rundir import RunDir, open_run_dir
-from gpucert.finetune.tokenizer import load_tokenizer
 from gpucert.report.schema import Report
 from gpucert.runtime.group import (
     ABORTED_EXIT,

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gpucert.finetune.glaive import Conversation
+from gpucert.finetune.data.glaive import Conversation
 
 ASSETS = Path(__file__).parent / "assets"
 # Template names of DataConfig.template that gpucert ships; "tokenizer" keeps the model's own.

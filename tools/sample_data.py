@@ -5,9 +5,12 @@ module generates deterministically from a seed: a catalogue of tool schemas, eac
 function responses and follow-up answers, plus conversations without calls (chit-chat, refusals of requests the
 tools cannot serve, rows without tools) and a few deliberately malformed rows that the parser must count.
 
-Regenerate the shipped file (it must stay byte-identical to `generate_rows(SAMPLE_ROWS, SAMPLE_SEED)`):
+It lives in tools/, not in the package: a run reads the shipped file, never this generator. Regenerate the file
+(it must stay byte-identical to `generate_rows(SAMPLE_ROWS, SAMPLE_SEED)`, tests/finetune/test_sample_data.py
+checks) and, with --tokenizer, the tiny tokenizer trained on it (`assets/tiny_tokenizer.json`,
+finetune/data/tokenizer.py):
 
-    python -c "from gpucert.finetune.sample_data import write_sample; write_sample()"
+    python tools/sample_data.py [--tokenizer]
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucert.finetune.glaive import NO_TOOLS_PREAMBLE, TOOLS_PREAMBLE
+from gpucert.finetune.data.formats import SAMPLE_PATH
+from gpucert.finetune.data.glaive import NO_TOOLS_PREAMBLE, TOOLS_PREAMBLE, parse_rows
+from gpucert.finetune.data.template import template_text
+from gpucert.finetune.data.tokenizer import TINY_TOKENIZER_PATH, train_tiny_tokenizer
 
 SAMPLE_ROWS = 400
 SAMPLE_SEED = 20261121
-SAMPLE_PATH = Path(__file__).parent / "assets" / "glaive_sample.jsonl"
 # Every MALFORMED_EVERY-th row (index % MALFORMED_EVERY == MALFORMED_EVERY - 1) is broken on purpose: the
 # arguments quoting of a call, or a duplicated assistant turn. Glaive v2 has both kinds.
 MALFORMED_EVERY = 40
@@ -793,3 +798,30 @@ def to_jsonl(rows: list[dict[str, str]]) -> str:
 
 def write_sample(path: Path = SAMPLE_PATH, n: int = SAMPLE_ROWS, seed: int = SAMPLE_SEED) -> None:
     path.write_text(to_jsonl(generate_rows(n, seed)), encoding="utf-8")
+
+
+def sample_texts() -> list[str]:
+    """The bundled sample rendered with the Qwen2.5 tool template: the tiny tokenizer's training corpus."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    render: Any = render_jinja_template  # returns (texts, generation spans), not the annotated str
+
+    conversations, _ = parse_rows(generate_rows())
+    template = template_text("qwen2.5-tools")
+    texts = []
+    for conv in conversations:
+        rendered, _ = render(conversations=[conv.messages], tools=conv.tools or None, chat_template=template)
+        texts.append(rendered[0])
+    return texts
+
+
+def build_tiny_tokenizer(path: Path = TINY_TOKENIZER_PATH) -> None:
+    train_tiny_tokenizer(sample_texts(), path)
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_sample()
+    if "--tokenizer" in sys.argv[1:]:
+        build_tiny_tokenizer()

@@ -3,22 +3,19 @@
 Model "tiny" (and a model directory that holds only a config.json, as in the speed recipe) uses the small
 byte-level BPE tokenizer shipped in `assets/tiny_tokenizer.json`: trained offline with `train_tiny_tokenizer` on
 the bundled sample rendered with the Qwen2.5 tool template, with Qwen2's pre-tokenizer regex and special tokens,
-so nothing is downloaded. Rebuild it with:
-
-    python -c "from gpucert.finetune.tokenizer import build_tiny_tokenizer; build_tiny_tokenizer()"
+so nothing is downloaded. Rebuild it with `python tools/sample_data.py --tokenizer`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from gpucert.finetune.config import DataConfig, ModelConfig
-from gpucert.finetune.hub import pretrained_source
-from gpucert.finetune.template import ASSETS, SHIPPED_TEMPLATES, template_text
+from gpucert.finetune.data.hub import pretrained_source
+from gpucert.finetune.data.template import ASSETS, SHIPPED_TEMPLATES, template_text
 
 TINY_TOKENIZER_PATH = ASSETS / "tiny_tokenizer.json"
 TINY_VOCAB_SIZE = 4096
@@ -67,28 +64,6 @@ def tiny_tokenizer(path: Path = TINY_TOKENIZER_PATH) -> PreTrainedTokenizerFast:
     )
     tokenizer.name_or_path = "tiny"
     return tokenizer
-
-
-def sample_texts() -> list[str]:
-    """The bundled sample rendered with the Qwen2.5 tool template: the tiny tokenizer's training corpus."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    render: Any = render_jinja_template  # returns (texts, generation spans), not the annotated str
-
-    from gpucert.finetune.glaive import parse_rows
-    from gpucert.finetune.sample_data import generate_rows
-
-    conversations, _ = parse_rows(generate_rows())
-    template = template_text("qwen2.5-tools")
-    texts = []
-    for conv in conversations:
-        rendered, _ = render(conversations=[conv.messages], tools=conv.tools or None, chat_template=template)
-        texts.append(rendered[0])
-    return texts
-
-
-def build_tiny_tokenizer(path: Path = TINY_TOKENIZER_PATH) -> None:
-    train_tiny_tokenizer(sample_texts(), path)
 
 
 def _is_tokenizer_source(name: str) -> bool:

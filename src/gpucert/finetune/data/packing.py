@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gpucert.finetune.template import IGNORE_INDEX
+from gpucert.finetune.data.template import IGNORE_INDEX
 
 Document = tuple[list[int], list[int]]  # (input_ids, labels)
 
