@@ -1,14 +1,14 @@
 """Issue 13, round nine: the fused loss's per-chunk softmax kernel, measured before it was built into the loss.
 
-Each 1,024-token chunk of the fused loss (finetune/loss.py) runs the head's GEMM, then one compiled kernel that
+Each 1,024-token chunk of the fused loss (finetune/model/loss.py) runs the head's GEMM, then one compiled kernel that
 reads the chunk's bf16 logits (1,024 x 152,064, 311 MB) and writes their gradient softmax - one_hot (311 MB), then
 the input-gradient GEMM. Profiled at micro-batch 3 (round eight), that kernel took 0.64 ms a chunk, 7.6 ms a
-step: 1.5 TB/s if it reads the logits twice, far from the 3.35 TB/s the H100 has. finetune/ce_kernel.py's Triton
+step: 1.5 TB/s if it reads the logits twice, far from the 3.35 TB/s the H100 has. kernels/cross_entropy.py's Triton
 kernel of two passes over each row (the max and the sum of exponentials together, online; then the gradient)
 moves the same 933 MB; the loss now runs it on CUDA.
 
 Times, over 50 calls after 10, at 1,024 and 2,048 rows:
-- compiled: finetune/loss.py's `_compiled_chunk` as the trainer runs it (dynamic shapes, coordinate-descent
+- compiled: finetune/model/loss.py's `_compiled_chunk` as the trainer runs it (dynamic shapes, coordinate-descent
   tuning on);
 - triton: ce_kernel's kernel, its gradient in a new tensor;
 - triton-in-place: the same, its gradient written over the logits (which nothing reads after it), as the loss
@@ -24,8 +24,8 @@ import json
 
 import torch
 
-from gpucert.finetune.ce_kernel import BLOCK, WARPS, _softmax_ce_rows
-from gpucert.finetune.loss import _chunk_loss_and_grad, _compiled_chunk
+from gpucert.finetune.model.kernels.cross_entropy import BLOCK, WARPS, _softmax_ce_rows
+from gpucert.finetune.model.loss import _chunk_loss_and_grad, _compiled_chunk
 
 VOCAB = 152_064
 

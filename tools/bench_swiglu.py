@@ -1,4 +1,4 @@
-"""Issue 13, round ten: the fused MLP's backward kernel (finetune/swiglu_kernel.py) against what it replaces.
+"""Issue 13, round ten: the fused MLP's backward kernel (finetune/model/kernels/swiglu.py) against what it replaces.
 
 At micro-batch 3 of Qwen2-7B (12,288 tokens, 18,944 intermediate, r16) each MLP's backward ran inductor's SwiGLU
 backward (reads gate, up, dh; writes dgate, dup) and three skinny GEMMs that read an intermediate-sized tensor
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from bench_loss_chunk import time_ms  # tools/ is on the path when run as a script
 
-from gpucert.finetune import swiglu_kernel
+from gpucert.finetune.model.kernels import swiglu as swiglu_kernel
 
 M, N, R = 12_288, 18_944, 16
 SCALE = 2.0

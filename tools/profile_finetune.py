@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import gpucert.finetune.loss as loss_module
-import gpucert.finetune.model as model_module
+import gpucert.finetune.model.lora as model_module
+import gpucert.finetune.model.loss as loss_module
 import gpucert.finetune.train as train_module
 from gpucert.finetune.data.packing import RowLayout
 

@@ -185,7 +185,7 @@ def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
     from gpucert.finetune.data.tokenizer import load_tokenizer
-    from gpucert.finetune.model import load_model
+    from gpucert.finetune.model.lora import load_model
 
     torch.manual_seed(0)
     model_cfg = ModelConfig(name="tiny", dtype="fp32")

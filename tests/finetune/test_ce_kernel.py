@@ -1,4 +1,4 @@
-"""The fused loss's Triton chunk kernel (finetune/ce_kernel.py), run in Triton's interpreter on CPU tensors.
+"""The fused loss's Triton chunk kernel (model/kernels/cross_entropy.py), run in Triton's interpreter on CPU tensors.
 
 The interpreter is chosen when the kernel is decorated, so it runs in a child process started with
 TRITON_INTERPRET=1. On the GPU, tests/gpu/test_finetune.py holds the compiled kernel against the compiled
@@ -17,7 +17,8 @@ pytest.importorskip("triton")
 CHILD = textwrap.dedent(
     """
     import json, torch
-    from gpucert.finetune import ce_kernel, loss
+    from gpucert.finetune.model.kernels import cross_entropy as ce_kernel
+    from gpucert.finetune.model import loss
 
     def reference(logits, targets):
         return loss._chunk_loss_and_grad(logits.double(), targets, torch.float64)

@@ -38,7 +38,7 @@ from gpucert.finetune.checkpoint import (
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.data.packing import collate
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.model import forward_loss, load_model
+from gpucert.finetune.model.lora import forward_loss, load_model
 from gpucert.finetune.train import FinetuneFailed, run_finetune
 from gpucert.runtime.group import start_runtime, stop_runtime
 

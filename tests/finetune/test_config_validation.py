@@ -200,8 +200,9 @@ def test_defaults_pass() -> None:
 
 
 def test_the_allowed_values_are_those_the_code_accepts() -> None:
-    from gpucert.finetune import model, parallel
+    from gpucert.finetune import parallel
     from gpucert.finetune.data import formats, prepare, template
+    from gpucert.finetune.model import lora as model
 
     assert tuple(model.DTYPES) == finetune_config.DTYPES
     assert model.ATTN_IMPLEMENTATIONS == finetune_config.ATTN_IMPLEMENTATIONS

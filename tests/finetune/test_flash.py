@@ -1,4 +1,4 @@
-"""gpucert's FlashAttention-3 path (finetune/flash.py) on the tiny model, against SDPA with its masks.
+"""gpucert's FlashAttention-3 path (finetune/model/flash.py) on the tiny model, against SDPA with its masks.
 
 This CPU has no FlashAttention-3: a stand-in `flash_attn_interface` module computes what its two kernels compute
 (causal attention on [b, s, heads, d], grouped-query heads, documents of the rows laid end to end), so what is
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from tests.finetune.packed_rows import packed_batch
 
-from gpucert.finetune import flash
-from gpucert.finetune import model as model_module
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.data.packing import row_layout
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.model import forward_loss, load_base_model
+from gpucert.finetune.model import flash
+from gpucert.finetune.model import lora as model_module
+from gpucert.finetune.model.lora import forward_loss, load_base_model
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
 LORA = LoraConfig(r=8, alpha=16, dropout=0.0)

@@ -17,7 +17,7 @@ from peft import get_peft_model
 from torch import nn
 from transformers import Qwen2ForCausalLM
 
-import gpucert.finetune.model as model_module
+import gpucert.finetune.model.lora as model_module
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import (
     DataConfig,
@@ -28,7 +28,7 @@ from gpucert.finetune.config import (
     load_finetune_config,
 )
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.fp8 import (
+from gpucert.finetune.model.fp8 import (
     FP8,
     FP8_MAX,
     Fp8FrozenLinear,
@@ -36,7 +36,7 @@ from gpucert.finetune.fp8 import (
     fp8_device_problem,
     quantize_rows,
 )
-from gpucert.finetune.model import forward_plan, load_model, tiny_config
+from gpucert.finetune.model.lora import forward_plan, load_model, tiny_config
 
 TINY_BF16 = ModelConfig(name="tiny", dtype="bf16", precision="fp8")
 LORA = LoraConfig(r=8, alpha=16, dropout=0.0)
@@ -229,7 +229,7 @@ def test_fp8_trains_the_adapters_like_bf16_on_one_batch(tokenizer) -> None:
     gradient crosses several quantized matmuls forward and back, and bf16 alone is 2 % off fp32). Dropping the
     input gradient of the frozen layers puts them 69 % off. Not a quality check over steps:
     tests/gpu/test_finetune_fp8.py has that."""
-    from gpucert.finetune.model import forward_loss
+    from gpucert.finetune.model.lora import forward_loss
 
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, len(tokenizer), (2, 96), generator=g)
@@ -261,8 +261,8 @@ def test_the_logits_gradient_is_quantized_with_its_exact_row_maximum() -> None:
     power-of-two scale of the row's true amax of |softmax - one_hot|, also where p_t is within 1e-9 of 1 (1 - p_t
     subtracted in fp32 would give 0 there, and drop the target's entry) and where the target is not the most
     likely token."""
-    from gpucert.finetune.fp8 import power_of_two_scale
-    from gpucert.finetune.loss import _chunk_loss_and_fp8_grad
+    from gpucert.finetune.model.fp8 import power_of_two_scale
+    from gpucert.finetune.model.loss import _chunk_loss_and_fp8_grad
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 4096, generator=g) * torch.tensor([0.1, 1.0, 3.0, 10.0, 1.0])[:, None]
@@ -283,7 +283,7 @@ def test_the_fp8_head_gives_the_loss_and_gradient_of_the_bf16_head(chunk: int) -
     """The fused loss with the head's two matmuls in FP8 against the exact (fp32) head: loss within 0.5 %,
     the hidden states' gradient within 6 % (the GPU test's tolerances; on the CPU 0.05 % and 3.8 % at a logit
     spread of 3). Only labelled positions get a gradient. A head quantized with its scales doubled fails."""
-    from gpucert.finetune.loss import linear_cross_entropy
+    from gpucert.finetune.model.loss import linear_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     vocab, width = 4096, 256
@@ -331,7 +331,7 @@ def test_load_model_puts_the_head_in_fp8_and_frees_its_bf16_weight(
 
 
 def test_a_head_tied_to_the_embeddings_stays_bf16_with_a_warning() -> None:
-    from gpucert.finetune.fp8 import head_to_fp8
+    from gpucert.finetune.model.fp8 import head_to_fp8
 
     embeddings = torch.randn(64, 32).to(torch.bfloat16)
     with pytest.warns(UserWarning, match="model.fp8_head: the lm_head stays bf16: it is tied to the input embeddings"):

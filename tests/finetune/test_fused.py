@@ -1,4 +1,4 @@
-"""Fused projections (`model.fuse_projections`, finetune/fused.py): q/k/v and gate/up as one frozen GEMM and one
+"""Fused projections (`model.fuse_projections`, finetune/model/fused.py): q/k/v and gate/up as one frozen GEMM and one
 adapter down-projection give PEFT's outputs and gradients, on the three architectures the recipes train
 (Qwen2, Mistral, Llama), eager and compiled, with and without dropout, in FP8, and leave names, saved adapters
 and PEFT's other paths as they were."""
@@ -23,9 +23,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-import gpucert.finetune.fused as fused_module
-from gpucert.finetune.fp8 import Fp8FrozenLinear, convert_frozen_linears
-from gpucert.finetune.fused import (
+import gpucert.finetune.model.fused as fused_module
+from gpucert.finetune.model.fp8 import Fp8FrozenLinear, convert_frozen_linears
+from gpucert.finetune.model.fused import (
     AInGemmLoraLinear,
     FusedLoraLinear,
     FusedProjections,
@@ -35,7 +35,7 @@ from gpucert.finetune.fused import (
     fuse_projections,
     refresh_adapters_in_gemm,
 )
-from gpucert.finetune.model import tiny_config
+from gpucert.finetune.model.lora import tiny_config
 from gpucert.finetune.parallel import decoder_layers
 
 VOCAB = 256
@@ -378,10 +378,10 @@ def test_load_model_puts_adapters_in_the_gemm_only_where_they_compute_in_its_dty
 ) -> None:
     """bf16 weights with adapters under autocast: yes. fp32 (no autocast), FP8 frozen weights, weights FSDP2 will
     shard, LoRA dropout, or the switch off: no."""
-    import gpucert.finetune.model as model_module
+    import gpucert.finetune.model.lora as model_module
     from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
     from gpucert.finetune.data.tokenizer import load_tokenizer
-    from gpucert.finetune.model import load_model
+    from gpucert.finetune.model.lora import load_model
 
     monkeypatch.setattr(model_module, "check_fp8_device", lambda device: None)
     tokenizer = load_tokenizer(ModelConfig(name="tiny"), DataConfig())

@@ -21,7 +21,7 @@ from gpucert.finetune.config import DataConfig, ModelConfig
 from gpucert.finetune.data import hub
 from gpucert.finetune.data.hub import ModelSourceError, pretrained_source, resolve_adapter
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.model import load_base_model
+from gpucert.finetune.model.lora import load_base_model
 from gpucert.runtime.launch_env import RANK_VARIABLES
 
 CLOSED_PORT = "http://127.0.0.1:9"

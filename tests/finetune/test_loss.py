@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from tests.finetune.packed_rows import packed_batch
 
-from gpucert.finetune import loss as loss_module
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.data import packing as packing_module
 from gpucert.finetune.data.packing import RowLayout, row_layout
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.loss import linear_cross_entropy
-from gpucert.finetune.model import DeferredHead, forward_loss, forward_plan, load_model
+from gpucert.finetune.model import loss as loss_module
+from gpucert.finetune.model.lora import DeferredHead, forward_loss, forward_plan, load_model
+from gpucert.finetune.model.loss import linear_cross_entropy
 
 TINY = ModelConfig(name="tiny", dtype="fp32", attn_implementation="sdpa")
 LORA = LoraConfig(r=8, alpha=16, dropout=0.0)

@@ -122,7 +122,7 @@ def test_the_architecture_comes_from_config_json() -> None:
 def test_the_fused_mlp_is_counted_only_where_the_model_gets_it() -> None:
     """The fused MLP keeps one intermediate-sized tensor a layer fewer, so the plan counts it only where
     load_model fuses: a Qwen2/Mistral/Llama SiLU MLP without bias (fused.mlp_problem), r <= 16."""
-    from gpucert.finetune.fused import ARCHITECTURES
+    from gpucert.finetune.model.fused import ARCHITECTURES
 
     assert {a.lower() for a in ARCHITECTURES} == set(memory_plan.SWIGLU_MODEL_TYPES)
     config = AutoConfig.from_pretrained(REPO / "configs/finetune/models/qwen2-7b")

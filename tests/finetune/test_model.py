@@ -13,7 +13,7 @@ from peft import PeftModel
 from gpucert.finetune.config import DataConfig, LoraConfig, ModelConfig
 from gpucert.finetune.data.packing import collate
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.model import (
+from gpucert.finetune.model.lora import (
     forward_loss,
     load_base_model,
     load_model,

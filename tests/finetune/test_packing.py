@@ -22,7 +22,7 @@ from gpucert.finetune.data.packing import (
 )
 from gpucert.finetune.data.template import IGNORE_INDEX, check_supervised, render
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.model import tiny_config
+from gpucert.finetune.model.lora import tiny_config
 
 
 @pytest.fixture(scope="module")

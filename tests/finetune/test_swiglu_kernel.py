@@ -1,4 +1,4 @@
-"""The fused MLP's backward kernel (finetune/swiglu_kernel.py), run in Triton's interpreter on CPU tensors, and
+"""The fused MLP's backward kernel (finetune/model/kernels/swiglu.py), run in Triton's interpreter on CPU tensors, and
 its operator as the compiled layers call it.
 
 The interpreter is chosen when the kernel is decorated, so it runs in a child process started with
@@ -14,14 +14,14 @@ import pytest
 import torch
 from tests.finetune.interpreted import run_interpreted
 
-from gpucert.finetune import swiglu_kernel
+from gpucert.finetune.model.kernels import swiglu as swiglu_kernel
 
 CHILD = textwrap.dedent(
     """
     import copy, json, sys, torch
     sys.path.insert(0, "tests/finetune")
-    from gpucert.finetune import swiglu_kernel
-    from gpucert.finetune.fused import fuse_projections
+    from gpucert.finetune.model.kernels import swiglu as swiglu_kernel
+    from gpucert.finetune.model.fused import fuse_projections
     from test_fused import peft_model, loss_and_grads
 
     def inputs(m, n, r, rd, dtype, seed):

@@ -23,8 +23,8 @@ from gpucert.finetune.checkpoint import find_latest, save_adapter
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.data.packing import collate
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.fused import AInGemmLoraLinear, FusedProjections
-from gpucert.finetune.model import forward_loss, load_base_model, load_model
+from gpucert.finetune.model.fused import AInGemmLoraLinear, FusedProjections
+from gpucert.finetune.model.lora import forward_loss, load_base_model, load_model
 from gpucert.finetune.train import (
     data_time_share,
     epoch_order,
@@ -261,7 +261,7 @@ def test_each_step_gets_the_rows_the_previous_step_read_ahead(
 def test_the_frozen_gemms_carry_the_updated_adapters_after_every_step(
     tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bf16 without LoRA dropout carries the adapters in the frozen GEMMs (finetune/fused.py). The trainer copies
+    """bf16 without LoRA dropout carries the adapters in the frozen GEMMs (finetune/model/fused.py). The trainer copies
     them in right after each optimizer step, and the forwards then copy nothing: the fused AdamW the trainer runs on
     a GPU (here on the CPU too) updates them without bumping a version counter, so only that copy keeps them."""
     adamw = torch.optim.AdamW

@@ -78,8 +78,8 @@ def test_tiny_bf16_fsdp2_with_checkpointing(tmp_path: Path) -> None:
 def packed_loss_and_grads(cfg: Any) -> tuple[float, list[torch.Tensor]]:
     """One forward/backward of the tiny model on the GPU over rows of several packed documents and padding."""
     from gpucert.finetune.config import DataConfig, LoraConfig
-    from gpucert.finetune.model import forward_loss, load_model
     from gpucert.finetune.data.tokenizer import load_tokenizer
+    from gpucert.finetune.model.lora import forward_loss, load_model
 
     tokenizer = load_tokenizer(cfg, DataConfig())
     documents = [[70, 130, 50], [200], [30, 30]]
@@ -173,9 +173,9 @@ def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16(
     logits and autograd, in the model's bf16."""
     import torch.nn.functional as F
 
-    from gpucert.finetune import ce_kernel
-    from gpucert.finetune import loss as loss_module
-    from gpucert.finetune.loss import linear_cross_entropy
+    from gpucert.finetune.model import loss as loss_module
+    from gpucert.finetune.model.kernels import cross_entropy as ce_kernel
+    from gpucert.finetune.model.loss import linear_cross_entropy
 
     monkeypatch.setattr(loss_module, "TRITON_CHUNK", triton_chunk)
     launched = []
@@ -201,8 +201,8 @@ def test_the_compiled_loss_chunk_matches_the_plain_loss_in_bf16(
 def test_the_triton_loss_kernel_is_as_close_to_fp64_as_the_compiled_chunk(rows: int) -> None:
     """ce_kernel at the 7B's 152,064-entry vocabulary: its loss and gradient against fp64, no further off than
     the compiled function's it replaces, and the same bits on a second call."""
-    from gpucert.finetune import ce_kernel
-    from gpucert.finetune.loss import _chunk_loss_and_grad, _compiled_chunk
+    from gpucert.finetune.model.kernels import cross_entropy as ce_kernel
+    from gpucert.finetune.model.loss import _chunk_loss_and_grad, _compiled_chunk
 
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = (3 * torch.randn(rows, 152_064, device="cuda", generator=g)).to(torch.bfloat16)
@@ -274,7 +274,7 @@ def test_the_mlp_backward_kernel_is_as_close_to_fp64_as_torch(rows: int, n: int)
     """swiglu_kernel's Triton kernel at Qwen2-7B's 18,944 columns (and at 5,000, no multiple of the tile), r16,
     against fp64: each output as close as the same formula in torch from the same bf16 inputs (fp32 pointwise,
     products of the rounded gradients), and the same bits when run again."""
-    from gpucert.finetune import swiglu_kernel
+    from gpucert.finetune.model.kernels import swiglu as swiglu_kernel
 
     g = torch.Generator(device="cuda").manual_seed(0)
     r = 16
@@ -301,8 +301,8 @@ def flash_loss_and_grads(attn: str, dtype: torch.dtype, documents: list[list[int
     heads), from seed 0, over rows of `documents` padded to 1,024 tokens; (loss, every parameter's gradient)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from gpucert.finetune import flash
-    from gpucert.finetune.model import forward_loss
+    from gpucert.finetune.model import flash
+    from gpucert.finetune.model.lora import forward_loss
 
     flash.register()
     batch = {k: v.cuda() for k, v in packed_batch(1000, documents, seed=2, pad_to=1024, prompt=4).items()}
@@ -325,7 +325,7 @@ def flash_loss_and_grads(attn: str, dtype: torch.dtype, documents: list[list[int
     ids=["one-document-a-row-eager", "packed-and-padded-compiled"],
 )
 def test_flash_attention_3_trains_as_sdpa_in_bf16(documents: list[list[int]], compile_layers: bool) -> None:
-    """gpucert's FlashAttention-3 path (finetune/flash.py, the real kernels) against SDPA with its masks: each in
+    """gpucert's FlashAttention-3 path (finetune/model/flash.py, the real kernels) against SDPA with its masks: each in
     bf16 against SDPA in fp32, the loss and every gradient as close to it as SDPA's bf16 (within 1.5 x, or 1e-3).
     Packed rows need a FlashAttention-3 built with its variable-length kernels."""
     if torch.cuda.get_device_capability()[0] != 9:

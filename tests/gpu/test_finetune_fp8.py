@@ -1,4 +1,4 @@
-"""FP8 frozen base weights (`model.precision: fp8`, src/gpucert/finetune/fp8.py) on the GPU's kernels: the
+"""FP8 frozen base weights (`model.precision: fp8`, src/gpucert/finetune/model/fp8.py) on the GPU's kernels: the
 matmuls against bf16 at the Qwen2-7B shapes, eager and compiled, and a tiny training run in fp8 held to the same
 run in bf16. Needs compute capability >= 8.9 (H100, H200, L40S). Run on the lent GPU machine:
 
@@ -40,7 +40,7 @@ def aligned_tiny_model(tmp_path: Path) -> Path:
     """A model directory holding only config.json: the tiny Qwen2 with a 176-wide MLP instead of 172, so that
     every projection can run in FP8 (dimensions multiples of 16). Built with random weights from the run's
     seed (model.random_init) and the tiny tokenizer, as the speed recipe builds Qwen2-7B."""
-    from gpucert.finetune.model import tiny_config
+    from gpucert.finetune.model.lora import tiny_config
 
     config = tiny_config(4096)
     config.intermediate_size = 176
@@ -83,7 +83,7 @@ SHAPES = [(3584, 3584, True), (3584, 3584, False), (18944, 3584, False), (3584, 
 def test_forward_and_input_gradient_match_bf16_on_the_gpu(out_features: int, in_features: int, bias: bool) -> None:
     """Relative Frobenius error of y and dx against the fp32 product of the bf16 operands below
     MATMUL_REL_ERROR_MAX, eager and compiled (inductor, as the decoder layers are); compiled equals eager."""
-    from gpucert.finetune.fp8 import Fp8FrozenLinear
+    from gpucert.finetune.model.fp8 import Fp8FrozenLinear
 
     torch.manual_seed(0)
     layer = frozen_linear(out_features, in_features, bias)
@@ -113,7 +113,7 @@ def test_forward_and_input_gradient_match_bf16_on_the_gpu(out_features: int, in_
 def test_fp8_gemm_time_against_bf16() -> None:
     """Shown, not judged: the forward GEMM of Qwen2-7B's up projection at 8,192 tokens, bf16 against FP8 with
     its quantization of x, median of 20 after 5 warm-up calls (CUDA events)."""
-    from gpucert.finetune.fp8 import Fp8FrozenLinear
+    from gpucert.finetune.model.fp8 import Fp8FrozenLinear
 
     layer = frozen_linear(18944, 3584, False)
     fp8 = Fp8FrozenLinear.from_linear(layer)
@@ -151,8 +151,8 @@ HEAD_GRAD_REL_MAX = 0.06
 
 @pytest.mark.parametrize("logit_std", [0.3, 3.0])
 def test_the_fp8_head_follows_the_fp32_head(logit_std: float) -> None:
-    from gpucert.finetune.fp8 import Fp8FrozenLinear
-    from gpucert.finetune.loss import linear_cross_entropy
+    from gpucert.finetune.model.fp8 import Fp8FrozenLinear
+    from gpucert.finetune.model.loss import linear_cross_entropy
 
     torch.manual_seed(0)
     vocab, hidden_size, tokens = 152064, 3584, 4095  # an odd count: the last chunk is 1,023 rows
@@ -179,8 +179,8 @@ def test_the_fp8_head_follows_the_fp32_head(logit_std: float) -> None:
 def test_fp8_head_time_against_bf16() -> None:
     """Shown, not judged: the fused head and loss, forward and backward, over 8,192 tokens of Qwen2-7B's head,
     bf16 against FP8, median of 10 after 3 warm-up calls."""
-    from gpucert.finetune.fp8 import Fp8FrozenLinear
-    from gpucert.finetune.loss import linear_cross_entropy
+    from gpucert.finetune.model.fp8 import Fp8FrozenLinear
+    from gpucert.finetune.model.loss import linear_cross_entropy
 
     weight = (torch.randn(152064, 3584, device="cuda") * 0.05).to(torch.bfloat16)
     hidden = torch.randn(1, 8193, 3584, device="cuda").to(torch.bfloat16).requires_grad_()

@@ -405,7 +405,7 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path) -> int:
 
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval_report import evaluation_report, verdict_result
-    from gpucert.finetune.model import load_base_model
+    from gpucert.finetune.model.lora import load_base_model
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
     from gpucert.report.terminal import print_report

@@ -156,7 +156,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval_report import evaluation_report, evaluation_results
     from gpucert.finetune.evaluate import evaluate as run_eval
-    from gpucert.finetune.model import load_base_model
+    from gpucert.finetune.model.lora import load_base_model
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
     from gpucert.report.terminal import print_report

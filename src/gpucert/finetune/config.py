@@ -32,7 +32,7 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 # them hold the same lists (model.DTYPES, model.ATTN_IMPLEMENTATIONS, parallel.MODES, formats.FORMATS,
 # template.SHIPPED_TEMPLATES), and tests/finetune/test_config_validation.py checks that they agree.
 DTYPES = ("bf16", "fp16", "fp32")
-# model.precision: how the frozen base weights of the decoder layers compute (finetune/fp8.py).
+# model.precision: how the frozen base weights of the decoder layers compute (finetune/model/fp8.py).
 PRECISIONS = ("bf16", "fp8")
 ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
@@ -102,23 +102,23 @@ class ModelConfig:
     # coordinate_descent_tuning): +1.7 % on the FP8 7B step on the lent H100, for about a minute more compile.
     compile_tuning: bool = True
     # "fp8": the frozen base weights of the decoder layers quantized once to float8 (per-row scales) and their
-    # matmuls run on the FP8 tensor cores (finetune/fp8.py); needs dtype bf16 and a GPU of compute capability
+    # matmuls run on the FP8 tensor cores (finetune/model/fp8.py); needs dtype bf16 and a GPU of compute capability
     # >= 8.9, checked when the model loads. "bf16": the weights as loaded. Adapters stay fp32 either way.
     precision: str = "bf16"
     # With precision fp8 and the fused loss: the frozen lm_head's two matmuls (logits, and the hidden states'
     # gradient) in FP8 as well (loss.py); false keeps the head bf16. A head tied to the embeddings stays bf16.
     fp8_head: bool = True
-    # Projections that share an input run as one (finetune/fused.py): q/k/v a single stacked frozen GEMM, and
+    # Projections that share an input run as one (finetune/model/fused.py): q/k/v a single stacked frozen GEMM, and
     # without LoRA dropout q/k/v and gate/up each a single adapter down-projection. PEFT's formula (not bit for
     # bit: sums in another order), less memory traffic.
     fuse_projections: bool = True
     # With fused projections, bf16 and no LoRA dropout: each group's adapters computed inside its frozen GEMM
-    # ([x | xA] @ [W | s B]^T, finetune/fused.py), not as separate products added after it, and o_proj's and
+    # ([x | xA] @ [W | s B]^T, finetune/model/fused.py), not as separate products added after it, and o_proj's and
     # down_proj's A as extra rows of theirs (x @ [W; A]^T). Off under FSDP2 and FP8.
     adapters_in_gemm: bool = True
     # With the adapters in the frozen GEMMs, gate/up/down all adapted and r <= 16: each SwiGLU MLP one function whose
     # backward runs one Triton kernel for the SwiGLU backward and gate's, up's and down_proj's rank-r weight
-    # gradients (finetune/swiglu_kernel.py), and whose forward keeps no silu(gate) * up.
+    # gradients (finetune/model/kernels/swiglu.py), and whose forward keeps no silu(gate) * up.
     fuse_mlp: bool = True
 
     def problems(self) -> list[str]:
@@ -326,14 +326,14 @@ class EvalConfig:
         ]
 
 
-# The largest LoRA rank the fused MLP takes (finetune/swiglu_kernel.py): each of its programs keeps three fp32
+# The largest LoRA rank the fused MLP takes (finetune/model/kernels/swiglu.py): each of its programs keeps three fp32
 # accumulators of max(16, r) x 128 in registers, 48 a thread at r16, the rank measured on the lent H100; from r64
 # (192 a thread) they would spill. Larger ranks keep the unfused MLP.
 FUSED_MLP_MAX_RANK = 16
 
 
 def fuse_mlp_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
-    """Whether load_model runs the MLPs as one function each (finetune/fused.py SwiGLUInGemm), as far as the
+    """Whether load_model runs the MLPs as one function each (finetune/model/fused.py SwiGLUInGemm), as far as the
     config tells: the architecture's own checks (memory_plan.ModelShape.swiglu) come with the model's config."""
     mlp = {"gate_proj", "up_proj", "down_proj"}
     return (
@@ -345,7 +345,7 @@ def fuse_mlp_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> boo
 
 
 def adapters_in_gemm_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
-    """Whether load_model puts the adapters in the frozen GEMMs (finetune/fused.py): fused groups with one A (no
+    """Whether load_model puts the adapters in the frozen GEMMs (finetune/model/fused.py): fused groups with one A (no
     LoRA dropout), frozen weights in bf16/fp16 whose adapters compute in that dtype (autocast), not FP8, and not
     sharded (FSDP2 or ZeRO-3 would shard the frozen views). The memory plan asks before the model exists."""
     return (

@@ -458,7 +458,7 @@ def eval_loss(model: Any, batches: Iterable[Mapping[str, Any]], attn_impl: str =
     batch means; None when nothing is supervised."""
     import torch
 
-    from gpucert.finetune.model import forward_loss
+    from gpucert.finetune.model.lora import forward_loss
 
     device = next(model.parameters()).device
     total, tokens = 0.0, 0

@@ -28,7 +28,7 @@ from typing import Any
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, TrainConfig, adapters_in_gemm_applies, fuse_mlp_applies
-from gpucert.finetune.loss import CHUNK_TOKENS
+from gpucert.finetune.model.loss import CHUNK_TOKENS
 
 GIB = 1 << 30
 # The model types of fused.ARCHITECTURES (a test keeps them equal): those whose MLP the fused MLP may take.
@@ -378,7 +378,7 @@ def fixed_micro_batch(train: TrainConfig) -> int:
 def model_shape(cfg: FinetuneConfig, vocab_size: int) -> ModelShape:
     """The architecture the run will load, from its config alone (config.json: nothing else is read)."""
     if cfg.model.name == "tiny":
-        from gpucert.finetune.model import tiny_config
+        from gpucert.finetune.model.lora import tiny_config
 
         return shape_from_config(tiny_config(vocab_size), vocab_size)
     from transformers import AutoConfig

@@ -82,9 +82,9 @@ from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.data.packing import RowLayout, collate, row_layout
 from gpucert.finetune.data.prepare import Prepared, prepare_dataset
 from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.fused import clear_pending
 from gpucert.finetune.memory_plan import Plan, fixed_micro_batch, plan_for_run
-from gpucert.finetune.model import (
+from gpucert.finetune.model.fused import clear_pending
+from gpucert.finetune.model.lora import (
     IGNORE_INDEX,
     ModelInfo,
     forward_loss,

@@ -30,14 +30,14 @@ from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from gpucert.finetune import flash
 from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies, fuse_mlp_applies
 from gpucert.finetune.data.hub import pretrained_source
 from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents
-from gpucert.finetune.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
-from gpucert.finetune.fused import fuse_projections, refresh_adapters_in_gemm
-from gpucert.finetune.loss import linear_cross_entropy
 from gpucert.finetune.metrics import FlopCounts
+from gpucert.finetune.model import flash
+from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
+from gpucert.finetune.model.fused import fuse_projections, refresh_adapters_in_gemm
+from gpucert.finetune.model.loss import linear_cross_entropy
 from gpucert.finetune.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -72,7 +72,7 @@ class ModelInfo:
     head_dim: int
     hidden_size: int
     vocab_size: int
-    # model.fuse_projections: what was fused, and why any group was not (finetune/fused.py).
+    # model.fuse_projections: what was fused, and why any group was not (finetune/model/fused.py).
     fused_projections: str = "off"
 
     def flop_counts(self) -> FlopCounts:
@@ -161,7 +161,7 @@ def load_base_model(model_cfg: ModelConfig, vocab_size: int, device: torch.devic
     attn = model_cfg.attn_implementation
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"model.attn_implementation: expected one of {list(ATTN_IMPLEMENTATIONS)}, found {attn!r}")
-    if attn == "flash_attention_3":  # gpucert's own call of the kernels (finetune/flash.py says why)
+    if attn == "flash_attention_3":  # gpucert's own call of the kernels (finetune/model/flash.py says why)
         flash.register()
         attn = flash.KEY
     model: PreTrainedModel

@@ -8,7 +8,8 @@ backward is that gradient, the size of the hidden states; peak extra memory is o
 
 The arithmetic is the plain path's: logits from a matmul in the model's dtype, then the softmax in fp32 (float64
 stays float64, for tests). The head's weight is frozen (LoRA never trains it here), so no weight gradient is made.
-On a GPU the softmax and its gradient are one Triton kernel (ce_kernel.py), else a compiled or eager function.
+On a GPU the softmax and its gradient are one Triton kernel (kernels/cross_entropy.py), else a compiled or eager
+function.
 
 With `model.precision: fp8` and `model.fp8_head` the head's two matmuls run on the FP8 tensor cores
 (fp8.Fp8FrozenLinear's layouts and row-wise recipe): the hidden states quantized per token, and the logits'
@@ -23,9 +24,8 @@ from typing import Any
 
 import torch
 
-from gpucert.finetune import ce_kernel
 from gpucert.finetune.data.packing import supervised_positions
-from gpucert.finetune.fp8 import (
+from gpucert.finetune.model.fp8 import (
     FAST_ACCUM_FORWARD,
     FAST_ACCUM_HEAD_BACKWARD,
     FP8,
@@ -34,6 +34,7 @@ from gpucert.finetune.fp8 import (
     power_of_two_scale,
     quantize_rows,
 )
+from gpucert.finetune.model.kernels import cross_entropy as ce_kernel
 
 # Tokens per chunk: 1024 x 152k fp32 logits is 0.6 GB, and a 1024-row matmul still runs at full speed.
 CHUNK_TOKENS = 1024
@@ -89,8 +90,8 @@ _compiled_fp8_chunk = torch.compile(_chunk_loss_and_fp8_grad, dynamic=True)
 _compiled_quantize_rows = torch.compile(quantize_rows, dynamic=True)
 
 
-# The Triton kernel where it fits (ce_kernel.py: 0.34 against the compiled 0.59 ms a 1,024-token chunk on the lent
-# H100). A switch for measuring one against the other (tools/profile_finetune.py LOSS_KERNEL=compiled).
+# The Triton kernel where it fits (kernels/cross_entropy.py: 0.34 against the compiled 0.59 ms a 1,024-token chunk
+# on the lent H100). A switch for measuring one against the other (tools/profile_finetune.py LOSS_KERNEL=compiled).
 TRITON_CHUNK = True
 
 
