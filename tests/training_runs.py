@@ -208,7 +208,7 @@ def training_report(metrics: dict[str, Any] | None = None, host: str = "vm") -> 
 
 
 def evaluation_report(call_accuracy: float = 91.0, threshold: float | None = 90.0) -> Report:
-    """An evaluation as `gpucert evaluate` writes it (finetune/eval_report.py): eval.* scores in % (judged where
+    """An evaluation as `gpucert evaluate` writes it (finetune/eval/report.py): eval.* scores in % (judged where
     the recipe sets a threshold, INFO where not) with example failures, eval.overall's per-tool tally and
     failures in full, eval.loss, and one eval.tool row per tool."""
 

@@ -93,7 +93,7 @@ def _cluster_options() -> _Parser:
 
 def build_parser() -> argparse.ArgumentParser:
     from gpucert.finetune import commands  # its options only: no torch until a finetune runs
-    from gpucert.finetune.bfcl import add_suite_arguments
+    from gpucert.finetune.eval.bfcl import add_suite_arguments
 
     parser = _Parser(prog="gpucert", description="Acceptance testing for NVIDIA GPU nodes and clusters.")
     parser.add_argument("--version", action="version", version=f"gpucert {gpucert.__version__}")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from gpucert.cli import main
-from gpucert.finetune.bfcl import (
+from gpucert.finetune.config import EvalThresholds
+from gpucert.finetune.eval.bfcl import (
     CATEGORIES,
     NO_CALL_CATEGORIES,
     PYTHON_HINT,
@@ -23,9 +24,8 @@ from gpucert.finetune.bfcl import (
     load_category,
     load_suite,
 )
-from gpucert.finetune.config import EvalThresholds
-from gpucert.finetune.eval_report import verdict_result
-from gpucert.finetune.evaluate import Turn, score
+from gpucert.finetune.eval.evaluate import Turn, score
+from gpucert.finetune.eval.report import verdict_result
 from gpucert.report.store import load_report
 from gpucert.status import Status
 

@@ -15,7 +15,8 @@ from gpucert.cli import main
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.commands import check_evaluation_output, threshold_source
 from gpucert.finetune.config import EvalThresholds, load_finetune_config
-from gpucert.finetune.eval_report import (
+from gpucert.finetune.eval.evaluate import EvalScores, expected_turns, score
+from gpucert.finetune.eval.report import (
     MAX_TOOL_RESULTS,
     evaluation_report,
     evaluation_results,
@@ -23,7 +24,6 @@ from gpucert.finetune.eval_report import (
     scores_to_results,
     tool_results,
 )
-from gpucert.finetune.evaluate import EvalScores, expected_turns, score
 from gpucert.hardware.inventory import bundle_sources, collect_inventory
 from gpucert.report.markdown import render_markdown
 from gpucert.report.store import load_report, write_report

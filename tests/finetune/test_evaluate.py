@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from gpucert.finetune.checker import Call, compare_call, possible_answer_calls
 from gpucert.finetune.config import EvalConfig
-from gpucert.finetune.evaluate import (
+from gpucert.finetune.eval.checker import Call, compare_call, possible_answer_calls
+from gpucert.finetune.eval.evaluate import (
     EvalScores,
     Rate,
     Turn,

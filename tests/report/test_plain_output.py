@@ -30,8 +30,8 @@ from gpucert.cluster import slurm_checks
 from gpucert.cluster.fs_checks import judge_mounts
 from gpucert.cluster.localize import NodeSpec, Pair, PairOutcome, Rule, conclude, judge_pair
 from gpucert.finetune.config import EvalThresholds
-from gpucert.finetune.eval_report import evaluation_report, evaluation_results
-from gpucert.finetune.evaluate import expected_turns, score
+from gpucert.finetune.eval.evaluate import expected_turns, score
+from gpucert.finetune.eval.report import evaluation_report, evaluation_results
 from gpucert.report.cluster import is_cluster, split_by_node
 from gpucert.report.compare import compare_reports, print_comparison
 from gpucert.report.schema import Report, Result

@@ -140,9 +140,11 @@ def evaluate(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     if getattr(args, "suite", "held-out") == "bfcl":
-        from gpucert.finetune.bfcl import evaluate_bfcl
+        from gpucert.finetune.eval.bfcl import evaluate_bfcl
 
-        return evaluate_bfcl(args, cfg, adapter)
+        out = Path(args.output) if args.output else adapter.parent / "evaluation-bfcl"
+        check_evaluation_output(out)
+        return evaluate_bfcl(args, cfg, adapter, out, threshold_source(args))
     out = Path(args.output) if args.output else adapter.parent / "evaluation"
     check_evaluation_output(out)
     started = datetime.now(timezone.utc)
@@ -154,8 +156,8 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.data.packing import collate
     from gpucert.finetune.data.prepare import load_eval_conversations, prepare_dataset
     from gpucert.finetune.data.tokenizer import load_tokenizer
-    from gpucert.finetune.eval_report import evaluation_report, evaluation_results
-    from gpucert.finetune.evaluate import evaluate as run_eval
+    from gpucert.finetune.eval.evaluate import evaluate as run_eval
+    from gpucert.finetune.eval.report import evaluation_report, evaluation_results
     from gpucert.finetune.model.lora import load_base_model
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report

@@ -277,7 +277,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvalThresholds:
     """What `gpucert evaluate` holds its results to: a floor in % of the turns each metric counts (see
-    gpucert.finetune.eval_report), and a ceiling on the held-out loss. null: the metric is shown as INFO, not
+    gpucert.finetune.eval.report), and a ceiling on the held-out loss. null: the metric is shown as INFO, not
     judged. A recipe that sets one says where the number comes from."""
 
     call_accuracy_min_pct: float | None = None
@@ -289,7 +289,7 @@ class EvalThresholds:
     overall_min_pct: float | None = None
     # Mean cross-entropy per supervised held-out token, nats.
     loss_max: float | None = None
-    # `gpucert evaluate --suite bfcl`: % of a BFCL category's entries fully right (finetune/bfcl.py), and the
+    # `gpucert evaluate --suite bfcl`: % of a BFCL category's entries fully right (finetune/eval/bfcl.py), and the
     # unweighted mean of the categories evaluated.
     bfcl_simple_min_pct: float | None = None
     bfcl_multiple_min_pct: float | None = None

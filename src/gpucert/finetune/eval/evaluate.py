@@ -5,7 +5,7 @@ messages before it, and the tools), the model answers greedily through the same 
 with, and `score` compares each answer with the reference turn. The split is collect (`generate`), parse
 (`parse_output`) and judge (`score`, `compare_call`): the last two are pure and are tested on hand-written
 outputs in tests/fixtures/finetune_eval/cases.jsonl and on BFCL's own entries in bfcl_cases.jsonl beside it.
-gpucert.finetune.eval_report turns the scores into a report judged against the recipe's eval.thresholds.
+gpucert.finetune.eval.report turns the scores into a report judged against the recipe's eval.thresholds.
 
 The rates (EvalScores; each None-flagged turn is left out of that rate's denominator):
 - call_accuracy: the call / no-call decision is right, over all turns; relevance (a call expected and made)
@@ -17,7 +17,7 @@ The rates (EvalScores; each None-flagged turn is left out of that rate's denomin
   (so it is at most name_accuracy);
 - overall: the turn is fully right: the decision, and where a call was expected, names and arguments.
 
-Scoring rules (after BFCL's AST checker; the argument rules are gpucert.finetune.checker's):
+Scoring rules (after BFCL's AST checker; the argument rules are gpucert.finetune.eval.checker's):
 - Parsing. Blocks are `<tool_call>\\s*(.*?)\\s*</tool_call>`, each `json.loads`-ed into {"name", "arguments"};
   `arguments` must be an object: a JSON string holding one is a call with invalid arguments, as in BFCL (a
   client would receive a string). A block that does not decode, or has no string "name", is recorded as
@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucert.finetune.checker import Call, compare_call, possible_answer_calls, show_json, tool_schemas
 from gpucert.finetune.config import EvalConfig
+from gpucert.finetune.eval.checker import Call, compare_call, possible_answer_calls, show_json, tool_schemas
 
 END_MARKERS = ("<|im_end|>", "<|endoftext|>")
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

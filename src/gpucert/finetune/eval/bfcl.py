@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucert.finetune.checker import possible_answer_calls
 from gpucert.finetune.config import EvalConfig, EvalThresholds
-from gpucert.finetune.eval_report import counts_sentence
-from gpucert.finetune.evaluate import EvalScores, Turn, generate, score
+from gpucert.finetune.eval.checker import possible_answer_calls
+from gpucert.finetune.eval.evaluate import EvalScores, Turn, generate, score
+from gpucert.finetune.eval.report import counts_sentence
 from gpucert.report.schema import Result
 from gpucert.status import Status
 
@@ -382,18 +382,15 @@ def add_suite_arguments(parser: Any) -> None:
     )
 
 
-def evaluate_bfcl(args: Any, cfg: Any, adapter: Path) -> int:
+def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from: str) -> int:
     """`gpucert evaluate --suite bfcl`: find and read the data, then load the model, answer, score, and write the
-    report (report.json, report.md) to --output, by default evaluation-bfcl/ beside the adapter. The exit code
-    is the report's verdict; missing data or a bad output directory exit 3 before any model is loaded."""
+    report (report.json, report.md) to `out` (checked by the caller: by default evaluation-bfcl/ beside the
+    adapter), each judged result naming `thresholds_from`. The exit code is the report's verdict; missing data
+    exits 3 before any model is loaded."""
     import dataclasses
     import sys
     from datetime import datetime, timezone
 
-    from gpucert.finetune.commands import check_evaluation_output, threshold_source
-
-    out = Path(args.output) if args.output else adapter.parent / "evaluation-bfcl"
-    check_evaluation_output(out)
     directory = find_data_dir(args.bfcl_data)
     categories = [c.strip() for c in args.bfcl_categories.split(",")] if args.bfcl_categories else list(CATEGORIES)
     suite = load_suite(directory, categories, args.bfcl_limit)
@@ -404,7 +401,7 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path) -> int:
     from rich.console import Console
 
     from gpucert.finetune.data.tokenizer import load_tokenizer
-    from gpucert.finetune.eval_report import evaluation_report, verdict_result
+    from gpucert.finetune.eval.report import evaluation_report, verdict_result
     from gpucert.finetune.model.lora import load_base_model
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
@@ -420,7 +417,7 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path) -> int:
         runs = run_suite(
             model, tokenizer, suite, cfg.eval, args.compare_base, lambda line: print(line, file=sys.stderr)
         )
-    results = bfcl_results(runs, cfg.eval.thresholds, threshold_source(args))
+    results = bfcl_results(runs, cfg.eval.thresholds, thresholds_from)
     results.append(verdict_result(results, example_key="bfcl_overall_min_pct"))
     report = evaluation_report(
         results,

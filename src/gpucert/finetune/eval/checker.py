@@ -3,7 +3,7 @@
 Pure functions of JSON values and a tool's parameters schema, after BFCL's AST checker (ShishirPatil/gorilla
 `bfcl_eval/eval_checker/ast_eval/ast_checker.py`); docs/evaluation.md lists where we differ on purpose and why,
 and tests/fixtures/finetune_eval/bfcl_cases.jsonl holds BFCL entries with BFCL's own verdicts, which
-tests/finetune/test_evaluate.py checks we reproduce. gpucert.finetune.evaluate scores whole turns with it.
+tests/finetune/test_evaluate.py checks we reproduce. gpucert.finetune.eval.evaluate scores whole turns with it.
 
 - References. A reference call (a held-out `tool_calls` entry) accepts the values it gives. BFCL's possible answer
   (`possible_answer_calls`) lists, per parameter, the values it accepts, "" meaning it may be left out; an object

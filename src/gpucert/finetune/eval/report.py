@@ -27,7 +27,7 @@ from typing import Any
 
 import gpucert
 from gpucert.finetune.config import EvalThresholds
-from gpucert.finetune.evaluate import SCORING_VERSION, EvalScores, Rate, TurnScore
+from gpucert.finetune.eval.evaluate import SCORING_VERSION, EvalScores, Rate, TurnScore
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.status import Status
 
