@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from gpucert.finetune.metrics import judge_run
-from gpucert.finetune.run_report import build_report
+from gpucert.finetune.train.metrics import judge_run
+from gpucert.finetune.train.report import build_report
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.status import Status
 from tests.conftest import FIXTURES

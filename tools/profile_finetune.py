@@ -47,7 +47,9 @@ import torch
 
 import gpucert.finetune.model.lora as model_module
 import gpucert.finetune.model.loss as loss_module
-import gpucert.finetune.train as train_module
+import gpucert.finetune.train.loop as loop_module
+import gpucert.finetune.train.run as run_module
+import gpucert.finetune.train.step as step_module
 from gpucert.finetune.data.packing import RowLayout
 
 KINDS = (
@@ -218,7 +220,7 @@ def choose_sdpa_backend(name: str) -> None:
 
 def before_round_eight() -> None:
     """HOST_LAYOUT=0 (module docstring)."""
-    forward_loss, forward_plan = train_module.forward_loss, train_module.forward_plan
+    forward_loss, forward_plan = step_module.forward_loss, step_module.forward_plan
 
     def forward_loss_reading_back(model: Any, batch: Any, attn_impl: str, layout: Any = None) -> Any:
         return forward_loss(model, batch, attn_impl)
@@ -230,9 +232,9 @@ def before_round_eight() -> None:
         # Nothing worked out on the host either: the forward above ignores the layout.
         return RowLayout(False, {}, torch.zeros(0, dtype=torch.long))
 
-    train_module.forward_loss = forward_loss_reading_back
-    train_module.forward_plan = plan_without_refresh
-    train_module.row_layout = no_layout
+    step_module.forward_loss = forward_loss_reading_back
+    step_module.forward_plan = plan_without_refresh
+    step_module.row_layout = no_layout
 
 
 def main() -> int:
@@ -240,7 +242,7 @@ def main() -> int:
         choose_sdpa_backend(os.environ["SDPA_BACKEND"])
     at = int(os.environ.get("PROFILE_STEP", "0"))
     out = Path(os.environ.get("PROFILE_OUT", "profile.txt"))
-    plain_step = train_module.train_step
+    plain_step = loop_module.train_step
     calls = {"n": 0}
 
     if os.environ.get("HOST_LAYOUT") == "0":
@@ -309,8 +311,8 @@ def main() -> int:
                 f.write("\n".join(idle) + "\n")
         return stats
 
-    train_module.train_step = step  # type: ignore[assignment]
-    return train_module.main(sys.argv[1:])
+    loop_module.train_step = step  # type: ignore[assignment]
+    return run_module.main(sys.argv[1:])
 
 
 if __name__ == "__main__":

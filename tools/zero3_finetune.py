@@ -30,12 +30,14 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from gpucert.finetune import metrics as flops
 from gpucert.finetune.config import load_finetune_config
 from gpucert.finetune.data.prepare import prepare_dataset
 from gpucert.finetune.data.tokenizer import load_tokenizer
 from gpucert.finetune.model.lora import forward_loss, forward_plan, load_model
-from gpucert.finetune.train import ADAM_BETAS, batch_to, epoch_order, profile_peak, rank_micro_batches
+from gpucert.finetune.train import metrics as flops
+from gpucert.finetune.train.loop import ADAM_BETAS
+from gpucert.finetune.train.run import profile_peak
+from gpucert.finetune.train.step import batch_to, epoch_order, rank_micro_batches
 
 UNTIMED_STEPS = 2  # compile-free, but the first steps still allocate and warm NCCL up (as in the trainer)
 

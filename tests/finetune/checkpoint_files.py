@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from gpucert.finetune.checkpoint import ADAPTER_FILE, COMPLETE, STATE_FILE
+from gpucert.finetune.train.checkpoint import ADAPTER_FILE, COMPLETE, STATE_FILE
 
 
 def write_checkpoint(run: Path, step: int, complete: bool = True, name: str | None = None) -> Path:

@@ -21,8 +21,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpucert.finetune import checkpoint
-from gpucert.finetune.checkpoint import (
+from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
+from gpucert.finetune.data.packing import collate
+from gpucert.finetune.data.tokenizer import load_tokenizer
+from gpucert.finetune.model.lora import forward_loss, load_model
+from gpucert.finetune.train import checkpoint
+from gpucert.finetune.train.checkpoint import (
     COMPLETE,
     NoSpaceError,
     TrainerState,
@@ -35,11 +39,7 @@ from gpucert.finetune.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
-from gpucert.finetune.data.packing import collate
-from gpucert.finetune.data.tokenizer import load_tokenizer
-from gpucert.finetune.model.lora import forward_loss, load_model
-from gpucert.finetune.train import FinetuneFailed, run_finetune
+from gpucert.finetune.train.run import FinetuneFailed, run_finetune
 from gpucert.runtime.group import start_runtime, stop_runtime
 
 CONFIG = """\
@@ -53,9 +53,9 @@ train: {micro_batch: 2, grad_accum: 2, lr: 1.0e-2, warmup_ratio: 0.1, max_steps:
 # SIGKILL always lands after that checkpoint and before the run ends.
 KILLED_RUN = """\
 import sys, time
-from gpucert.finetune import train
+from gpucert.finetune.train import loop, run
 
-real_save = train.save_checkpoint
+real_save = loop.save_checkpoint
 
 def save_then_stall(run_dir, model, optimizer, scheduler, state, rt, keep):
     path = real_save(run_dir, model, optimizer, scheduler, state, rt, keep)
@@ -63,8 +63,8 @@ def save_then_stall(run_dir, model, optimizer, scheduler, state, rt, keep):
         time.sleep(600)
     return path
 
-train.save_checkpoint = save_then_stall
-sys.exit(train.main(sys.argv[1:]))
+loop.save_checkpoint = save_then_stall
+sys.exit(run.main(sys.argv[1:]))
 """
 
 
@@ -318,7 +318,7 @@ from dataclasses import replace
 from pathlib import Path
 from gpucert.config.loader import load_config
 from gpucert.finetune.config import FinetuneConfig
-from gpucert.finetune.train import FinetuneFailed, run_finetune
+from gpucert.finetune.train.run import FinetuneFailed, run_finetune
 
 config, tmp = Path(sys.argv[1]), Path(sys.argv[2])
 cfg = load_config(FinetuneConfig, config)

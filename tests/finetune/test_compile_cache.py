@@ -1,4 +1,4 @@
-"""The compile cache (finetune/compile_cache.py): where it lives, and the warm-up's order over ranks.
+"""The compile cache (finetune/train/compile_cache.py): where it lives, and the warm-up's order over ranks.
 
 The multi-process test starts two gloo ranks (a file store: no port to race for) running this file as a
 script, `python test_compile_cache.py RANK WORLD STORE CACHE OUT`: the warm-up compiles a small function with
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.compile_cache import (
+from gpucert.finetune.train.compile_cache import (
     INDUCTOR_ENV,
     TRITON_ENV,
     default_cache_dir,
@@ -64,8 +64,8 @@ def test_signature_changes_with_what_decides_the_graphs() -> None:
 
 
 def test_compile_summary_takes_the_slowest_rank() -> None:
-    from gpucert.finetune.compile_cache import WarmUp
-    from gpucert.finetune.train import compile_summary
+    from gpucert.finetune.train.compile_cache import WarmUp
+    from gpucert.finetune.train.summary import compile_summary
 
     alone: Any = SimpleNamespace(rank=0, world_size=1)
     warm = WarmUp(0, "cpu", "alone", seconds=3.0, counters={"fxgraph_cache_miss": 2})
@@ -128,7 +128,7 @@ def worker(rank: int, world: int, store: str, cache: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from gpucert.finetune.compile_cache import cache_counters, warm_up
+    from gpucert.finetune.train.compile_cache import cache_counters, warm_up
 
     use_cache_dir(Path(cache))
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)

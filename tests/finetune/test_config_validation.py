@@ -100,7 +100,7 @@ def test_evaluate_refuses_before_loading_anything(empty_cwd: Path, capsys: pytes
 
 
 def test_the_torchrun_entry_point_refuses_with_3(empty_cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpucert.finetune.train import main as train_main
+    from gpucert.finetune.train.run import main as train_main
 
     assert train_main(["--set", "train.micro_batch=0", "--output-dir", str(empty_cwd / "run")]) == 3
     assert "gpucert finetune: error: --set train.micro_batch=0: train.micro_batch must be >= 1" in (
@@ -200,9 +200,9 @@ def test_defaults_pass() -> None:
 
 
 def test_the_allowed_values_are_those_the_code_accepts() -> None:
-    from gpucert.finetune import parallel
     from gpucert.finetune.data import formats, prepare, template
     from gpucert.finetune.model import lora as model
+    from gpucert.finetune.train import parallel
 
     assert tuple(model.DTYPES) == finetune_config.DTYPES
     assert model.ATTN_IMPLEMENTATIONS == finetune_config.ATTN_IMPLEMENTATIONS
@@ -215,7 +215,7 @@ def test_the_allowed_values_are_those_the_code_accepts() -> None:
 def test_run_finetune_refuses_a_bad_config_built_in_code(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from gpucert.finetune.train import run_finetune
+    from gpucert.finetune.train.run import run_finetune
 
     cfg = replace(FinetuneConfig(), train=TrainConfig(micro_batch=0), output_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match=r"train\.micro_batch must be >= 1, found 0"):

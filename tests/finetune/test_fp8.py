@@ -404,7 +404,7 @@ def test_a_tiny_run_in_fp8_follows_the_bf16_run(tmp_path: Path, monkeypatch: pyt
     from safetensors.torch import load_file
     from tests.gpu.test_finetune_fp8 import FINAL_REL_MAX, STEP_REL_MAX, aligned_tiny_model, assert_fp8_follows_bf16
 
-    from gpucert.finetune.train import run_finetune
+    from gpucert.finetune.train.run import run_finetune
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)

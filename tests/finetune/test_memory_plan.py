@@ -17,9 +17,10 @@ from tests.finetune.test_train import single_process, tiny_run  # noqa: F401 (a 
 from transformers import AutoConfig
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune import memory_plan
 from gpucert.finetune.config import load_finetune_config
-from gpucert.finetune.memory_plan import (
+from gpucert.finetune.train import memory_plan
+from gpucert.finetune.train.loop import resume_hint
+from gpucert.finetune.train.memory_plan import (
     MemoryPlanError,
     ModelShape,
     Plan,
@@ -30,8 +31,8 @@ from gpucert.finetune.memory_plan import (
     plan_for_run,
     shape_from_config,
 )
-from gpucert.finetune.run_report import run_results
-from gpucert.finetune.train import resume_hint, run_finetune
+from gpucert.finetune.train.report import run_results
+from gpucert.finetune.train.run import run_finetune
 from gpucert.status import Status
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucert.finetune.metrics import (
+from gpucert.finetune.train.metrics import (
     FlopCounts,
     document_lengths,
     effective_context,

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from gpucert.finetune.parallel import decoder_layers, resolve_mode, wrap
-from gpucert.finetune.train import main
+from gpucert.finetune.train.parallel import decoder_layers, resolve_mode, wrap
+from gpucert.finetune.train.run import main
 from gpucert.runtime.group import start_runtime, stop_runtime
 
 pytestmark = pytest.mark.slow

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from tests.finetune.checkpoint_files import DAMAGES, truncate, write_checkpoint
 
-from gpucert.finetune.checkpoint import (
+from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
+from gpucert.finetune.train.checkpoint import (
     CheckpointError,
     choose_checkpoint,
     complete_checkpoints,
     judge_data_change,
 )
-from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
-from gpucert.finetune.train import FinetuneFailed, run_finetune
+from gpucert.finetune.train.run import FinetuneFailed, run_finetune
 from gpucert.runtime.launch_env import RANK_VARIABLES
 
 FP_OLD, FP_NEW = "a" * 64, "b" * 64
@@ -34,7 +34,7 @@ FP_OLD, FP_NEW = "a" * 64, "b" * 64
 AGREE = """\
 import json, sys
 from pathlib import Path
-from gpucert.finetune.checkpoint import agree_on_checkpoint
+from gpucert.finetune.train.checkpoint import agree_on_checkpoint
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.group import start_runtime, stop_runtime
 

@@ -13,8 +13,8 @@ from tests.finetune.test_train import METRICS_KEYS, REPORT_RESULTS
 from tests.training_runs import synthetic_metrics, training_report
 
 import gpucert.report
-from gpucert.finetune import run_report
-from gpucert.finetune.run_report import invocation, run_results, step_series, write_run_files
+from gpucert.finetune.train import report as run_report
+from gpucert.finetune.train.report import invocation, run_results, step_series, write_run_files
 from gpucert.report.store import load_report
 from gpucert.status import Status
 
@@ -111,7 +111,7 @@ def test_the_data_preparation_report_is_carried_whole() -> None:
     [
         (["/usr/bin/gpucert", "finetune", "-o", "r"], ["gpucert", "finetune", "-o", "r"]),
         (["/x/site-packages/gpucert/__main__.py", "finetune"], ["gpucert", "finetune"]),
-        (["/x/src/gpucert/finetune/train.py", "c.yaml"], ["python", "-m", "gpucert.finetune.train", "c.yaml"]),
+        (["/x/src/gpucert/finetune/train/__main__.py", "c.yaml"], ["python", "-m", "gpucert.finetune.train", "c.yaml"]),
         (["other", "a"], ["other", "a"]),
         ([], []),
     ],

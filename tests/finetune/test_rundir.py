@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from gpucert.finetune import train
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
-from gpucert.finetune.rundir import claim_run_dir, open_run_dir
-from gpucert.finetune.train import FinetuneFailed, main, run_finetune
+from gpucert.finetune.train import loop as train
+from gpucert.finetune.train.run import FinetuneFailed, main, run_finetune
+from gpucert.finetune.train.rundir import claim_run_dir, open_run_dir
 from gpucert.runtime.dirlock import LOCK_FILE, DirBusy
 from gpucert.runtime.launch_env import RANK_VARIABLES
 
@@ -29,7 +29,7 @@ from gpucert.runtime.launch_env import RANK_VARIABLES
 HOLD = """\
 import sys, time
 from pathlib import Path
-from gpucert.finetune.rundir import claim_run_dir
+from gpucert.finetune.train.rundir import claim_run_dir
 run = claim_run_dir(Path(sys.argv[1]))
 print("locked", flush=True)
 time.sleep(600)
@@ -142,7 +142,7 @@ OPEN_AS_A_RANK = """\
 import json, sys
 from dataclasses import replace
 from gpucert.finetune.config import FinetuneConfig
-from gpucert.finetune.rundir import open_run_dir
+from gpucert.finetune.train.rundir import open_run_dir
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.group import start_runtime, stop_runtime
 

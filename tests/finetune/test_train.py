@@ -18,22 +18,16 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 import gpucert.report
-from gpucert.finetune import train as train_module
-from gpucert.finetune.checkpoint import find_latest, save_adapter
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.data.packing import collate
 from gpucert.finetune.data.tokenizer import load_tokenizer
 from gpucert.finetune.model.fused import AInGemmLoraLinear, FusedProjections
 from gpucert.finetune.model.lora import forward_loss, load_base_model, load_model
-from gpucert.finetune.train import (
-    data_time_share,
-    epoch_order,
-    lr_factor,
-    main,
-    plan_steps,
-    rank_micro_batches,
-    run_finetune,
-)
+from gpucert.finetune.train import loop as train_module
+from gpucert.finetune.train.checkpoint import find_latest, save_adapter
+from gpucert.finetune.train.run import main, run_finetune
+from gpucert.finetune.train.step import epoch_order, lr_factor, plan_steps, rank_micro_batches
+from gpucert.finetune.train.summary import data_time_share
 from gpucert.runtime.group import start_runtime, stop_runtime
 
 SCHEMA = json.loads((Path(gpucert.report.__file__).parent / "report.schema.json").read_text())

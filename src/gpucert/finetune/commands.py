@@ -59,7 +59,7 @@ def finetune(args: argparse.Namespace) -> int:
     if plan is not None:
         return launch(args, cfg, plan)
     # Imported once the config is checked: torch and transformers take seconds, a bad key a few milliseconds.
-    from gpucert.finetune.train import finetune_exit_code
+    from gpucert.finetune.train.run import finetune_exit_code
 
     code = finetune_exit_code(cfg)
     from gpucert.runtime.launcher import launched_by_gpucert, write_verdict

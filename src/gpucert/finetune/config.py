@@ -218,7 +218,7 @@ class TrainConfig:
     parallel: str = "auto"
     # Rows per forward/backward on each process, or "auto": the largest up to micro_batch_max that an estimate of
     # the step's peak memory fits into the GPU's free memory, without activation checkpointing if any fits, else
-    # with it (finetune/memory_plan.py; 1 on a CPU). The plan is printed and recorded beside the measured peak.
+    # with it (finetune/train/memory_plan.py; 1 on a CPU). The plan is printed and recorded beside the measured peak.
     # grad_accum stays as given, so the global batch follows the micro-batch chosen.
     micro_batch: int | str = 2
     # The largest micro-batch micro_batch auto may choose.
@@ -245,8 +245,8 @@ class TrainConfig:
     peak_tflops: float | None = None
     # With model.compile: torch.compile's caches (inductor's compiled graphs, tuned block sizes, Triton kernels)
     # live here, so later runs and every rank of a job load the compile work instead of redoing it
-    # (finetune/compile_cache.py); put it on a shared filesystem for multi-node jobs. None: $TORCHINDUCTOR_CACHE_DIR
-    # when set, else the per-user ~/.cache/gpucert/compile ($XDG_CACHE_HOME/gpucert/compile).
+    # (finetune/train/compile_cache.py); put it on a shared filesystem for multi-node jobs. None:
+    # $TORCHINDUCTOR_CACHE_DIR when set, else the per-user ~/.cache/gpucert/compile ($XDG_CACHE_HOME/gpucert/compile).
     compile_cache_dir: str | None = None
 
     def problems(self) -> list[str]:

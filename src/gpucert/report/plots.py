@@ -14,7 +14,7 @@ and returns None when the report lacks them, so a health-only report has no plot
 
 A null inside a loss curve or a telemetry series is a missed sample and leaves a gap in its line.
 
-A fine-tuning run (`gpucert finetune`, category "training"; src/gpucert/finetune/run_report.py) and an
+A fine-tuning run (`gpucert finetune`, category "training"; src/gpucert/finetune/train/report.py) and an
 evaluation (`gpucert evaluate`, category "evaluation") have plots of their own (`training_plots`,
 `evaluation_plots`), drawn in their own sections of the HTML report:
 - `steps`: details `step` and, aligned with it, `loss`, `tokens_per_s_per_gpu`,

@@ -43,12 +43,12 @@ from datasets import Dataset, DatasetInfo, Features, List, Value, load_from_disk
 from datasets.table import InMemoryTable
 from filelock import FileLock
 
-from gpucert.finetune.checkpoint import NoSpaceError, is_no_space, no_space_message
 from gpucert.finetune.config import DataConfig, FinetuneConfig
 from gpucert.finetune.data.formats import DataError, load_conversations, source_path
 from gpucert.finetune.data.glaive import Conversation, ParseReport
 from gpucert.finetune.data.packing import Document, PackStats, pack
 from gpucert.finetune.data.template import IGNORE_INDEX, TemplateError, render, template_hash
+from gpucert.finetune.train.checkpoint import NoSpaceError, is_no_space, no_space_message
 
 # Bumped whenever parsing, rendering, masking, splitting or packing changes what a prepared dataset holds.
 # 2: the Glaive data rules of docs/finetune-data.md (repairs and drops by case), local JSON read line by line.

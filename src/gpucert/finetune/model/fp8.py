@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.parallel import decoder_layers
+from gpucert.finetune.train.parallel import decoder_layers
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -127,7 +127,7 @@ class _Fp8FrozenMatmul(torch.autograd.Function):
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
     # Parameters, not buffers: DDP broadcasts buffers at every forward (parameters once, at wrap), and
-    # checkpoint.py's state dicts leave frozen parameters out, so neither copy nor checkpoint grows.
+    # train/checkpoint.py's state dicts leave frozen parameters out, so neither copy nor checkpoint grows.
     return nn.Parameter(t, requires_grad=False)
 
 

@@ -1,8 +1,8 @@
 """The model side of fine-tuning: a causal LM with LoRA adapters, and its loss on a packed batch.
 
-`load_model` gives a PEFT model and the counts the FLOP formula needs (metrics.py); `forward_loss` gives the
-summed token loss and the number of supervised tokens, so the training loop can normalise by the global count
-of a whole optimizer step (fine-tuning.md §7).
+`load_model` gives a PEFT model and the counts the FLOP formula needs (train/metrics.py); `forward_loss` gives the
+summed token loss and the number of supervised tokens, so the training loop can normalise by the global count of a
+whole optimizer step (fine-tuning.md §7).
 
 Model names: "tiny" (a 2-layer Qwen2 built from a fixed seed, nothing downloaded), a hub id or local model
 directory (pretrained weights), or with `random_init` a hub id or a directory holding only config.json
@@ -33,12 +33,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies, fuse_mlp_applies
 from gpucert.finetune.data.hub import pretrained_source
 from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents
-from gpucert.finetune.metrics import FlopCounts
 from gpucert.finetune.model import flash
 from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.model.fused import fuse_projections, refresh_adapters_in_gemm
 from gpucert.finetune.model.loss import linear_cross_entropy
-from gpucert.finetune.parallel import decoder_layers
+from gpucert.finetune.train.metrics import FlopCounts
+from gpucert.finetune.train.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")

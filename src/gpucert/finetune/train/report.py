@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import gpucert
-from gpucert.finetune.metrics import CATEGORY, LOSS_UNIT, RUN_SUBJECT
+from gpucert.finetune.train.metrics import CATEGORY, LOSS_UNIT, RUN_SUBJECT
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.report.store import write_report
 from gpucert.status import Status
@@ -53,7 +53,7 @@ def invocation(argv: list[str]) -> list[str]:
     program = Path(argv[0])
     if program.name == "gpucert" or program.parts[-2:] == ("gpucert", "__main__.py"):
         return ["gpucert", *argv[1:]]
-    if program.parts[-3:] == ("gpucert", "finetune", "train.py"):
+    if program.parts[-4:] == ("gpucert", "finetune", "train", "__main__.py"):
         return ["python", "-m", "gpucert.finetune.train", *argv[1:]]
     return list(argv)
 
@@ -205,7 +205,7 @@ def _memory(metrics: dict[str, Any]) -> list[Result]:
 
 
 def _memory_plan(plan: dict[str, Any]) -> Result:
-    """The plan the run trained with (finetune/memory_plan.py) and its estimate beside the measured peak: INFO,
+    """The plan the run trained with (train/memory_plan.py) and its estimate beside the measured peak: INFO,
     so the estimate's error shows in every run; the plan's own check is that the run did not run out of memory."""
     what = "full checkpointing" if plan["checkpointing"] == "full" else "no checkpointing"
     chosen = {"auto": "chosen by train.micro_batch auto", "cpu": "train.micro_batch auto on a CPU: 1"}.get(
@@ -263,8 +263,8 @@ def data_result(dataset: dict[str, Any]) -> Result:
 
 
 def _first_step(metrics: dict[str, Any]) -> Result:
-    """Time from the process's start to the end of its first step, and the compile inside it (train.py's
-    compile_summary; finetune/compile_cache.py)."""
+    """Time from the process's start to the end of its first step, and the compile inside it (summary.py's
+    compile_summary; compile_cache.py)."""
     total, compile_ = metrics["time_to_first_step_s"], metrics.get("compile") or {}
     warm = compile_.get("warm_up_s")
     ranks = compile_.get("ranks") or []

@@ -1,0 +1,214 @@
+"""`gpucert finetune`: LoRA supervised fine-tuning, one process per GPU (one gloo process per rank on a CPU).
+
+Run it:
+    python -m gpucert.finetune.train configs/finetune/tiny.yaml                       # CPU, a minute
+    torchrun --nproc-per-node 8 -m gpucert.finetune.train configs/finetune/qwen2-7b-glaive.yaml \
+        --set output_dir=runs/qwen-glaive --resume auto                                # 8 GPUs, DDP
+Precedence is config defaults < YAML file < --set key.path=value; `--resume auto` continues from the newest
+complete checkpoint of output_dir as rank 0 sees it (exactly: same batches, same RNG, same loss curve), refused
+when the prepared data changed since (resume_allow_data_change: true continues on the new data).
+
+A failure on any rank ends the job on every rank, never a hang: the failing rank records the cause in the job's
+store and exits 3 after one line and its traceback,
+    gpucert: rank 1 (node-b rank 0 (cpu)) failed during step 12: RuntimeError: ...
+and every other rank's watchdog reads it within runtime.heartbeat_interval_s and exits 3 naming that rank. A rank
+that dies or freezes without a word is named after runtime.heartbeat_timeout_s. Ctrl-C exits 130.
+
+Reading the output (output_dir):
+    report.json       the run in the report schema (and report.md): the success criteria judged, every other
+                      number INFO, the per-step curves; `gpucert report DIR [--html]` renders it, `gpucert
+                      report DIR_A DIR_B` compares two runs
+    metrics.json      every number, for scripts: losses per step, eval losses, tokens/s (padded, effective,
+                      supervised; total and per GPU), LoRA-aware MFU with its formula, peak memory, versions,
+                      the resolved config, and the criteria (report results) with "status" the worst of them
+    adapter/          the final LoRA adapter in PEFT format (PeftModel.from_pretrained) with the tokenizer
+    merged/           the adapter merged into the base weights, when train.merge_adapter is set
+    checkpoints/      step-N checkpoints for --resume; tensorboard/: loss, lr, grad norm, tokens/s, MFU
+
+The run's pieces: run.py (this: the command line, the job's start and end, a failure), loop.py (the setup and the
+loop, top to bottom), step.py (one optimizer step and the order of the rows), summary.py (what the run measured:
+metrics.json and report.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpucert.config.loader import ConfigError
+from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.data.hub import check_model_source
+from gpucert.finetune.train import metrics as flops
+from gpucert.finetune.train.checkpoint import (
+    NoSpaceError,
+)
+from gpucert.finetune.train.loop import (
+    train,
+)
+from gpucert.finetune.train.rundir import RunDir, open_run_dir
+from gpucert.runtime.group import (
+    ABORTED_EXIT,
+    AbortRecord,
+    RendezvousError,
+    Runtime,
+    fail,
+    leave_failed,
+    say,
+    start_runtime,
+    stop_runtime,
+)
+from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
+from gpucert.status import Status
+
+# The shell's convention for a run ended by Ctrl-C (128 + SIGINT).
+INTERRUPTED_EXIT = 130
+
+
+class FinetuneFailed(RuntimeError):
+    """A rank of the run failed; the cause is recorded for the job and was printed."""
+
+    def __init__(self, record: AbortRecord) -> None:
+        super().__init__(record.message())
+        self.record = record
+
+
+def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) -> dict[str, Any]:
+    """Train as configured in this process (one rank of a torchrun/srun job, or alone); the metrics dict,
+    also written to output_dir/metrics.json by rank 0.
+
+    A failure is recorded for the whole job (every other rank exits within a heartbeat interval, naming this
+    one) and printed. A lone process then raises FinetuneFailed (KeyboardInterrupt for Ctrl-C); a rank of a
+    larger job exits at once with 3 (130 for Ctrl-C), as its peers' watchdogs do: with a peer gone, tearing
+    down the process group could hang. A config with a bad value (built in code, not loaded by
+    load_finetune_config) is a ConfigError before anything is created.
+    """
+    problems = cfg.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    rt: Runtime | None = None
+    run: RunDir | None = None
+
+    def where_this_rank_was(_: AbortRecord) -> None:
+        if rt is not None:
+            say(f"{rt.me.describe()} was in {rt.phase}")
+        if run is not None:
+            run.close(failed=True)  # a peer failed: this process ends next, with no except clause run
+
+    def terminated() -> None:
+        """SIGTERM (a launcher stopping every rank because one ended, a cancelled job): say who and where, and
+        leave the run directory as a failure leaves it, even while the main thread is blocked in a collective."""
+        if rt is not None:
+            say(f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {stopped_by_launcher(rt).message()}")
+        if run is not None:
+            run.close(failed=True)
+
+    try:
+        rt = start_runtime(cfg.runtime, on_abort=where_this_rank_was)
+    except KeyboardInterrupt:
+        say("interrupted while joining the job")
+        raise
+    watch = TermWatch(terminated, ABORTED_EXIT).start()
+    try:  # the watch goes whatever ends this (a test's in-process run included)
+        try:
+            rt.set_phase("setup")
+            # Before anything is created: a wrong model path or an unreachable hub is refused in seconds.
+            check_model_source(cfg.model)
+            run = open_run_dir(cfg, rt)
+            result = train(cfg, rt, run, resolve_peak(cfg, profile_peak))
+        except (Exception, KeyboardInterrupt) as exc:
+            record, code = report_failure(rt, exc)
+            if run is not None:
+                run.close(failed=True)
+            if rt.world_size > 1:
+                leave_failed(rt, code)
+            stop_runtime(rt)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise FinetuneFailed(record) from exc
+        run.close(failed=False)
+        stop_runtime(rt)
+    finally:
+        watch.stop()
+    return result
+
+
+def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
+    """Record this rank's failure for the job and say it: one line naming the rank and phase, then the
+    traceback (none for bad input or a full disk, whose messages say what to change). An error that only
+    followed a peer's failure (a broken collective) names that peer instead."""
+    record = fail(rt, exc)
+    if isinstance(exc, KeyboardInterrupt):
+        say(f"{rt.me.describe()} interrupted during {rt.phase}")
+        return record, INTERRUPTED_EXIT
+    if record.rank in (None, rt.rank):
+        say(record.message())
+        if not isinstance(exc, (ConfigError, NoSpaceError)):
+            traceback.print_exception(exc)
+    else:
+        say(f"{rt.me.describe()} stops: {record.message()}")
+        here = (str(exc).strip().splitlines() or [""])[0][:200]
+        say(f"{rt.me.describe()} saw, during {rt.phase}: {type(exc).__name__}: {here}")
+    return record, Status.ERROR.exit_code
+
+
+def profile_peak() -> flops.Peak | None:
+    """The hardware profile's dense BF16 peak for this node's GPU; None on CPUs or an unknown GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from gpucert.config.profiles import select_profile
+
+    try:
+        profile = select_profile([torch.cuda.get_device_name(0)])
+    except (ConfigError, ImportError):  # an unknown GPU; a checkout run without installing has no gpucert.configs
+        return None
+    if not profile.bf16_peak_tflops:
+        return None
+    return flops.Peak(profile.bf16_peak_tflops, f"profile {profile.name}: bf16_peak_tflops", profile.name)
+
+
+def resolve_peak(cfg: FinetuneConfig, from_profile: flops.Peak | None) -> flops.Peak | None:
+    """train.peak_tflops when the config sets it, else the hardware profile's."""
+    if cfg.train.peak_tflops:
+        profile = from_profile.profile if from_profile else None
+        return flops.Peak(cfg.train.peak_tflops, "config train.peak_tflops", profile)
+    return from_profile
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpucert.finetune.train", description=__doc__.split("\n")[0])
+    parser.add_argument("config", type=Path, nargs="?", help="finetune YAML (configs/finetune/*.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    parser.add_argument("--resume", help="none, auto, or a checkpoint directory (same as --set resume=...)")
+    parser.add_argument("--output-dir", help="run directory (same as --set output_dir=...)")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.resume:
+        overrides.append(f"resume={json.dumps(args.resume)}")
+    if args.output_dir:
+        overrides.append(f"output_dir={json.dumps(args.output_dir)}")
+    try:
+        cfg = load_finetune_config(args.config, overrides, training=True)
+    except ConfigError as exc:
+        print(f"gpucert finetune: error: {exc}", file=sys.stderr)
+        return Status.ERROR.exit_code
+    return finetune_exit_code(cfg)
+
+
+def finetune_exit_code(cfg: FinetuneConfig) -> int:
+    """Train, and say how it went as the exit code: the run's verdict, 3 when it failed, 130 on Ctrl-C."""
+    try:
+        result = run_finetune(cfg, profile_peak())
+    except (ConfigError, RendezvousError) as exc:
+        print(f"gpucert finetune: error: {exc}", file=sys.stderr)
+        return Status.ERROR.exit_code
+    except FinetuneFailed:
+        return Status.ERROR.exit_code  # run_finetune said which rank failed, where, and why
+    except KeyboardInterrupt:
+        return INTERRUPTED_EXIT
+    return Status(result["status"]).exit_code
