@@ -8,12 +8,15 @@ into the report training writes (run_report.build_report), `evaluation_report` i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from gpucert.finetune.config import LoraConfig, ModelConfig
+from gpucert.finetune.plan import Device, plan_model
 from gpucert.finetune.train.metrics import judge_run
 from gpucert.finetune.train.report import build_report
 from gpucert.report.schema import Report, Result, RunMeta
@@ -170,6 +173,7 @@ def synthetic_metrics(
         "final_eval_loss": evals[-1]["loss"],
         "step_log": log,
         "oom": None,
+        "plan": synthetic_plan(peak_gib is not None, gradient_checkpointing),
         "memory_plan": {
             "micro_batch": 2,
             "checkpointing": "full" if gradient_checkpointing else "none",
@@ -190,6 +194,21 @@ def synthetic_metrics(
         "compile": {"cache_dir": "/home/u/.cache/gpucert/compile", "warm_up_s": 12.4, "ranks": []}
         if peak_gib is not None
         else None,
+    }
+
+
+def synthetic_plan(gpu: bool, gradient_checkpointing: bool) -> dict[str, Any]:
+    """metrics.json's "plan" of such a run (finetune/plan.py's RunPlan.to_dict), on an H100 or a CPU."""
+    device = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 79.2) if gpu else Device()
+    model = plan_model(ModelConfig(gradient_checkpointing=gradient_checkpointing), LoraConfig(), device)
+    memory = {"micro_batch": 2, "checkpointing": "full" if gradient_checkpointing else "none", "chosen_by": "config"}
+    return {
+        "device": dataclasses.asdict(device),
+        "parallel": "none",
+        "world_size": 1,
+        "micro_batch": 2,
+        "model": dataclasses.asdict(model),
+        "memory": memory,
     }
 
 

@@ -83,6 +83,7 @@ METRICS_KEYS = {
     "step_log",
     "oom",
     "memory_plan",
+    "plan",
     "outputs",
     "time_to_first_step_s",
     "first_step_s",

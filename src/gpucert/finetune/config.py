@@ -332,33 +332,6 @@ class EvalConfig:
 FUSED_MLP_MAX_RANK = 16
 
 
-def fuse_mlp_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
-    """Whether load_model runs the MLPs as one function each (finetune/model/fused.py SwiGLUInGemm), as far as the
-    config tells: the architecture's own checks (memory_plan.ModelShape.swiglu) come with the model's config."""
-    mlp = {"gate_proj", "up_proj", "down_proj"}
-    return (
-        model.fuse_mlp
-        and mlp <= set(lora.target_modules)
-        and lora.r <= FUSED_MLP_MAX_RANK
-        and adapters_in_gemm_applies(model, lora, sharded)
-    )
-
-
-def adapters_in_gemm_applies(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
-    """Whether load_model puts the adapters in the frozen GEMMs (finetune/model/fused.py): fused groups with one A (no
-    LoRA dropout), frozen weights in bf16/fp16 whose adapters compute in that dtype (autocast), not FP8, and not
-    sharded (FSDP2 or ZeRO-3 would shard the frozen views). The memory plan asks before the model exists."""
-    return (
-        model.fuse_projections
-        and model.adapters_in_gemm
-        and model.autocast
-        and model.dtype in ("bf16", "fp16")
-        and model.precision != "fp8"
-        and not sharded
-        and lora.dropout == 0
-    )
-
-
 @dataclass(frozen=True)
 class FinetuneConfig:
     model: ModelConfig = field(default_factory=ModelConfig)

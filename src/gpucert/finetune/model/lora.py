@@ -30,13 +30,14 @@ from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from gpucert.finetune.config import LoraConfig, ModelConfig, adapters_in_gemm_applies, fuse_mlp_applies
+from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.data.hub import pretrained_source
 from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents
 from gpucert.finetune.model import flash
 from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.model.fused import fuse_projections, refresh_adapters_in_gemm
 from gpucert.finetune.model.loss import linear_cross_entropy
+from gpucert.finetune.plan import ModelPlan, describe_device, plan_model
 from gpucert.finetune.train.metrics import FlopCounts
 from gpucert.finetune.train.parallel import decoder_layers
 
@@ -253,22 +254,26 @@ def load_model(
     device: torch.device,
     max_length: int | None = None,
     sharded: bool = False,
+    plan: ModelPlan | None = None,
 ) -> tuple[PeftModel, ModelInfo]:
     """The base model with LoRA adapters on lora_cfg.target_modules, and its counts. `max_length` is the row
-    length batches are padded to when the layers are compiled; `sharded`: FSDP2 or ZeRO-3 will shard the frozen
-    weights (no adapters in the frozen GEMM then).
+    length batches are padded to when the layers are compiled. `plan`: the run's ModelPlan (finetune/plan.py),
+    which decides every lever read here; None works it out from the config, this device and `sharded` (FSDP2 or
+    ZeRO-3 will shard the frozen weights: no adapters in the frozen GEMM then).
 
     Call after seeding: the adapters' A matrices take their random init from the global generator, and FSDP2
     relies on every rank building the same ones.
     """
-    check_attention(model_cfg.attn_implementation, device)
-    if model_cfg.precision == "fp8":
+    if plan is None:
+        plan = plan_model(model_cfg, lora_cfg, describe_device(device), sharded)
+    check_attention(plan.attention, device)
+    if plan.precision == "fp8":
         check_fp8_device(device)  # a GPU without float8 tensor cores is refused before the model is built
     vocab_size = len(tokenizer)
     base = load_base_model(model_cfg, vocab_size, device)
     shape = count_shape(base, vocab_size)
     base.config.use_cache = False
-    if model_cfg.gradient_checkpointing:
+    if plan.gradient_checkpointing.on:
         # Non-reentrant checkpointing is what DDP and FSDP2 need with frozen weights: the reentrant one marks
         # adapter gradients ready twice under DDP (fine-tuning.md §11.2). The input hook gives the embedding
         # output requires_grad, for code paths that still check it.
@@ -297,16 +302,15 @@ def load_model(
     del params  # it would keep each fused member's own weight alive beside the stacked copy until load_model returns
     fused = "off"
     refresh: Callable[[], None] | None = None
-    if model_cfg.fuse_projections:
+    if plan.fuse_projections.on:
         # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
-        in_gemm = adapters_in_gemm_applies(model_cfg, lora_cfg, sharded)
-        fusion = fuse_projections(base, adapters_in_gemm=in_gemm, mlp=fuse_mlp_applies(model_cfg, lora_cfg, sharded))
+        fusion = fuse_projections(base, adapters_in_gemm=plan.adapters_in_gemm.on, mlp=plan.fuse_mlp.on)
         fused = fusion.summary()
         if fusion.in_gemm or fusion.a_in_gemm:
             refresh = partial(refresh_adapters_in_gemm, base, settled=True)
     info = ModelInfo(**counts, fused_projections=fused, **shape)
     autocast_dtype = None
-    if model_cfg.autocast and base.dtype in (torch.bfloat16, torch.float16):
+    if plan.autocast.on:
         # PEFT keeps adapters in fp32 and casts each adapter's input to fp32: an fp32 copy of every projection
         # input, and fp32 matmuls. Under autocast the input stays bf16 and the matmul casts the small adapter
         # weights instead; the weights, their gradients and the optimizer stay fp32.
@@ -314,24 +318,24 @@ def load_model(
             if hasattr(module, "cast_input_dtype_enabled"):
                 setattr(module, "cast_input_dtype_enabled", False)  # noqa: B010 (a plain attribute, not a submodule)
         autocast_dtype = base.dtype
-    if model_cfg.precision == "fp8":
+    if plan.precision == "fp8":
         convert_frozen_linears(base)  # after counting (an Fp8FrozenLinear is no nn.Linear), before compiling
     # After counting: a deferred head's weight is no longer a parameter.
-    head_weight: torch.Tensor | Fp8FrozenLinear | None = defer_head(base) if model_cfg.fused_loss else None
-    if isinstance(head_weight, torch.Tensor) and model_cfg.precision == "fp8" and model_cfg.fp8_head:
+    head_weight: torch.Tensor | Fp8FrozenLinear | None = defer_head(base) if plan.fused_loss.on else None
+    if isinstance(head_weight, torch.Tensor) and plan.fp8_head.on:
         embeddings: Any = base.get_input_embeddings()
         # The bf16 weight is freed once converted: the DeferredHead took the head's place in the model.
         head_weight = head_to_fp8(head_weight, embeddings.weight) or head_weight
-    if model_cfg.compile:
+    if plan.compile.on:
         # A process-wide inductor setting, read when the layers are first compiled (at the first step): it tunes
         # the fused loss's compiled chunk too, as it did when measured. Triton kernels only: CPU code is not
         # tuned. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, wins.
         if "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in os.environ:
-            inductor_config.coordinate_descent_tuning = model_cfg.compile_tuning
+            inductor_config.coordinate_descent_tuning = plan.compile_tuning.on
         for layer in decoder_layers(base):
             layer.compile()
-    plan = ForwardPlan(autocast_dtype, max_length if model_cfg.compile else None, head_weight, refresh)
-    setattr(model, PLAN_ATTRIBUTE, plan)
+    forward = ForwardPlan(autocast_dtype, max_length if plan.compile.on else None, head_weight, refresh)
+    setattr(model, PLAN_ATTRIBUTE, forward)
     return model, info
 
 

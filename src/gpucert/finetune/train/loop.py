@@ -28,6 +28,7 @@ from gpucert.finetune.model.lora import (
     load_model,
     merge_adapter,
 )
+from gpucert.finetune.plan import MemoryPlan, RunPlan, describe_device, plan_model
 from gpucert.finetune.train import metrics as flops
 from gpucert.finetune.train.checkpoint import (
     TrainerState,
@@ -45,7 +46,7 @@ from gpucert.finetune.train.compile_cache import (
     use_cache_dir,
     warm_up,
 )
-from gpucert.finetune.train.memory_plan import Plan, plan_for_run
+from gpucert.finetune.train.memory_plan import plan_for_run
 from gpucert.finetune.train.parallel import resolve_mode, wrap
 from gpucert.finetune.train.report import write_run_files
 from gpucert.finetune.train.rundir import RunDir
@@ -132,11 +133,12 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
         if warning:
             log(f"warning: {warning}")
     pad_id = tokenizer.pad_token_id
-    mode = resolve_mode(tc.parallel, rt.world_size)
-    # Before the model loads (the plan may turn checkpointing on) and before the global batch is counted.
-    plan = plan_for_run(cfg, rt, len(tokenizer), mode)
-    cfg = plan.apply(cfg)
+    # Once, before the model loads (the memory plan may turn checkpointing on) and before the global batch is
+    # counted; everything below reads it.
+    plan = plan_run(cfg, rt, len(tokenizer))
+    cfg = plan.memory.apply(cfg)
     tc = cfg.train
+    mode = plan.parallel
     log(plan.message())
     global_batch = plan.micro_batch * tc.grad_accum * rt.world_size
     per_epoch, total_steps = plan_steps(len(data.train), global_batch, tc.epochs, tc.max_steps)
@@ -152,7 +154,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
     setup_s = {"start_up": started - (process_started_at() or started), "data": time.time() - started}
     loading = time.time()
     peft_model, info = load_model(
-        cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length, sharded=mode == "fsdp2"
+        cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length, sharded=mode == "fsdp2", plan=plan.model
     )
     setup_s["model_load"] = time.time() - loading
     warm: WarmUp | None = None
@@ -191,7 +193,7 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
             raise ValueError(
                 f"{resume_from}: expected a global batch of {global_batch} rows, found {state.global_batch}: "
                 "resume with the same micro_batch x grad_accum x processes, or start a new output_dir"
-                + resume_hint(state.global_batch, tc.grad_accum, rt.world_size, plan)
+                + resume_hint(state.global_batch, tc.grad_accum, rt.world_size, plan.memory)
             )
         state.world_size = rt.world_size
         # What the next checkpoints trained on (differs from the loaded one only under resume_allow_data_change).
@@ -275,7 +277,8 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
     rt.set_phase("summary")
     result = summarise(cfg, rt, info, data, state, run_dir, started, peak, oom, resume_from)
     result.update(compile_summary(rt, compile_dir, warm, first_step))
-    result["memory_plan"] = {**plan.to_dict(), "peak_memory_gib": result["peak_memory_gib"]}
+    result["plan"] = plan.to_dict()
+    result["memory_plan"] = {**plan.memory.to_dict(), "peak_memory_gib": result["peak_memory_gib"]}
     # After summarise's last collective: a 7B merge on slow storage must not hold the other ranks inside one.
     if oom is None and rt.is_main and tc.merge_adapter:
         rt.set_phase("merging the adapter")
@@ -294,7 +297,21 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
     return result
 
 
-def resume_hint(saved_rows: int, grad_accum: int, world: int, plan: Plan) -> str:
+def plan_run(cfg: FinetuneConfig, rt: Runtime, vocab_size: int) -> RunPlan:
+    """The run's plan (finetune/plan.py): the parallelism, the model's levers from the config and this GPU, and
+    the memory plan of that model. Collective under train.micro_batch auto on CUDA (the free memory the memory
+    plan fits into is the minimum over ranks, so every rank plans alike)."""
+    parallel = resolve_mode(cfg.train.parallel, rt.world_size)
+    device = describe_device(rt.device)
+    model = plan_model(cfg.model, cfg.lora, device, sharded=parallel == "fsdp2")
+    memory = plan_for_run(cfg, rt, vocab_size, parallel, model)
+    full = memory.checkpointing == "full"
+    if full != model.gradient_checkpointing.on:
+        model = model.with_checkpointing(full, "turned on by the memory plan: no micro-batch fits without it")
+    return RunPlan(device, parallel, rt.world_size, model, memory)
+
+
+def resume_hint(saved_rows: int, grad_accum: int, world: int, plan: MemoryPlan) -> str:
     """What pins the checkpoint's micro-batch when train.micro_batch auto chose another one."""
     if plan.chosen_by == "config" or saved_rows % (grad_accum * world):
         return ""

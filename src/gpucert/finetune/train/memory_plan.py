@@ -17,7 +17,9 @@ token rows, 2026-11-22; docs/OPTIMIZATION.md, "Memory plan"):
 `choose_plan` takes the largest micro-batch up to train.micro_batch_max whose estimate fits under the free memory
 less a margin without checkpointing, else with full checkpointing (about 27 % slower, measured: never chosen
 while a micro-batch without it fits), else refuses (exit 3) naming the estimate and what to change. All pure;
-`plan_for_run` reads the free memory (the minimum over ranks, so every rank picks the same plan).
+`plan_for_run` reads the free memory (the minimum over ranks, so every rank picks the same plan). Which fusions
+the estimated model runs with (adapters in the frozen GEMMs, the fused MLP) is the run's plan's answer
+(finetune/plan.py), not worked out here.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.config import FinetuneConfig, TrainConfig, adapters_in_gemm_applies, fuse_mlp_applies
+from gpucert.finetune.config import FinetuneConfig, TrainConfig
 from gpucert.finetune.model.loss import CHUNK_TOKENS
+from gpucert.finetune.plan import Device, ModelPlan, plan_model
 
 GIB = 1 << 30
 # The model types of fused.ARCHITECTURES (a test keeps them equal): those whose MLP the fused MLP may take.
@@ -172,7 +175,13 @@ class Workload:
         return self.shape.layers * sum(self.lora_r * sum(self.shape.projection(m)) for m in self.target_modules)
 
 
-def workload_from_config(cfg: FinetuneConfig, shape: ModelShape, parallel: str, world: int) -> Workload:
+def workload_from_config(
+    cfg: FinetuneConfig, shape: ModelShape, parallel: str, world: int, model_plan: ModelPlan | None = None
+) -> Workload:
+    """The workload of a run; its fusions as the run's plan decided them (finetune/plan.py; worked out from the
+    config when no plan is given)."""
+    if model_plan is None:
+        model_plan = plan_model(cfg.model, cfg.lora, Device(), sharded=parallel == "fsdp2")
     return Workload(
         shape=shape,
         seq_len=cfg.data.max_length,
@@ -185,8 +194,8 @@ def workload_from_config(cfg: FinetuneConfig, shape: ModelShape, parallel: str, 
         fused_loss=cfg.model.fused_loss,
         parallel=parallel,
         world=world,
-        adapters_in_gemm=adapters_in_gemm_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
-        fused_mlp=shape.swiglu and fuse_mlp_applies(cfg.model, cfg.lora, sharded=parallel == "fsdp2"),
+        adapters_in_gemm=model_plan.adapters_in_gemm.on,
+        fused_mlp=shape.swiglu and model_plan.fuse_mlp.on,
     )
 
 
@@ -402,9 +411,11 @@ def device_memory_gib(rt: Any, agree: bool) -> tuple[float, float]:
     return free_gib / GIB, total_gib / GIB
 
 
-def plan_for_run(cfg: FinetuneConfig, rt: Any, vocab_size: int, parallel: str) -> Plan:
-    """This run's plan. Collective under micro_batch auto on CUDA: the free and total memory are the minimum
-    over ranks, so every rank computes the same plan."""
+def plan_for_run(
+    cfg: FinetuneConfig, rt: Any, vocab_size: int, parallel: str, model_plan: ModelPlan | None = None
+) -> Plan:
+    """This run's memory plan, for the model the run's plan builds (`model_plan`). Collective under micro_batch
+    auto on CUDA: the free and total memory are the minimum over ranks, so every rank computes the same plan."""
     auto = cfg.train.micro_batch == "auto"
     if rt.device.type != "cuda":
         if auto:
@@ -413,7 +424,7 @@ def plan_for_run(cfg: FinetuneConfig, rt: Any, vocab_size: int, parallel: str) -
         return configured_plan(cfg, None, 0.0, 0.0)
     free_gib, total_gib = device_memory_gib(rt, agree=auto)
     try:
-        workload = workload_from_config(cfg, model_shape(cfg, vocab_size), parallel, rt.world_size)
+        workload = workload_from_config(cfg, model_shape(cfg, vocab_size), parallel, rt.world_size, model_plan)
         if not auto:
             return configured_plan(cfg, workload, free_gib, total_gib)
         return choose_plan(free_gib, total_gib, workload, cfg.train.micro_batch_max, cfg.model.gradient_checkpointing)
