@@ -69,6 +69,32 @@ def relabel(identities: Iterable[RankIdentity]) -> list[RankIdentity]:
     return [dataclasses.replace(i, node=labels[i.node_rank]) for i in ranks]
 
 
+def pack_roster(identities: Iterable[RankIdentity]) -> dict[str, Any]:
+    """Every rank's identity, compact (the one key rank 0 publishes and every rank reads, group._meet): per node
+    the fields all its ranks share, once (node, host, world sizes; the device type on a CPU machine), and per rank
+    only the fields that differ (rank, local rank, device, GPU UUID and index, pid), as rows under column names.
+    About 80 bytes a rank with GPUs instead of 250."""
+    by_node: dict[int, list[dict[str, Any]]] = {}
+    for ident in identities:
+        by_node.setdefault(ident.node_rank, []).append(ident.to_dict())
+    nodes = []
+    for rows in by_node.values():
+        shared = {k: v for k, v in rows[0].items() if all(row[k] == v for row in rows)}
+        columns = [k for k in rows[0] if k not in shared]
+        nodes.append({"shared": shared, "columns": columns, "rows": [[row[k] for k in columns] for row in rows]})
+    return {"nodes": nodes}
+
+
+def unpack_roster(roster: dict[str, Any]) -> list[RankIdentity]:
+    """pack_roster's identities, by rank."""
+    found = [
+        RankIdentity.from_dict({**node["shared"], **dict(zip(node["columns"], row, strict=True))})
+        for node in roster["nodes"]
+        for row in node["rows"]
+    ]
+    return sorted(found, key=lambda ident: ident.rank)
+
+
 def row_identity(row: dict[str, Any]) -> tuple[str, int | None, str | None]:
     """(subject, NVML index, node) of a benchmark's per-rank row; rows from before node identity (a replayed
     result of an old version) name the local rank as before."""

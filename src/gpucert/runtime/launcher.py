@@ -51,6 +51,7 @@ from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.errors import JobFailed, RendezvousError
 from gpucert.runtime.group import POLL_S, connect_store, read_abort
 from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
+from gpucert.runtime.open_files import fit_open_files
 from gpucert.runtime.spawn import exit_cause
 
 BACKEND = "gpucert"
@@ -85,6 +86,7 @@ class NodeRendezvous(RendezvousHandler):
         self.host = str(params.get("host") or socket.gethostname())
         self.name = str(params.get("node_name") or self.host)
         self.config = RuntimeConfig(**json.loads(params.get("runtime", "{}")))
+        self.nproc = int(params.get("nproc", 1))  # ranks per node: what node 0's store will serve
         self.store: Any = None
         self.round = -1  # torchrun's restart count: every node starts each round of workers together
         self.labels: dict[int, str] = {}
@@ -114,6 +116,8 @@ class NodeRendezvous(RendezvousHandler):
         """Round 0: connect (node 0 serves) and meet. A later round (the ranks ended on a failure and torchrun
         restarts them, docs/architecture.md): meet again, unless the ranks said the run is over."""
         if self.store is None:
+            if self.serves:
+                fit_open_files(self.num_nodes * self.nproc, self.num_nodes, self.who)
             self.store = connect_store(self.addr, self.port, self.serves, self.config.rendezvous_timeout_s, self.who)
             self.port = self.store.port  # a lone node serves on a port the OS chose
         self.round += 1
@@ -381,6 +385,7 @@ def launch_ranks(
         "rdzv_configs": {
             "node_rank": node.node_rank,
             "node_name": node.node_name or "",
+            "nproc": nproc,
             "runtime": json.dumps(dataclasses.asdict(config)),
         },
         "max_restarts": max_restarts,
