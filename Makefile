@@ -17,18 +17,24 @@ lint:
 typecheck:
 	$(PYTHON) -m mypy
 
+# Two pytest-xdist workers: most multi-process tests wait on heartbeats, timeouts and Slurm more than they
+# compute, so a second test runs meanwhile. The Slurm tests stay on one worker (tests/conftest.py). WORKERS=0
+# runs in one process (pytest -n 0), e.g. to read one test's output as it happens.
+WORKERS ?= 2
+PYTEST = $(PYTHON) -m pytest -q -n $(WORKERS) --dist loadgroup
+
 unit:
-	$(PYTHON) -m pytest -q
+	$(PYTEST)
 
 # The fast tier alone: no multi-process, Slurm or end-to-end training tests (those are marked slow).
 fast:
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
-# The multi-process and fault tests beside a CPU hog (two spinning processes a core): a test that holds only on a
-# quiet machine fails here, on the developer's machine, not in a later CI run.
-LOADED_TESTS ?= tests/runtime tests/finetune/test_job_failures.py tests/bench/test_worker_failure.py
+# The slow tier (every multi-process, fault, Slurm and timing test) beside a CPU hog, two spinning processes a
+# core: a test that holds only on a quiet machine fails here, on the developer's machine, not in a later CI run.
+LOADED_TESTS ?= -m slow
 test-loaded:
-	$(PYTHON) tools/cpu_hog.py --per-core 2 -- $(PYTHON) -m pytest -q $(LOADED_TESTS)
+	$(PYTHON) tools/cpu_hog.py --per-core 2 -- $(PYTEST) $(LOADED_TESTS)
 
 demo:
 	gpucert accept

@@ -30,6 +30,12 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Every test on the one Slurm cluster goes to one pytest-xdist worker (`make test` runs `-n 2 --dist
+    # loadgroup`): the cluster is a session fixture with daemons, ports and an /etc/hosts line of its own, and two
+    # workers would each start one.
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run them on a GPU node)")

@@ -1,6 +1,6 @@
 """Run a command beside busy processes: `python tools/cpu_hog.py [--per-core 2] -- COMMAND...`.
 
-`make test-loaded` runs the multi-process and fault tests this way, two spinning processes a core, so a test
+`make test-loaded` runs the slow tier (multi-process, fault, Slurm) this way, two spinning processes a core, so a test
 that holds only on a quiet machine fails on the developer's machine instead of refusing a later submission. The
 hogs are niced to 0 like the tests and die with this process; the command's exit code is returned.
 """

@@ -45,8 +45,12 @@ ETC_HOSTS = Path("/etc/hosts")
 # Job states after which a job never runs again: the ones gpucert launch follows a job to.
 FINISHED_STATES = FINAL_STATES
 # Below Linux's default ephemeral range (32768-60999), so an outgoing connection cannot take a port between
-# the moment it is picked and the moment a daemon binds it.
-PORT_RANGE = (20000, 32000)
+# the moment it is picked and the moment a daemon binds it; above 30000, so no daemon takes the port a gpucert
+# job's store serves on under Slurm (20000 + the job id mod 10000: runtime/launch_env.slurm_port).
+PORT_RANGE = (30000, 32000)
+# Job ids start at a random point (FirstJobId), so the stores of two clusters on one host (another test session
+# beside this one) do not both ask for port 20001 with their first job.
+FIRST_JOB_IDS = (1, 9000)
 
 
 class SlurmSetupError(RuntimeError):
@@ -206,6 +210,7 @@ def render_slurm_conf(
     return "\n".join(
         [
             "ClusterName=gpucert-test",
+            f"FirstJobId={random.randint(*FIRST_JOB_IDS)}",
             f"SlurmctldHost={hostname}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
             "SlurmUser=root",
