@@ -1,17 +1,22 @@
 """The job's TCP store under many ranks: rendezvous and heartbeats as gpucert's runtime does them, measured.
 
-Every rank of a gpucert job meets in one torch.distributed TCPStore (runtime/group.py) and heartbeats into it
-(runtime/watchdog.py). This starts that store's server in a process of its own on 127.0.0.1 and N lightweight
-ranks (threads spread over a few client processes), each speaking the real TCPStore protocol over its own
-connections, doing what a rank does:
+Every rank of a gpucert job meets in one torch.distributed TCPStore (runtime/group.py) and its nodes heartbeat
+into it (runtime/watchdog.py). This starts that store's server in a process of its own on 127.0.0.1 and N
+lightweight ranks (threads spread over a few client processes), 8 a node, each speaking the real TCPStore
+protocol over its own two connections, doing what a rank does:
 
-- rendezvous (group._meet): set `rank/<r>` (a RankIdentity's JSON, about 250 bytes) and `hb/<r>`, add
-  `joined`, poll `add(joined, 0)` every POLL_S (0.2 s) until all N joined, then multi_get every `rank/*`;
-- heartbeats (watchdog.Watchdog._run) every interval on a second connection: add `hb/<r>`, check `abort`,
-  multi_get the watched heartbeats (rank 0: all N; any other rank: rank 0's);
-- one rank (the last) stops beating after a few rounds, as a SIGSTOPped rank does; rank 0 names it after
-  heartbeat_timeout_s of an unchanged counter (watchdog._silent_peer) and sets `abort`; every rank reads it at
-  its next beat.
+- rendezvous (group._meet): append its identity (a RankIdentity's JSON, about 250 bytes) to `identities`, add
+  `joined` (the rank that completes it sets `all_joined`); rank 0 waits for `all_joined` (a store wait), reads
+  the identities once, sets every node's counter and publishes `roster` (identity.pack_roster); every other rank
+  waits for `roster` and reads it;
+- heartbeats (watchdog.Watchdog): each node's keeper (its local rank 0; the keeper also publishes `plan/<node>`,
+  which its node's other ranks wait for and read) every interval on its second connection: add
+  `hb/node/<node>`, check `abort`, multi_get the watched counters (rank 0: every other node's; any other
+  keeper: node 0's); every other rank blocks in a wait for `wake/<rank>` (its keeper watches it by pid: /proc
+  reads, no store traffic, not simulated), which a keeper sets for its node when it reads the abort;
+- the last node's keeper stops beating after a few rounds, as a SIGSTOPped keeper or a lost node does; rank 0
+  names it after heartbeat_timeout_s of an unchanged counter (watchdog._silent_peer), sets `abort` and wakes the
+  named keeper's node; the other keepers read it at their next beat and wake their nodes.
 
 It reports per N: the rendezvous time (slowest rank), the latency of a heartbeat round trip (median, p99, max),
 of rank 0's multi_get, the time from the victim's last beat to rank 0 naming it and to every rank having read
@@ -21,10 +26,11 @@ rendezvous). Everything runs on 127.0.0.1 and is bounded: N <= 2,048 ranks and e
 Usage:
     python tools/store_scale.py --ranks 256 512 1024 [--interval 2] [--timeout 30] [--json OUT.json]
 
-Read the table as: beat p50/p99 in ms (one rank's add + check + multi_get), rank-0 multi_get of all N keys in
-ms, named_s (victim's last beat -> rank 0 names it; the floor is timeout + one interval), all_out_s (-> the
-last rank read the abort), server CPU % of one core while heartbeating and CPU seconds for the rendezvous.
-Results: docs/results/store-scale.md.
+Read the table as: tail_s (the last rank joins -> every rank holds the roster), srv_cpu_tail_s (the server's
+CPU over that tail), beat p50/p99/max in ms (a keeper's add + check + multi_get), rank-0 multi_get of every
+node's counter in ms, wait_cpu_% (the server's CPU while every rank but a straggler waits), srv_cpu_% (while
+heartbeating), named_s (victim's last beat -> rank 0 names it; the floor is timeout + one interval), all_out_s
+(-> the last rank read the abort). Results: docs/results/store-scale.md.
 """
 
 from __future__ import annotations
@@ -40,20 +46,20 @@ from datetime import timedelta
 from typing import Any
 
 HOST = "127.0.0.1"
-POLL_S = 0.2  # runtime/group.py POLL_S
 MAX_RANKS = 2048
+PER_NODE = 8  # GPUs a node: one keeper, seven waiting ranks
 IDENTITY = {
     "rank": 0,
     "world_size": 0,
     "local_rank": 0,
-    "local_world_size": 8,
+    "local_world_size": PER_NODE,
     "node_rank": 0,
     "num_nodes": 0,
     "node": "gpu-node-0000",
     "host": "gpu-node-0000",
     "device": "cuda:0",
-    "uuid": "GPU-30637d0c-0c65-5ac2-fdcb-cc5b3871a0d4",
-    "index": 0,
+    "gpu_uuid": "GPU-30637d0c-0c65-5ac2-fdcb-cc5b3871a0d4",
+    "gpu_index": 0,
     "pid": 123456,
 }
 
@@ -86,7 +92,12 @@ class Rank:
     def run(self) -> None:
         import torch.distributed as dist
 
+        from gpucert.runtime.identity import RankIdentity, pack_roster, unpack_roster
+
         cfg, r, n = self.cfg, self.rank, self.n
+        node, local = divmod(r, PER_NODE)
+        nodes = -(-n // PER_NODE)
+        keeper = local == 0
         timeout = timedelta(seconds=cfg["rendezvous_timeout_s"])
         # Two connections, as a rank has: the main thread's (rendezvous) and the watchdog's (heartbeats).
         c0 = time.perf_counter()
@@ -94,27 +105,73 @@ class Rank:
         beat = dist.TCPStore(HOST, self.port, None, False, timeout, wait_for_workers=False)
         self.out["connect_s"] = time.perf_counter() - c0
         if r == n - 1:
-            time.sleep(cfg["straggle_s"])  # the last rank comes late: every other rank polls meanwhile
+            time.sleep(cfg["straggle_s"])  # the last rank comes late: every other rank waits meanwhile
         t0 = time.time()
-        main.set(f"rank/{r}", json.dumps(dict(IDENTITY, rank=r, world_size=n, node_rank=r // 8)))
-        main.set(f"hb/{r}", "0")
-        main.add("joined", 1)
-        deadline = time.monotonic() + cfg["rendezvous_timeout_s"]
+        ident = dict(IDENTITY, rank=r, world_size=n, local_rank=local, node_rank=node, num_nodes=nodes, pid=r)
+        ident.update(node=f"gpu-node-{node:04d}", host=f"gpu-node-{node:04d}", device=f"cuda:{local}")
+        ident.update(gpu_uuid=f"GPU-{node:08x}-0c65-5ac2-fdcb-cc5b3871a0{local:02x}", gpu_index=local)
+        main.append("identities", json.dumps(ident, separators=(",", ":")) + "\n")
         self.out["joined_at"] = time.time()
-        while main.add("joined", 0) < n:
-            if time.monotonic() > deadline:
-                self.out["error"] = f"rank {r}: rendezvous timed out"
+        if main.add("joined", 1) == n:
+            main.set("all_joined", "1")
+        if r == 0:
+            main.wait(["all_joined"], timeout)
+            g0 = time.perf_counter()
+            lines = main.get("identities").decode().splitlines()
+            peers = sorted((RankIdentity.from_dict(json.loads(line)) for line in lines), key=lambda p: p.rank)
+            main.multi_set([f"hb/node/{k}" for k in range(nodes)], ["0"] * nodes)
+            if len(peers) != n:
+                self.out["error"] = f"rank 0: {len(peers)} identities for {n} ranks"
                 return
-            time.sleep(POLL_S)
-        g0 = time.perf_counter()
-        main.multi_get([f"rank/{p}" for p in range(n)])
-        self.out["identities_s"] = time.perf_counter() - g0
+            roster = json.dumps(pack_roster(peers), separators=(",", ":"))
+            main.set("roster", roster)
+            self.out["roster_bytes"] = len(roster)
+            self.out["pack_s"] = time.perf_counter() - g0
+            p0 = time.perf_counter()
+            unpack_roster(json.loads(roster))
+            self.out["unpack_s"] = time.perf_counter() - p0  # what every other rank does in its own process
+        else:
+            main.wait(["roster"], timeout)
+            g0 = time.perf_counter()
+            raw = main.get("roster")
+            self.out["roster_get_s"] = time.perf_counter() - g0
+            # Not parsed here: 1,024 ranks' parsing on two cores and eight GILs would be measured, not the store's
+            # work; a rank parses in its own process (measure() times one parse).
+            if len(raw) < 50 * n:
+                self.out["error"] = f"rank {r}: a roster of {len(raw)} bytes for {n} ranks"
+                return
         self.out["rendezvous_s"] = time.time() - t0
         self.out["met_at"] = time.time()
         main.add("met", 1)
-        # Heartbeats start together after the rendezvous, as every rank's watchdog does.
-        interval, victim = cfg["interval_s"], n - 1
-        keys = [f"hb/{p}" for p in range(n)] if r == 0 else ["hb/0"]
+        # The watchdog: a keeper publishes its node's plan, its other ranks read it.
+        if keeper:
+            beat.set(f"plan/{node}", "[]")
+        else:
+            beat.wait([f"plan/{node}"], timeout)
+            beat.get(f"plan/{node}")
+            self._wait_for_abort(beat)
+            return
+        self._keep(beat, node, nodes)
+
+    def _wait_for_abort(self, beat: Any) -> None:
+        import torch.distributed as dist
+
+        try:
+            beat.wait([f"wake/{self.rank}"], timedelta(seconds=self.cfg["run_s"]))
+        except dist.DistStoreError:
+            return  # nobody was named within the run: its error says so
+        self.out["saw_abort_at"] = time.time()
+
+    def _wake(self, beat: Any, node: int) -> None:
+        others = [r for r in range(node * PER_NODE + 1, min((node + 1) * PER_NODE, self.n))]
+        if others:
+            beat.multi_set([f"wake/{r}" for r in others], ["abort"] * len(others))
+
+    def _keep(self, beat: Any, node: int, nodes: int) -> None:
+        """A keeper's loop: beat for the node, read the abort record, look at the watched counters."""
+        cfg, r = self.cfg, self.rank
+        interval, victim = cfg["interval_s"], (nodes - 1) * PER_NODE  # the last node's keeper
+        keys = [f"hb/node/{k}" for k in range(1, nodes)] if r == 0 else ["hb/node/0"]
         last: dict[int, tuple[bytes, float]] = {}
         beats: list[float] = []
         beat_at: list[float] = []
@@ -127,10 +184,10 @@ class Rank:
                     self.out["stopped_at"] = time.time()
                 continue  # stopped: no beat, no read (SIGSTOP)
             start = time.perf_counter()
-            beat.add(f"hb/{r}", 1)
+            beat.add(f"hb/node/{node}", 1)
             aborted = beat.check(["abort"])
             g0 = time.perf_counter()
-            values = beat.multi_get(keys)
+            values = beat.multi_get(keys) if keys else []
             done = time.perf_counter()
             beats.append(done - start)
             beat_at.append(time.time())
@@ -138,17 +195,19 @@ class Rank:
                 gets.append(done - g0)
             if aborted:
                 self.out["saw_abort_at"] = time.time()
+                self._wake(beat, node)  # as leave_failed has a keeper do: its node's waiting ranks read it
                 break
             if r == 0:
                 now = time.monotonic()
-                for p, value in zip(range(n), values, strict=True):
-                    seen = last.get(p)
+                for k, value in enumerate(values, start=1):
+                    seen = last.get(k)
                     if seen is None or seen[0] != value:
-                        last[p] = (value, now)
+                        last[k] = (value, now)
                     elif now - seen[1] > cfg["timeout_s"] and "named_at" not in self.out:
                         self.out["named_at"] = time.time()
-                        self.out["named"] = p
-                        beat.compare_set("abort", "", json.dumps({"rank": p, "cause": "no heartbeat"}))
+                        self.out["named"] = k * PER_NODE
+                        beat.compare_set("abort", "", json.dumps({"rank": k * PER_NODE, "cause": "no heartbeat"}))
+                        self._wake(beat, k)  # the named keeper's node has nobody else to wake it
         self.out["beats_s"] = beats
         self.out["beat_at"] = beat_at
         self.out["multi_get_s"] = gets
@@ -192,16 +251,16 @@ def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
     ]
     for c in clients:
         c.start()
-    # The server's CPU while ranks poll for the straggler, from its arrival until every rank holds every
-    # identity (`met`), then over a window of steady heartbeats.
+    # The server's CPU while ranks wait for the straggler, from its arrival until every rank holds the roster
+    # (`met`), then over a window of steady heartbeats. This probe's own requests (20 a second) are in it.
     probe = dist.TCPStore(HOST, port, None, False, timedelta(seconds=60), wait_for_workers=False)
     deadline = time.time() + 600
-    # Polling: every rank but the straggler has joined and polls `joined` until it comes.
+    # Waiting: every rank but the straggler has joined and waits (a store wait) until it comes.
     while probe.add("joined", 0) < n - 1 and time.time() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.05)
     cpu_poll, wall_poll = _cpu_s(server.pid), time.time()
     while probe.add("joined", 0) < n and time.time() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.05)
     cpu_joined, wall_joined = _cpu_s(server.pid), time.time()
     while probe.add("met", 0) < n and time.time() < deadline:
         time.sleep(0.02)
@@ -224,7 +283,8 @@ def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
     steady = [b for o in outs for b, at in zip(o.get("beats_s", []), o.get("beat_at", []), strict=True) if at > all_met]
     gets = [g for o in outs for g in o.get("multi_get_s", [])]
     rank0 = next(o for res in results for r, o in zip(res["ranks"], res["outs"], strict=True) if r == 0)
-    victim = next(o for res in results for r, o in zip(res["ranks"], res["outs"], strict=True) if r == n - 1)
+    victim_rank = (-(-n // PER_NODE) - 1) * PER_NODE
+    victim = next(o for res in results for r, o in zip(res["ranks"], res["outs"], strict=True) if r == victim_rank)
     # The victim's last beat ended about one interval before it noticed it should stop.
     last_beat = victim.get("stopped_at", float("nan")) - cfg["interval_s"]
     saw = [o["saw_abort_at"] for o in outs if "saw_abort_at" in o]
@@ -243,14 +303,17 @@ def measure(n: int, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
         ),
         "connect_s_p50": _pct([o["connect_s"] for o in outs if "connect_s" in o], 0.5),
         "connect_s_max": max((o["connect_s"] for o in outs if "connect_s" in o), default=float("nan")),
-        "identities_ms_p50": 1e3 * _pct([o["identities_s"] for o in outs if "identities_s" in o], 0.5),
-        "identities_ms_max": 1e3 * max((o["identities_s"] for o in outs if "identities_s" in o), default=0.0),
+        "roster_bytes": rank0.get("roster_bytes"),
+        "roster_get_ms_p50": 1e3 * _pct([o["roster_get_s"] for o in outs if "roster_get_s" in o], 0.5),
+        "roster_get_ms_max": 1e3 * max((o["roster_get_s"] for o in outs if "roster_get_s" in o), default=0.0),
+        "rank0_pack_ms": round(1e3 * rank0.get("pack_s", float("nan")), 1),
+        "unpack_ms": round(1e3 * rank0.get("unpack_s", float("nan")), 1),
         "rendezvous_server_cpu_s": round(cpu1 - cpu0, 3),
         "rendezvous_tail_server_cpu_s": round(cpu1 - cpu_joined, 3),
         "rendezvous_wall_s": round(wall1 - wall0, 3),
         "rendezvous_tail_wall_s": round(wall1 - wall_joined, 3),
-        "polling_server_cpu_pct": round(100 * (cpu_joined - cpu_poll) / max(wall_joined - wall_poll, 1e-9), 2),
-        "polling_wall_s": round(wall_joined - wall_poll, 2),
+        "waiting_server_cpu_pct": round(100 * (cpu_joined - cpu_poll) / max(wall_joined - wall_poll, 1e-9), 2),
+        "waiting_wall_s": round(wall_joined - wall_poll, 2),
         "beat_ms_p50": 1e3 * _pct(beats, 0.5),
         "beat_ms_p99": 1e3 * _pct(beats, 0.99),
         "beat_ms_max": 1e3 * max(beats, default=float("nan")),
@@ -300,14 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'ranks':>6} {'tail_s':>7} {'srv_cpu_tail_s':>14} {'beat_p50':>9} {'beat_p99':>9} {'beat_max':>9} "
         f"{'steady_p99':>10} "
-        f"{'r0_get_ms':>9} {'poll_cpu_%':>10} {'srv_cpu_%':>9} {'named_s':>8} {'all_out_s':>9} errors"
+        f"{'r0_get_ms':>9} {'wait_cpu_%':>10} {'srv_cpu_%':>9} {'named_s':>8} {'all_out_s':>9} errors"
     )
     for r in rows:
         print(
             f"{r['ranks']:>6} {r['rendezvous_tail_s']:>7.2f} {r['rendezvous_tail_server_cpu_s']:>14.2f} "
             f"{r['beat_ms_p50']:>9.2f} {r['beat_ms_p99']:>9.2f} {r['beat_ms_max']:>9.1f} "
             f"{r['steady_beat_ms_p99']:>10.2f} "
-            f"{r['rank0_multi_get_ms_p50']:>9.2f} {r['polling_server_cpu_pct']:>10.1f} "
+            f"{r['rank0_multi_get_ms_p50']:>9.2f} {r['waiting_server_cpu_pct']:>10.1f} "
             f"{r['server_cpu_pct_heartbeats']:>9.1f} {r['named_s']:>8.1f} "
             f"{r['all_out_s']:>9.1f} {r['error_count']}"
         )
