@@ -78,3 +78,21 @@ def pace() -> float:
 def within(seconds: float) -> float:
     """A latency bound written for a quiet machine, scaled by this machine's pace now."""
     return seconds * pace()
+
+
+def kill_process_tree(pid: int) -> None:
+    """SIGKILL every descendant of `pid`, then `pid`: the clean-up of a multi-process test. A process that ends
+    on its own between the listing and its kill (a rank leaving as its node stops, common on a loaded machine) is
+    no error."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.conftest import within
+from tests.conftest import kill_process_tree, within
 from tests.runtime.test_cluster_runs import free_port, node_flags
 
 from gpucert.runtime.launch_env import RANK_VARIABLES
@@ -92,9 +92,7 @@ def two_nodes(tmp_path: Path) -> Iterator[Callable[[dict[int, list[str]]], list[
     yield start
     for node in nodes:
         if node.agent.poll() is None:
-            for child in psutil.Process(node.agent.pid).children(recursive=True):
-                child.kill()
-            node.agent.kill()
+            kill_process_tree(node.agent.pid)
             node.agent.wait()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.conftest import NODE_BUNDLES, within
+from tests.conftest import NODE_BUNDLES, kill_process_tree, within
 from tests.report.test_schema_and_store import schema_errors
 
 from gpucert.report.schema import SCHEMA_VERSION
@@ -455,9 +455,7 @@ def test_a_stopped_store_server_ends_every_rank_naming_the_store(tmp_path: Path)
         assert f"the job's store at 127.0.0.1:{port} has not answered" in err, err[-2000:]
     finally:
         procs[0].send_signal(signal.SIGCONT)
-        for child in psutil.Process(procs[0].pid).children(recursive=True):
-            child.kill()
-        procs[0].kill()
+        kill_process_tree(procs[0].pid)
         procs[0].communicate(timeout=within(30))
 
 
