@@ -24,15 +24,14 @@ from safetensors.torch import load_file
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.data.packing import collate
 from gpucert.finetune.data.tokenizer import load_tokenizer
+from gpucert.finetune.disk import NoSpaceError, is_no_space
 from gpucert.finetune.model.lora import forward_loss, load_model
 from gpucert.finetune.train import checkpoint
 from gpucert.finetune.train.checkpoint import (
     COMPLETE,
-    NoSpaceError,
     TrainerState,
     complete_checkpoints,
     find_latest,
-    is_no_space,
     load_checkpoint,
     prune,
     save_adapter,

@@ -35,8 +35,8 @@ from gpucert.finetune.model.fused import (
     fuse_projections,
     refresh_adapters_in_gemm,
 )
+from gpucert.finetune.model.layers import decoder_layers
 from gpucert.finetune.model.lora import tiny_config
-from gpucert.finetune.train.parallel import decoder_layers
 
 VOCAB = 256
 # The tiny Qwen2's shape for all three architectures; 176 intermediate (a multiple of 16) so FP8 converts the MLP.

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.finetune.train.metrics import (
-    FlopCounts,
     document_lengths,
     effective_context,
     flops_formula,

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from gpucert.finetune.train.parallel import decoder_layers, resolve_mode, wrap
+from gpucert.finetune.model.layers import decoder_layers
+from gpucert.finetune.train.parallel import resolve_mode, wrap
 from gpucert.finetune.train.run import main
 from gpucert.runtime.group import start_runtime, stop_runtime
 

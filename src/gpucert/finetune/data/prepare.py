@@ -48,7 +48,7 @@ from gpucert.finetune.data.formats import DataError, load_conversations, source_
 from gpucert.finetune.data.glaive import Conversation, ParseReport
 from gpucert.finetune.data.packing import Document, PackStats, pack
 from gpucert.finetune.data.template import IGNORE_INDEX, TemplateError, render, template_hash
-from gpucert.finetune.train.checkpoint import NoSpaceError, is_no_space, no_space_message
+from gpucert.finetune.disk import NoSpaceError, is_no_space, no_space_message
 
 # Bumped whenever parsing, rendering, masking, splitting or packing changes what a prepared dataset holds.
 # 2: the Glaive data rules of docs/finetune-data.md (repairs and drops by case), local JSON read line by line.

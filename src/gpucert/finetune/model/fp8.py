@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.train.parallel import decoder_layers
+from gpucert.finetune.model.layers import decoder_layers
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448

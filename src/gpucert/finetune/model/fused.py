@@ -62,7 +62,7 @@ from torch import nn
 
 from gpucert.finetune.config import FUSED_MLP_MAX_RANK
 from gpucert.finetune.model.in_gemm import _AdapterInGemm, _AInGemm, _SwiGLUInGemm
-from gpucert.finetune.train.parallel import decoder_layers
+from gpucert.finetune.model.layers import decoder_layers
 
 ADAPTER = "default"
 # (child of a decoder layer, its projections that take the same input in the order HF's code calls them, the

@@ -34,12 +34,12 @@ from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.data.hub import pretrained_source
 from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents
 from gpucert.finetune.model import flash
+from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
 from gpucert.finetune.model.fused import fuse_projections, refresh_adapters_in_gemm
+from gpucert.finetune.model.layers import decoder_layers
 from gpucert.finetune.model.loss import linear_cross_entropy
 from gpucert.finetune.plan import ModelPlan, describe_device, plan_model
-from gpucert.finetune.train.metrics import FlopCounts
-from gpucert.finetune.train.parallel import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")

@@ -26,7 +26,6 @@ had written and says "no space left on <dir>" instead of torch's `[enforce fail 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -53,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from gpucert.finetune.disk import NoSpaceError, is_no_space, no_space_message
 from gpucert.runtime.group import Runtime, gather_to_main, say
 
 CHECKPOINTS = "checkpoints"
@@ -65,8 +65,6 @@ STEP_DIR = re.compile(r"step-(\d+)")
 TMP_DIR = re.compile(r"\.tmp-step-(\d+)")
 # A checkpoint found unreadable is renamed step-N.corrupt: out of every listing, kept for a person to look at.
 CORRUPT_SUFFIX = ".corrupt"
-# The errors of a write that did not fit: the disk is full, or the user's quota is.
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 # Full tensors, gathered to rank 0's CPU only (other ranks get an empty dict), frozen base weights left out.
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 # Loading: every rank reads the full tensors and keeps its shard; the frozen base is not in the file.
@@ -262,10 +260,6 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-class NoSpaceError(OSError):
-    """A write that did not fit (a full disk or quota); the message names the directory and what to do."""
-
-
 # The one call that moves checkpoint bytes to the kernel (tests replace it to fill a disk on demand).
 write_chunk = os.write
 
@@ -316,29 +310,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def is_no_space(exc: BaseException) -> bool:
-    """Whether a failure (or one it came from) is a full disk or quota, as OSError or as a library's text."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in NO_SPACE:
-            return True
-        if any(f"(os error {code})" in str(seen) for code in NO_SPACE):  # safetensors' Rust writer
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def no_space_message(directory: Path, exc: BaseException, what: str) -> str:
-    """'no space left on <directory>' with what was lost, what is free there, and what to do."""
-    try:
-        free = f"{shutil.disk_usage(directory).free / (1 << 20):,.1f} MiB free there now"
-    except OSError:
-        free = "free space unknown"
-    quota = any(isinstance(e, OSError) and e.errno == errno.EDQUOT for e in (exc, exc.__cause__, exc.__context__))
-    kind = "disk quota exceeded on" if quota else "no space left on"
-    return f"{kind} {directory} ({free}) while writing {what}"
 
 
 def save_adapter(model: nn.Module, tokenizer: Any, out_dir: Path, rt: Runtime) -> Path | None:

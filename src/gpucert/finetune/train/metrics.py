@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.report.schema import Result
 from gpucert.status import Status
 
@@ -36,19 +37,6 @@ class Peak:
     tflops: float
     source: str  # "config train.peak_tflops" or "profile h100-sxm: bf16_peak_tflops"
     profile: str | None = None  # the hardware profile this node matched, if any
-
-
-@dataclass(frozen=True)
-class FlopCounts:
-    """The model's shape as the FLOP formula needs it (from model.ModelInfo)."""
-
-    matmul_params: int
-    lora_params: int
-    layers: int
-    heads: int
-    head_dim: int
-    # lm_head is not recomputed by activation checkpointing (it sits outside the checkpointed layers).
-    lm_head_params: int = 0
 
 
 def document_lengths(position_ids: Sequence[int]) -> list[int]:

@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from gpucert.finetune.model.layers import decoder_layers
 from gpucert.runtime.group import Runtime
 
 MODES = ("auto", "none", "ddp", "fsdp2")
@@ -30,17 +31,6 @@ def resolve_mode(mode: str, world_size: int) -> str:
         # Nothing would sync gradients: the ranks would drift apart and rank 0 save only its own adapter.
         raise ValueError(f"train.parallel: none cannot train {world_size} processes; use ddp, fsdp2 or auto")
     return mode
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks, found by the class names HF lists as never-to-be-split (Qwen2DecoderLayer...)."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"fsdp2: found no decoder layers in {type(model).__name__} (looked for {sorted(names)})")
-    return layers
 
 
 def wrap(model: nn.Module, rt: Runtime, mode: str) -> nn.Module:

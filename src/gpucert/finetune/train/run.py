@@ -44,10 +44,8 @@ import torch
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
 from gpucert.finetune.data.hub import check_model_source
+from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.train import metrics as flops
-from gpucert.finetune.train.checkpoint import (
-    NoSpaceError,
-)
 from gpucert.finetune.train.loop import (
     train,
 )

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from gpucert.finetune.config import FinetuneConfig
 from gpucert.finetune.data.prepare import Prepared
+from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.finetune.model.lora import (
     ModelInfo,
 )
@@ -99,7 +100,7 @@ def compile_summary(
 
 
 def step_record(
-    step: int, s: StepStats, counts: flops.FlopCounts, rt: Runtime, peak: float | None, nth: int
+    step: int, s: StepStats, counts: FlopCounts, rt: Runtime, peak: float | None, nth: int
 ) -> dict[str, Any]:
     t_eff = s.doc_sq / s.doc_len if s.doc_len else 0.0
     per_token = flops.lora_flops_per_token(counts, t_eff)
