@@ -442,7 +442,8 @@ def fail(rt: Runtime, exc: BaseException) -> AbortRecord:
 def watch_store(rt: Runtime) -> Any:
     """The job's store over the watchdog's own connection where there is one: the main thread's may be blocked
     in a wait on a dead peer (a thread that must still read the store while the main one waits)."""
-    return rt.watchdog.store if rt.watchdog is not None and rt.watchdog.store is not None else rt.store
+    store = rt.watchdog.store if rt.watchdog is not None else None  # a waiting rank's: connected when first asked
+    return rt.store if store is None else store
 
 
 def watch_run_store(rt: Runtime) -> Any:
