@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -33,11 +34,14 @@ def test_pip_install_gpucert_alone_runs_health(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
+    # Only what the fresh environment installed: a developer's PYTHONPATH (a checkout's src/) would shadow it.
+    fresh = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", str(REPO)], capture_output=True, text=True, timeout=600
+        [str(python), "-m", "pip", "install", "-q", str(REPO)], capture_output=True, text=True, timeout=600, env=fresh
     )
     assert install.returncode == 0, install.stderr[-3000:]
-    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True, check=False).returncode != 0
+    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, check=False, env=fresh)
+    assert no_torch.returncode != 0
     run = tmp_path / "run"
     done = subprocess.run(
         [str(env_dir / "bin" / "gpucert"), "health", "--profile", "cpu", "-o", str(run)],
@@ -45,6 +49,7 @@ def test_pip_install_gpucert_alone_runs_health(tmp_path: Path) -> None:
         text=True,
         timeout=120,
         check=False,
+        env=fresh,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((run / "report.json").read_text())
