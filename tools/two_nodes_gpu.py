@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,16 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from fault_timings import free_port, ranks_alive  # tools/ is on the path: run as a script
 
 GPUCERT = [sys.executable, "-m", "gpucert"]
 NAMES = ("node-a", "node-b")
 STEPS = 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_env(gpu: int) -> dict[str, str]:
@@ -63,18 +57,6 @@ def last_line(log: Path) -> str:
 
 def gpucert_lines(log: Path) -> list[str]:
     return [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("gpucert:")]
-
-
-def ranks_alive(marker: str) -> list[int]:
-    """Processes with a rank's environment whose command line holds `marker` (the run's output directory)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(proc.info["cmdline"] or []) and "RANK" in proc.environ():
-                found.append(proc.pid)
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 def gpu_processes() -> int:

@@ -23,11 +23,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from gpucert.runtime.group import AbortRecord, read_abort, read_phase, watch_store
+from gpucert.runtime.watchdog import process_state
 
 if TYPE_CHECKING:
     from gpucert.runtime.group import Runtime
@@ -198,8 +198,4 @@ def process_gone(pid: int) -> bool:
         return True
     except PermissionError:
         return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+    return process_state(pid) == "gone"
