@@ -57,6 +57,9 @@ from gpucert.runtime.spawn import exit_cause
 BACKEND = "gpucert"
 # One job per store: node rank 0's gpucert serves it for this run alone, so a fixed id is unique where it counts.
 RUN_ID = "gpucert"
+# The signals torch's agent handles for us (it stops the ranks and raises SignalException); Ctrl-C is not among
+# them (launch below).
+LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 NODES_PREFIX = "gpucert/nodes/"
 # What outlives a round of workers (group.Runtime.run_store); `over` there ends the job instead of a new round.
 RUN_PREFIX = "gpucert/run/"
@@ -398,8 +401,11 @@ def launch_ranks(
     if "signals_to_handle" in fields:
         # Ctrl-C stays Python's KeyboardInterrupt here (stop_children below); torch would pass SIGINT on to
         # ranks that may still be importing, each printing a traceback.
-        settings["signals_to_handle"] = "SIGTERM,SIGHUP,SIGQUIT"
+        settings["signals_to_handle"] = ",".join(sig.name for sig in LAUNCH_SIGNALS)
     _CURRENT.clear()
+    # torch's agent installs its own handlers for these and leaves them: a process that launches more than once
+    # (a test session, a library caller) would then meet SIGTERM as an exception in whatever runs next.
+    handlers = {sig: signal.getsignal(sig) for sig in (*LAUNCH_SIGNALS, signal.SIGINT)}
     try:
         launch_agent(LaunchConfig(**settings), argv[0], list(argv[1:]))
         return LaunchOutcome(True, _read_verdict(verdict_file), labels=_CURRENT[0].labels if _CURRENT else {})
@@ -424,6 +430,14 @@ def launch_ranks(
         os.environ.clear()
         os.environ.update(saved)
         verdict_file.unlink(missing_ok=True)
+        restore_handlers(handlers)
+
+
+def restore_handlers(handlers: dict[signal.Signals, Any]) -> None:
+    """Put back signal handlers saved with signal.getsignal (None, a handler set from C: the default)."""
+    for sig, handler in handlers.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):  # ValueError: not the main thread
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def write_verdict(code: int) -> None:
