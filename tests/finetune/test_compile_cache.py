@@ -77,6 +77,25 @@ def test_compile_summary_takes_the_slowest_rank() -> None:
     assert compile_summary(alone, None, None, first)["compile"] is None
 
 
+def test_the_first_step_result_says_where_the_start_up_went(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucert.finetune.train import loop
+    from gpucert.finetune.train.compile_cache import WarmUp
+    from gpucert.finetune.train.report import _first_step
+    from gpucert.finetune.train.summary import compile_summary
+
+    monkeypatch.setattr(loop, "process_started_at", lambda: 100.0)
+    split = loop.start_up_split({"imported": 108.5, "joined": 109.0}, 109.25)
+    assert split == {"imports": 8.5, "join": 0.5, "run_setup": 0.25}
+    assert loop.start_up_split(None, 109.25) == {}
+    alone: Any = SimpleNamespace(rank=0, world_size=1)
+    warm = WarmUp(0, "cpu", "alone", seconds=6.0, counters={"fxgraph_cache_hit": 5})
+    first = {"time_to_first_step_s": 19.0, "first_step_s": 2.0, "setup_s": {**split, "data": 0.4, "model_load": 1.5}}
+    metrics = compile_summary(alone, Path("/cache"), warm, first)
+    message = _first_step(metrics).message
+    assert "5 loaded from /cache" in message
+    assert "before it imports 8.5 s, join 0.5 s, run setup 0.2 s, data 0.4 s, model load 1.5 s" in message
+
+
 # --- Two ranks ------------------------------------------------------------------------------------------------
 
 

@@ -85,7 +85,7 @@ def test_every_lever_is_on_exactly_where_load_model_turned_it_on_before() -> Non
             assert plan.fused_loss.on == loss, case
             assert plan.fp8_head.on == (precision == "fp8" and loss and head), case
             assert plan.compile.on == compile_, case
-            assert plan.compile_tuning.on == (compile_ and model.compile_tuning), case
+            assert plan.compile_tuning.on == (compile_ and precision == "fp8"), case  # auto: FP8 only
             assert plan.precision == precision and plan.attention == model.attn_implementation, case
             checked += 1
     assert checked == 2 * 2**8 * 3 * 2**4  # devices x the boolean keys x dtypes x precision, dropout, r, targets
@@ -175,3 +175,24 @@ def test_load_model_builds_what_the_plan_says_not_what_the_config_says() -> None
     assert info.fused_projections == "off" and forward_plan(model).pad_to is None
     model, info = load_model(dataclasses.replace(model_cfg, compile=False), lora, tokenizer, torch.device("cpu"), 64)
     assert info.fused_projections.startswith("4 groups fused")
+
+
+def test_compile_tuning_auto_tunes_fp8_only_and_an_explicit_key_wins() -> None:
+    def tuning(**keys: object) -> bool:
+        return plan_model(ModelConfig(compile=True, **keys), LoraConfig(r=16, dropout=0.0), H100).compile_tuning.on
+
+    bf16 = plan_model(ModelConfig(compile=True), LoraConfig(r=16, dropout=0.0), H100).compile_tuning
+    assert not bf16.on and "auto: off in bf16" in bf16.why
+    assert tuning(precision="fp8")
+    assert tuning(compile_tuning=True) and tuning(compile_tuning=True, precision="fp8")
+    assert not tuning(compile_tuning=False, precision="fp8")
+
+
+def test_compile_tuning_takes_true_false_or_auto_from_the_command_line() -> None:
+    from gpucert.config.loader import ConfigError
+    from gpucert.finetune.config import load_finetune_config
+
+    assert load_finetune_config(None).model.compile_tuning == "auto"
+    assert load_finetune_config(None, ["model.compile_tuning=false"]).model.compile_tuning is False
+    with pytest.raises(ConfigError, match=r"model\.compile_tuning"):
+        load_finetune_config(None, ["model.compile_tuning=sometimes"])

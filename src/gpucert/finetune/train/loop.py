@@ -112,7 +112,25 @@ def process_started_at() -> float | None:
     return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None) -> dict[str, Any]:
+def start_up_split(marks: dict[str, float] | None, started: float) -> dict[str, float]:
+    """The start-up's parts: the process's imports, joining the job, and the set-up after it (run directory,
+    model source check); empty without marks or /proc."""
+    began = process_started_at()
+    if not marks or began is None:
+        return {}
+    imported, joined = marks["imported"], marks["joined"]
+    return {"imports": imported - began, "join": joined - imported, "run_setup": started - joined}
+
+
+def train(
+    cfg: FinetuneConfig,
+    rt: Runtime,
+    run: RunDir,
+    peak: flops.Peak | None,
+    marks: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """One rank's training run. marks: when the caller's imports were done ("imported") and it had joined the
+    job ("joined"), seconds since the epoch, to split the start-up in metrics.json's setup_s."""
     started = time.time()
     peak_tflops = peak.tflops if peak else None
     tc = cfg.train
@@ -149,9 +167,10 @@ def train(cfg: FinetuneConfig, rt: Runtime, run: RunDir, peak: flops.Peak | None
         compile_dir = resolve_cache_dir(tc.compile_cache_dir)
         use_cache_dir(compile_dir)  # before anything compiles
     rt.set_phase("model load")
-    # Where the time before the first step goes, beside the compile: start-up (imports, joining the job), data
-    # preparation, the model's load.
-    setup_s = {"start_up": started - (process_started_at() or started), "data": time.time() - started}
+    # Where the time before the first step goes, beside the compile: start-up (imports, joining the job, opening
+    # the run directory), data preparation, the model's load.
+    setup_s = {"start_up": started - (process_started_at() or started), **start_up_split(marks, started)}
+    setup_s["data"] = time.time() - started
     loading = time.time()
     peft_model, info = load_model(
         cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length, sharded=mode == "fsdp2", plan=plan.model

@@ -275,6 +275,12 @@ def _first_step(metrics: dict[str, Any]) -> Result:
         if warm is not None
         else ""
     )
+    # Rank 0's set-up before the warm-up (loop.py setup_s): where the rest of the time went.
+    setup = ((ranks[0] or {}).get("first_step") or {}).get("setup_s") or {} if ranks else {}
+    steps = ("imports", "join", "run_setup", "data", "model_load")
+    parts = [(k.replace("_", " "), setup[k]) for k in steps if k in setup]
+    if parts:
+        how += "; before it " + ", ".join(f"{name} {s:.1f} s" for name, s in parts)
     return _info(
         "time_to_first_step",
         total,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,9 @@ from gpucert.runtime.group import (
 )
 from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
 from gpucert.status import Status
+
+# When this module's imports (torch, transformers, PEFT: most of a run's start-up) were done.
+IMPORTED_AT = time.time()
 
 # The shell's convention for a run ended by Ctrl-C (128 + SIGINT).
 INTERRUPTED_EXIT = 130
@@ -106,11 +110,14 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         if run is not None:
             run.close(failed=True)
 
+    joining = time.time()
     try:
         rt = start_runtime(cfg.runtime, on_abort=where_this_rank_was)
     except KeyboardInterrupt:
         say("interrupted while joining the job")
         raise
+    # Where the start-up before train() goes (metrics.json setup_s): imports, then joining the job.
+    marks = {"imported": min(IMPORTED_AT, joining), "joined": time.time()}
     watch = TermWatch(terminated, ABORTED_EXIT).start()
     try:  # the watch goes whatever ends this (a test's in-process run included)
         try:
@@ -118,7 +125,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
             # Before anything is created: a wrong model path or an unreachable hub is refused in seconds.
             check_model_source(cfg.model)
             run = open_run_dir(cfg, rt)
-            result = train(cfg, rt, run, resolve_peak(cfg, profile_peak))
+            result = train(cfg, rt, run, resolve_peak(cfg, profile_peak), marks)
         except (Exception, KeyboardInterrupt) as exc:
             record, code = report_failure(rt, exc)
             if run is not None:
