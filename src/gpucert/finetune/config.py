@@ -101,8 +101,8 @@ class ModelConfig:
     compile: bool = False
     # With compile on a GPU: inductor tunes the block sizes of the compiled kernels by coordinate descent (its
     # coordinate_descent_tuning). "auto": on with precision fp8 (+1.7 % on the FP8 7B step on an H100, for about
-    # a minute more compile), off in bf16, where its gain stayed inside the noise while it was most of a cold
-    # compile (27 of 46 s for r16, 81 of 119 s for the speed recipe: docs/OPTIMIZATION.md, "The first step").
+    # a minute more compile), off in bf16, where it bought at most about 1 % while it was most of a cold compile
+    # (27 of 46 s for r16, 81 of 119 s for the speed recipe: docs/OPTIMIZATION.md, "The first step").
     compile_tuning: bool | Literal["auto"] = "auto"
     # "fp8": the frozen base weights of the decoder layers quantized once to float8 (per-row scales) and their
     # matmuls run on the FP8 tensor cores (finetune/model/fp8.py); needs dtype bf16 and a GPU of compute capability
