@@ -52,6 +52,7 @@ from gpucert.runtime.errors import JobFailed, RendezvousError
 from gpucert.runtime.group import POLL_S, connect_store, read_abort
 from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
 from gpucert.runtime.open_files import fit_open_files
+from gpucert.runtime.sigterm import restore_handlers
 from gpucert.runtime.spawn import exit_cause
 
 BACKEND = "gpucert"
@@ -431,13 +432,6 @@ def launch_ranks(
         os.environ.update(saved)
         verdict_file.unlink(missing_ok=True)
         restore_handlers(handlers)
-
-
-def restore_handlers(handlers: dict[signal.Signals, Any]) -> None:
-    """Put back signal handlers saved with signal.getsignal (None, a handler set from C: the default)."""
-    for sig, handler in handlers.items():
-        with contextlib.suppress(ValueError, OSError, TypeError):  # ValueError: not the main thread
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def write_verdict(code: int) -> None:

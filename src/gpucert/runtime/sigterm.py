@@ -51,6 +51,14 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
+def restore_handlers(handlers: dict[signal.Signals, Any]) -> None:
+    """Put back signal handlers saved with signal.getsignal. None (a handler installed from C, which Python cannot
+    put back) becomes the default, the nearest."""
+    for sig, handler in handlers.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):  # ValueError: not the main thread
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 class TermWatch:
     """While started: SIGTERM runs `on_term` on a thread of its own, then the process exits with `exit_code`,
     after `limit_s` at most (a store that no longer answers must not keep a stopped process running: the
@@ -103,9 +111,8 @@ class TermWatch:
         if self._saved is None:
             return
         old_handler, old_fd = self._saved
-        with contextlib.suppress(ValueError, OSError, TypeError):
-            # None: a handler installed from C, which Python cannot put back; the default is the nearest.
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if old_handler is None else old_handler)
+        restore_handlers({signal.SIGTERM: old_handler})
+        with contextlib.suppress(ValueError, OSError):
             signal.set_wakeup_fd(old_fd)
 
     def _run(self, read: int) -> None:
