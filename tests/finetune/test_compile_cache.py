@@ -77,16 +77,17 @@ def test_compile_summary_takes_the_slowest_rank() -> None:
     assert compile_summary(alone, None, None, first)["compile"] is None
 
 
-def test_the_first_step_result_says_where_the_start_up_went(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_step_result_says_where_the_start_up_went() -> None:
     from gpucert.finetune.train import loop
     from gpucert.finetune.train.compile_cache import WarmUp
     from gpucert.finetune.train.report import _first_step
     from gpucert.finetune.train.summary import compile_summary
 
-    monkeypatch.setattr(loop, "process_started_at", lambda: 100.0)
-    split = loop.start_up_split({"imported": 108.5, "joined": 109.0}, 109.25)
+    marks = {"imported": 108.5, "joining": 108.5, "joined": 109.0}
+    split = loop.start_up_split(marks, 100.0, 109.25)
     assert split == {"imports": 8.5, "join": 0.5, "run_setup": 0.25}
-    assert loop.start_up_split(None, 109.25) == {}
+    assert loop.start_up_split(None, 100.0, 109.25) == {}
+    assert loop.start_up_split(marks, None, 109.25) == {}  # no /proc
     alone: Any = SimpleNamespace(rank=0, world_size=1)
     warm = WarmUp(0, "cpu", "alone", seconds=6.0, counters={"fxgraph_cache_hit": 5})
     first = {"time_to_first_step_s": 19.0, "first_step_s": 2.0, "setup_s": {**split, "data": 0.4, "model_load": 1.5}}

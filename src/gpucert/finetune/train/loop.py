@@ -112,14 +112,16 @@ def process_started_at() -> float | None:
     return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def start_up_split(marks: dict[str, float] | None, started: float) -> dict[str, float]:
-    """The start-up's parts: the process's imports, joining the job, and the set-up after it (run directory,
-    model source check); empty without marks or /proc."""
-    began = process_started_at()
+def start_up_split(marks: dict[str, float] | None, began: float | None, started: float) -> dict[str, float]:
+    """The start-up's parts, from the process's start (`began`) to train()'s (`started`): the imports, joining
+    the job, and the set-up after it (run directory, model source check); empty without marks or /proc."""
     if not marks or began is None:
         return {}
-    imported, joined = marks["imported"], marks["joined"]
-    return {"imports": imported - began, "join": joined - imported, "run_setup": started - joined}
+    return {
+        "imports": marks["imported"] - began,
+        "join": marks["joined"] - marks["joining"],
+        "run_setup": started - marks["joined"],
+    }
 
 
 def train(
@@ -129,9 +131,11 @@ def train(
     peak: flops.Peak | None,
     marks: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """One rank's training run. marks: when the caller's imports were done ("imported") and it had joined the
-    job ("joined"), seconds since the epoch, to split the start-up in metrics.json's setup_s."""
+    """One rank's training run. marks: when the caller's imports were done ("imported") and it began and ended
+    joining the job ("joining", "joined"), seconds since the epoch, to split the start-up in metrics.json's
+    setup_s."""
     started = time.time()
+    began = process_started_at()
     peak_tflops = peak.tflops if peak else None
     tc = cfg.train
     run_dir = run.path
@@ -169,7 +173,7 @@ def train(
     rt.set_phase("model load")
     # Where the time before the first step goes, beside the compile: start-up (imports, joining the job, opening
     # the run directory), data preparation, the model's load.
-    setup_s = {"start_up": started - (process_started_at() or started), **start_up_split(marks, started)}
+    setup_s = {"start_up": started - (began or started), **start_up_split(marks, began, started)}
     setup_s["data"] = time.time() - started
     loading = time.time()
     peft_model, info = load_model(
@@ -261,7 +265,7 @@ def train(
             state.index += global_batch
             steps_this_process += 1
             if steps_this_process == 1:
-                first_step = first_step_record(stats.time_s, process_started_at() or started, setup_s)
+                first_step = first_step_record(stats.time_s, began or started, setup_s)
                 log(
                     f"first step after {first_step['time_to_first_step_s']:.1f} s "
                     f"(the step itself {stats.time_s:.1f} s)"

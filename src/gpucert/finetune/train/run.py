@@ -117,7 +117,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         say("interrupted while joining the job")
         raise
     # Where the start-up before train() goes (metrics.json setup_s): imports, then joining the job.
-    marks = {"imported": min(IMPORTED_AT, joining), "joined": time.time()}
+    marks = {"imported": IMPORTED_AT, "joining": joining, "joined": time.time()}
     watch = TermWatch(terminated, ABORTED_EXIT).start()
     try:  # the watch goes whatever ends this (a test's in-process run included)
         try:
