@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.conftest import kill_process_tree
 from tests.finetune.packed_rows import packed_batch
 
 pytestmark = pytest.mark.gpu
@@ -157,9 +158,7 @@ def test_a_killed_rank_ends_both_nodes_over_nccl(tmp_path: Path) -> None:
     finally:
         for agent in agents:
             if agent.poll() is None:
-                for child in psutil.Process(agent.pid).children(recursive=True):
-                    child.kill()
-                agent.kill()
+                kill_process_tree(agent.pid)
     out0 = logs[0].read_text(errors="replace")
     assert re.search(r"stops: rank 1 \(.*\) failed during step \d+: no heartbeat", out0), out0[-3000:]
     print(f"both nodes ended {time.monotonic() - killed:.1f} s after the kill")
