@@ -29,6 +29,7 @@ from rich.console import Console
 
 import gpucert
 from gpucert.bench.catalog import BENCHMARKS
+from gpucert.bytecode import use_cache
 from gpucert.config.loader import ConfigError, describe_os_error
 from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.fleet.options import metrics_path
@@ -543,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch loads (it reads this once): c10d's C++ errors come with a stack dump of 30 frames, and every
     # one of them is said again, in one line naming the node and the address, by gpucert's own message.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    use_cache()  # also before torch: where bytecode can't be written beside the sources, gpucert's cache (bytecode.py)
     if argv[:1] == ["launch"]:
         return run_launch(argv[1:])
     args = build_parser().parse_args(argv)

@@ -3,7 +3,10 @@ finetune` (torchrun and srun start one per GPU). run.py's docstring says how to 
 
 import sys
 
-from gpucert.finetune.train.run import main
+from gpucert.bytecode import use_cache
+
+use_cache()  # before torch is imported: bytecode.py says why
+from gpucert.finetune.train.run import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

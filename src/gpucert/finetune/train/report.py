@@ -281,6 +281,9 @@ def _first_step(metrics: dict[str, Any]) -> Result:
     parts = [(k.replace("_", " "), setup[k]) for k in steps if k in setup]
     if parts:
         how += "; before it " + ", ".join(f"{name} {s:.1f} s" for name, s in parts)
+    code = (((ranks[0] or {}).get("first_step") or {}).get("bytecode") or {}) if ranks else {}
+    if code.get("cache"):  # the imports read (or, on a first start, wrote) Python's bytecode there (bytecode.py)
+        how += f" (Python's bytecode from {code['cache']}: {code['reason']})"
     return _info(
         "time_to_first_step",
         total,

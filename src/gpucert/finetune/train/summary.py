@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpucert import bytecode
 from gpucert.finetune.config import FinetuneConfig
 from gpucert.finetune.data.prepare import Prepared
 from gpucert.finetune.model.flop_counts import FlopCounts
@@ -60,11 +61,13 @@ GIB = 1 << 30
 
 def first_step_record(step_s: float, since: float, setup_s: dict[str, float]) -> dict[str, Any]:
     """This rank's first step: how long after the process started it ended, the setup before the compile
-    warm-up, and torch's compile counters and compile time by phase by then (the warm-up's and the step's)."""
+    warm-up, where Python's bytecode came from (bytecode.py), and torch's compile counters and compile time by
+    phase by then (the warm-up's and the step's)."""
     return {
         "time_to_first_step_s": time.time() - since,
         "first_step_s": step_s,
         "setup_s": setup_s,
+        "bytecode": dict(bytecode.decision) or None,
         "counters": cache_counters(),
         "phases_s": compile_phases_s(),
     }

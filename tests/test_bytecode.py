@@ -1,0 +1,124 @@
+"""gpucert's bytecode cache (src/gpucert/bytecode.py), in real interpreters started with PYTHONDONTWRITEBYTECODE=1:
+where the cache applies and where it must not, and that both entry points use it before torch is imported."""
+
+from __future__ import annotations
+
+import compileall
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucert import bytecode
+
+# What a child prints: use_cache()'s decision, then whether importing the probe package left bytecode in the prefix.
+CHILD = """
+import json, sys
+from gpucert.bytecode import use_cache
+got = use_cache(probe="probe_pkg")
+import probe_pkg.mod
+print(json.dumps({"decision": got, "prefix": sys.pycache_prefix, "dont_write": sys.dont_write_bytecode}))
+"""
+
+
+def make_package(root: Path, with_bytecode: bool) -> Path:
+    pkg = root / "probe_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("VALUE = 1\n")
+    if with_bytecode:
+        assert compileall.compile_dir(str(pkg), quiet=1)
+    return pkg
+
+
+def child(root: Path, **env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", bytecode.ENV)}
+    src = Path(bytecode.__file__).parents[1]
+    environ.update(PYTHONPATH=f"{root}{os.pathsep}{src}", PYTHONDONTWRITEBYTECODE="1", HOME=str(root / "home"))
+    environ.pop("XDG_CACHE_HOME", None)
+    environ.update(env)
+    done = subprocess.run([sys.executable, "-c", CHILD], env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_package_without_bytecode_gets_it_in_gpucerts_cache(tmp_path: Path) -> None:
+    pkg = make_package(tmp_path, with_bytecode=False)
+    got = child(tmp_path)
+    cache = tmp_path / "home" / ".cache" / "gpucert" / "bytecode"
+    assert got["decision"] == {"cache": str(cache), "reason": got["decision"]["reason"]}
+    assert "probe_pkg has no bytecode" in got["decision"]["reason"]
+    assert (got["prefix"], got["dont_write"]) == (str(cache), False)
+    # Written under the prefix (the source's path mirrored), and nothing beside the sources.
+    assert list(cache.rglob("mod.*.pyc")), sorted(cache.rglob("*"))
+    assert not (pkg / "__pycache__").exists()
+
+
+def test_nothing_changes_where_bytecode_is_there_allowed_or_refused(tmp_path: Path) -> None:
+    make_package(tmp_path, with_bytecode=True)
+    got = child(tmp_path)
+    assert got["decision"]["cache"] is None and got["prefix"] is None and got["dont_write"] is True
+    assert "probe_pkg has its bytecode" in got["decision"]["reason"]
+    # Python may write bytecode: nothing to do.
+    got = child(tmp_path, PYTHONDONTWRITEBYTECODE="")
+    assert got["decision"] == {"cache": None, "reason": "Python writes bytecode beside the sources"}
+    # The user chose a prefix, or turned the cache off.
+    mine = child(tmp_path, PYTHONPYCACHEPREFIX=str(tmp_path / "mine"))
+    assert mine["prefix"] == str(tmp_path / "mine") and mine["dont_write"] is True
+    assert mine["decision"] == {"cache": str(tmp_path / "mine"), "reason": "PYTHONPYCACHEPREFIX is set"}
+    off = child(tmp_path, **{bytecode.ENV: "off"})
+    assert off["decision"] == {"cache": None, "reason": f"{bytecode.ENV}=off"} and off["prefix"] is None
+
+
+def test_a_named_cache_is_used_even_where_the_probe_has_bytecode_and_an_unwritable_one_is_said(
+    tmp_path: Path,
+) -> None:
+    make_package(tmp_path, with_bytecode=True)
+    named = tmp_path / "shared" / "bc"
+    got = child(tmp_path, **{bytecode.ENV: str(named)})
+    assert got["decision"]["cache"] == str(named) and list(named.rglob("mod.*.pyc"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    got = child(tmp_path, **{bytecode.ENV: str(blocker / "bc")})
+    assert got["decision"]["cache"] is None and got["prefix"] is None
+    assert "is not writable" in got["decision"]["reason"] and str(blocker / "bc") in got["decision"]["reason"]
+
+
+@pytest.mark.slow
+def test_the_training_entry_point_caches_torchs_bytecode_before_importing_it(tmp_path: Path) -> None:
+    """`python -m gpucert.finetune.train` as torchrun starts it: the cache is in place before torch loads, so
+    torch's modules land in it (a bad config path then ends the rank after its imports)."""
+    cache = tmp_path / "bc"
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    environ.update(PYTHONDONTWRITEBYTECODE="1", **{bytecode.ENV: str(cache)})
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucert.finetune.train", str(tmp_path / "missing.yaml")],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "missing.yaml: cannot read" in done.stderr
+    torch_dir = Path(__import__("torch").__file__).parent
+    mirrored = cache / torch_dir.relative_to(torch_dir.anchor)  # under a prefix: no __pycache__ level
+    assert list(mirrored.glob("__init__.*.pyc")), f"no torch bytecode under {mirrored}"
+
+
+def test_the_cli_entry_point_uses_the_cache_for_what_it_imports_after_it(tmp_path: Path) -> None:
+    cache = tmp_path / "bc"
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    environ.update(PYTHONDONTWRITEBYTECODE="1", **{bytecode.ENV: str(cache)})
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucert", "finetune", "--list-recipes"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    # gpucert.finetune.commands is imported only once main() runs, so its bytecode is in the cache.
+    assert list(cache.rglob("gpucert/finetune/commands.*.pyc")), sorted(cache.rglob("*.pyc"))[:5]
