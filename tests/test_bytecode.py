@@ -16,11 +16,13 @@ from gpucert import bytecode
 
 # What a child prints: use_cache()'s decision, then whether importing the probe package left bytecode in the prefix.
 CHILD = """
-import json, sys
-from gpucert.bytecode import use_cache
+import json, os, sys
+from gpucert.bytecode import ENV, use_cache
 got = use_cache(probe="probe_pkg")
 import probe_pkg.mod
-print(json.dumps({"decision": got, "prefix": sys.pycache_prefix, "dont_write": sys.dont_write_bytecode}))
+exported = [os.environ.get("PYTHONPYCACHEPREFIX"), os.environ.get(ENV)]
+state = {"prefix": sys.pycache_prefix, "dont_write": sys.dont_write_bytecode, "env": exported}
+print(json.dumps({"decision": got, **state}))
 """
 
 
@@ -52,6 +54,7 @@ def test_a_package_without_bytecode_gets_it_in_gpucerts_cache(tmp_path: Path) ->
     assert got["decision"] == {"cache": str(cache), "reason": got["decision"]["reason"]}
     assert "probe_pkg has no bytecode" in got["decision"]["reason"]
     assert (got["prefix"], got["dont_write"]) == (str(cache), False)
+    assert got["env"] == [str(cache), str(cache)]  # what the processes it starts inherit
     # Written under the prefix (the source's path mirrored), and nothing beside the sources.
     assert list(cache.rglob("mod.*.pyc")), sorted(cache.rglob("*"))
     assert not (pkg / "__pycache__").exists()
@@ -69,6 +72,11 @@ def test_nothing_changes_where_bytecode_is_there_allowed_or_refused(tmp_path: Pa
     mine = child(tmp_path, PYTHONPYCACHEPREFIX=str(tmp_path / "mine"))
     assert mine["prefix"] == str(tmp_path / "mine") and mine["dont_write"] is True
     assert mine["decision"] == {"cache": str(tmp_path / "mine"), "reason": "PYTHONPYCACHEPREFIX is set"}
+    # A rank started by gpucert inherits both variables: it writes to the cache too.
+    passed = child(tmp_path, PYTHONPYCACHEPREFIX=str(tmp_path / "bc"), **{bytecode.ENV: str(tmp_path / "bc")})
+    assert passed["prefix"] == str(tmp_path / "bc") and passed["dont_write"] is False
+    assert passed["decision"]["reason"] == f"{bytecode.ENV} passed down by the launching process"
+    assert list((tmp_path / "bc").rglob("mod.*.pyc"))
     off = child(tmp_path, **{bytecode.ENV: "off"})
     assert off["decision"] == {"cache": None, "reason": f"{bytecode.ENV}=off"} and off["prefix"] is None
 

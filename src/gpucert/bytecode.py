@@ -11,8 +11,9 @@ is imported. Where bytecode may not be written and torch has none, it points Pyt
 gpucert's own (sys.pycache_prefix: `$GPUCERT_BYTECODE_CACHE`, default ~/.cache/gpucert/bytecode) and lets Python
 write there: the image and site-packages are left untouched, the first start fills the cache and every later start
 of any rank reads from it. Python writes each file atomically and checks it against its source's size and time,
-so ranks on a shared filesystem share one cache and an upgraded package is compiled again. PYTHONPYCACHEPREFIX is
-exported too, so that inductor's compile workers (processes of their own) read the same cache.
+so ranks on a shared filesystem share one cache and an upgraded package is compiled again. PYTHONPYCACHEPREFIX and
+GPUCERT_BYTECODE_CACHE are exported too: inductor's compile workers (processes of their own) read the same cache,
+and the ranks a gpucert process starts read and write it.
 
 Nothing changes where bytecode may be written, where the user chose a prefix, or with
 GPUCERT_BYTECODE_CACHE=off. Only the standard library is imported here: the point is to run before anything heavy.
@@ -54,8 +55,14 @@ def use_cache(environ: dict[str, str] | os._Environ[str] = os.environ, probe: st
     if not sys.dont_write_bytecode:
         reason = "Python writes bytecode beside the sources"
     elif sys.pycache_prefix:
-        # The user's choice, or gpucert's own passed down from the process that launched this rank.
-        decision.update(cache=sys.pycache_prefix, reason="PYTHONPYCACHEPREFIX is set")
+        if setting and Path(setting).expanduser() == Path(sys.pycache_prefix):
+            # gpucert's cache, passed down by the gpucert process that started this one (a rank of `gpucert
+            # finetune`): this process writes there too, or the modules its parent never imported (transformers,
+            # PEFT) would be compiled again at every start, their own .pyc being ignored under a prefix.
+            sys.dont_write_bytecode = False
+            decision.update(cache=sys.pycache_prefix, reason=f"{ENV} passed down by the launching process")
+        else:
+            decision.update(cache=sys.pycache_prefix, reason="PYTHONPYCACHEPREFIX is set")
         return decision
     elif setting.lower() in OFF:
         reason = f"{ENV}={setting}"
@@ -76,7 +83,8 @@ def use_cache(environ: dict[str, str] | os._Environ[str] = os.environ, probe: st
         else:
             sys.pycache_prefix = str(directory)
             sys.dont_write_bytecode = False
-            os.environ["PYTHONPYCACHEPREFIX"] = str(directory)
+            # Children read it (PYTHONPYCACHEPREFIX); gpucert's own children write to it as well (the branch above).
+            os.environ["PYTHONPYCACHEPREFIX"] = os.environ[ENV] = str(directory)
             reason = f"PYTHONDONTWRITEBYTECODE is set and {probe} has no bytecode beside its sources"
             decision.update(cache=str(directory), reason=reason)
             return decision
