@@ -14,16 +14,19 @@ import pytest
 
 from gpucert import bytecode
 
-# What a child prints: use_cache()'s decision, then whether importing the probe package left bytecode in the prefix.
+# What a child prints: use_cache()'s decision, what it left set and exported, and whether the bytecode of json
+# (imported before use_cache, as the CLI's imports are) is where the processes it starts will look for it.
 CHILD = """
-import json, os, sys
+import importlib.util, json, os, sys
 from gpucert.bytecode import ENV, use_cache
 got = use_cache(probe="probe_pkg")
 import probe_pkg.mod
 exported = [os.environ.get("PYTHONPYCACHEPREFIX"), os.environ.get(ENV)]
-state = {"prefix": sys.pycache_prefix, "dont_write": sys.dont_write_bytecode, "env": exported}
+early = os.path.exists(importlib.util.cache_from_source(json.__file__))
+state = {"prefix": sys.pycache_prefix, "dont_write": sys.dont_write_bytecode, "env": exported, "early": early}
 print(json.dumps({"decision": got, **state}))
 """
+WRITTEN = "PYTHONDONTWRITEBYTECODE is set and probe_pkg has no bytecode beside its sources"
 
 
 def make_package(root: Path, with_bytecode: bool) -> Path:
@@ -51,37 +54,52 @@ def test_a_package_without_bytecode_gets_it_in_gpucerts_cache(tmp_path: Path) ->
     pkg = make_package(tmp_path, with_bytecode=False)
     got = child(tmp_path)
     cache = tmp_path / "home" / ".cache" / "gpucert" / "bytecode"
-    assert got["decision"] == {"cache": str(cache), "reason": got["decision"]["reason"]}
-    assert "probe_pkg has no bytecode" in got["decision"]["reason"]
+    assert got["decision"] == {"cache": str(cache), "state": "filled", "reason": WRITTEN}
     assert (got["prefix"], got["dont_write"]) == (str(cache), False)
     assert got["env"] == [str(cache), str(cache)]  # what the processes it starts inherit
+    assert got["early"]  # what was imported before the prefix is in the cache too, for those processes
     # Written under the prefix (the source's path mirrored), and nothing beside the sources.
     assert list(cache.rglob("mod.*.pyc")), sorted(cache.rglob("*"))
     assert not (pkg / "__pycache__").exists()
+    # The next start finds the cache filled.
+    assert child(tmp_path)["decision"]["state"] == "read"
 
 
 def test_nothing_changes_where_bytecode_is_there_allowed_or_refused(tmp_path: Path) -> None:
     make_package(tmp_path, with_bytecode=True)
     got = child(tmp_path)
-    assert got["decision"]["cache"] is None and got["prefix"] is None and got["dont_write"] is True
+    assert got["decision"] == {"cache": None, "state": None, "reason": got["decision"]["reason"]}
+    assert got["prefix"] is None and got["dont_write"] is True
     assert "probe_pkg has its bytecode" in got["decision"]["reason"]
     # Python may write bytecode: nothing to do.
     got = child(tmp_path, PYTHONDONTWRITEBYTECODE="")
-    assert got["decision"] == {"cache": None, "reason": "Python writes bytecode beside the sources"}
-    # The user chose a prefix, or turned the cache off.
-    mine = child(tmp_path, PYTHONPYCACHEPREFIX=str(tmp_path / "mine"))
-    assert mine["prefix"] == str(tmp_path / "mine") and mine["dont_write"] is True
-    assert mine["decision"] == {"cache": str(tmp_path / "mine"), "reason": "PYTHONPYCACHEPREFIX is set"}
-    # A rank started by gpucert inherits both variables: it writes to the cache too.
-    passed = child(tmp_path, PYTHONPYCACHEPREFIX=str(tmp_path / "bc"), **{bytecode.ENV: str(tmp_path / "bc")})
-    assert passed["prefix"] == str(tmp_path / "bc") and passed["dont_write"] is False
-    assert passed["decision"]["reason"] == f"{bytecode.ENV} passed down by the launching process"
-    assert list((tmp_path / "bc").rglob("mod.*.pyc"))
+    assert got["decision"] == {"cache": None, "state": None, "reason": "Python writes bytecode beside the sources"}
+    # The user chose a prefix (with or without PYTHONDONTWRITEBYTECODE): recorded, left as it is.
+    for dont_write in ("1", ""):
+        mine = child(tmp_path, PYTHONPYCACHEPREFIX=str(tmp_path / "mine"), PYTHONDONTWRITEBYTECODE=dont_write)
+        assert mine["prefix"] == str(tmp_path / "mine") and mine["dont_write"] is bool(dont_write)
+        assert mine["decision"]["cache"] == str(tmp_path / "mine")
+        assert mine["decision"]["reason"] == "PYTHONPYCACHEPREFIX is set"
     off = child(tmp_path, **{bytecode.ENV: "off"})
-    assert off["decision"] == {"cache": None, "reason": f"{bytecode.ENV}=off"} and off["prefix"] is None
+    assert off["decision"] == {"cache": None, "state": None, "reason": f"{bytecode.ENV}=off"}
+    assert off["prefix"] is None
 
 
-def test_a_named_cache_is_used_even_where_the_probe_has_bytecode_and_an_unwritable_one_is_said(
+def test_a_rank_started_by_gpucert_writes_to_the_cache_it_inherits(tmp_path: Path) -> None:
+    make_package(tmp_path, with_bytecode=True)  # ignored under a prefix: the rank must write its own
+    cache = tmp_path / "bc"
+    cache.mkdir()
+    passed = child(tmp_path, PYTHONPYCACHEPREFIX=str(cache), **{bytecode.ENV: str(cache)})
+    assert passed["prefix"] == str(cache) and passed["dont_write"] is False
+    assert passed["decision"] == {
+        "cache": str(cache),
+        "state": "filled",
+        "reason": f"{bytecode.ENV} passed down by the launching process",
+    }
+    assert list(cache.rglob("mod.*.pyc")) and passed["early"]
+
+
+def test_a_named_cache_is_used_even_where_the_probe_has_bytecode_and_one_that_cannot_be_made_is_said(
     tmp_path: Path,
 ) -> None:
     make_package(tmp_path, with_bytecode=True)
@@ -90,9 +108,25 @@ def test_a_named_cache_is_used_even_where_the_probe_has_bytecode_and_an_unwritab
     assert got["decision"]["cache"] == str(named) and list(named.rglob("mod.*.pyc"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    got = child(tmp_path, **{bytecode.ENV: str(blocker / "bc")})
-    assert got["decision"]["cache"] is None and got["prefix"] is None
-    assert "is not writable" in got["decision"]["reason"] and str(blocker / "bc") in got["decision"]["reason"]
+    # A path under a file, and a home that cannot be found (what HOME unset for a uid without a passwd entry
+    # gives): the start goes on without a cache, saying why.
+    for where in (str(blocker / "bc"), "~no-such-user-gpucert/bc"):
+        got = child(tmp_path, **{bytecode.ENV: where})
+        assert got["decision"]["cache"] is None and got["prefix"] is None and got["dont_write"] is True
+        assert got["decision"]["reason"].startswith(f"no bytecode cache: {where} cannot be made (")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: a read-only cache needs another user")
+def test_a_cache_this_user_cannot_write_is_read(tmp_path: Path) -> None:
+    make_package(tmp_path, with_bytecode=False)
+    cache = tmp_path / "theirs"
+    assert child(tmp_path, **{bytecode.ENV: str(cache)})["decision"]["state"] == "filled"
+    cache.chmod(0o555)
+    try:
+        got = child(tmp_path, **{bytecode.ENV: str(cache)})
+    finally:
+        cache.chmod(0o755)
+    assert got["decision"]["state"] == "read-only" and got["prefix"] == str(cache) and got["dont_write"] is True
 
 
 @pytest.mark.slow

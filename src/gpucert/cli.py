@@ -540,11 +540,12 @@ def run_merge(args: argparse.Namespace, console: Console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a process's entry (not a caller in the same process): before torch, bytecode.py says why
+        use_cache()
     argv = sys.argv[1:] if argv is None else argv
     # Before torch loads (it reads this once): c10d's C++ errors come with a stack dump of 30 frames, and every
     # one of them is said again, in one line naming the node and the address, by gpucert's own message.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    use_cache()  # also before torch: where bytecode can't be written beside the sources, gpucert's cache (bytecode.py)
     if argv[:1] == ["launch"]:
         return run_launch(argv[1:])
     args = build_parser().parse_args(argv)

@@ -96,9 +96,10 @@ def test_the_first_step_result_says_where_the_start_up_went() -> None:
     assert "5 loaded from /cache" in message
     assert "before it imports 8.5 s, join 0.5 s, run setup 0.2 s, data 0.4 s, model load 1.5 s" in message
     assert "bytecode" not in message
-    first["bytecode"] = {"cache": "/home/u/.cache/gpucert/bytecode", "reason": "PYTHONDONTWRITEBYTECODE is set"}
+    reason = "PYTHONDONTWRITEBYTECODE is set"
+    first["bytecode"] = {"cache": "/h/.cache/gpucert/bytecode", "state": "read", "reason": reason}
     message = _first_step(compile_summary(alone, Path("/cache"), warm, first)).message
-    assert "(Python's bytecode from /home/u/.cache/gpucert/bytecode: PYTHONDONTWRITEBYTECODE is set)" in message
+    assert "(Python's bytecode from /h/.cache/gpucert/bytecode, read: PYTHONDONTWRITEBYTECODE is set)" in message
 
 
 # --- Two ranks ------------------------------------------------------------------------------------------------

@@ -283,7 +283,8 @@ def _first_step(metrics: dict[str, Any]) -> Result:
         how += "; before it " + ", ".join(f"{name} {s:.1f} s" for name, s in parts)
     code = (((ranks[0] or {}).get("first_step") or {}).get("bytecode") or {}) if ranks else {}
     if code.get("cache"):  # the imports read (or, on a first start, wrote) Python's bytecode there (bytecode.py)
-        how += f" (Python's bytecode from {code['cache']}: {code['reason']})"
+        state = f", {code['state']}" if code.get("state") else ""
+        how += f" (Python's bytecode from {code['cache']}{state}: {code['reason']})"
     return _info(
         "time_to_first_step",
         total,
