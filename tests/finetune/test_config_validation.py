@@ -39,7 +39,7 @@ BAD_VALUES = [
     (
         "model.attn_implementation=flash",
         "model.attn_implementation must be one of sdpa, flex_attention, eager, flash_attention_2, flash_attention_3, "
-        "found 'flash'",
+        "varlen, found 'flash'",
     ),
     ("lora.r=0", "lora.r must be >= 1, found 0"),
     ("lora.alpha=0", "lora.alpha must be > 0, found 0"),

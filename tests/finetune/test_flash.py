@@ -110,3 +110,73 @@ def test_what_the_kernels_cannot_do_is_refused(kernels) -> None:
         flash.flash3_attention(module, q, kv, kv, torch.ones(1, 8))
     out, weights = flash.flash3_attention(module, q, kv, kv, None, sliding_window=8)
     assert out.shape == (1, 8, 4, 16) and weights is None
+
+
+# --- torch's varlen attention (`model.attn_implementation: varlen`) ---------------------------------------------
+# varlen_attn runs on CUDA only: stand-ins with each of its two signatures compute what it computes, so what is
+# tested here is gpucert's glue (tests/gpu/test_finetune.py runs the real kernels).
+
+
+def fake_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1), **kw):
+    """torch >= 2.11's signature: window_size (-1, 0) is causal, enable_gqa for fewer k/v heads."""
+    assert window_size in ((-1, 0), (-1, -1)) and (kw.get("enable_gqa") or query.shape[1] == key.shape[1])
+    causal = window_size == (-1, 0)
+    return fake_flash_attn_varlen_func(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, causal)
+
+
+def fake_varlen_attn_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    """torch 2.10's signature: is_causal, no scale, k and v with q's heads."""
+    assert query.shape[1] == key.shape[1], "torch 2.10's varlen_attn takes no grouped-query heads"
+    return fake_flash_attn_varlen_func(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, None, is_causal)
+
+
+@pytest.fixture(params=[fake_varlen_attn, fake_varlen_attn_2_10], ids=["signature-2.11", "signature-2.10"])
+def varlen_kernel(request, monkeypatch):
+    from torch.nn.attention import varlen
+
+    monkeypatch.setattr(varlen, "varlen_attn", request.param)
+    flash._varlen_parameters.cache_clear()  # read again from the stand-in
+    yield request.param
+    flash._varlen_parameters.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "documents",
+    [[[16], [16]], [[7, 9], [12, 4]], [[5, 6, 5], [10]]],
+    ids=["one-document-a-row", "packed", "packed-and-padded"],
+)
+def test_the_varlen_path_trains_as_sdpa_with_its_masks(documents, tokenizer, varlen_kernel) -> None:
+    batch = packed_batch(len(tokenizer), documents, seed=3)
+    found = loss_of("varlen", batch, tokenizer)
+    expected = loss_of("sdpa", batch, tokenizer)
+    assert found[0] == pytest.approx(expected[0], rel=1e-6)
+    torch.testing.assert_close(found[1], expected[1], rtol=1e-4, atol=2e-5 * float(expected[1].abs().max()))
+
+
+def test_the_varlen_model_is_built_with_gpucerts_attention_and_refuses_what_it_cannot_do(tokenizer) -> None:
+    model = load_base_model(replace(TINY, attn_implementation="varlen"), len(tokenizer), torch.device("cpu"))
+    assert model.config._attn_implementation == flash.VARLEN_KEY
+    q, kv = torch.zeros(1, 4, 8, 16), torch.zeros(1, 2, 8, 16)
+    module = torch.nn.Module()
+    with pytest.raises(ValueError, match=r"varlen: these kernels have no attention dropout, the model asks for 0\.1"):
+        flash.varlen_attention(module, q, kv, kv, None, dropout=0.1)
+    with pytest.raises(ValueError, match="varlen takes unpadded rows"):
+        flash.varlen_attention(module, q, kv, kv, torch.ones(1, 8))
+    with pytest.raises(ValueError, match=r"model\.attn_implementation: varlen runs on CUDA GPUs only, this is cpu"):
+        model_module.check_attention("varlen", torch.device("cpu"))
+
+
+def test_a_scale_torch_2_10_cannot_take_is_refused(monkeypatch) -> None:
+    from torch.nn.attention import varlen
+
+    monkeypatch.setattr(varlen, "varlen_attn", fake_varlen_attn_2_10)
+    flash._varlen_parameters.cache_clear()
+    q = torch.zeros(8, 2, 16)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    try:
+        refused = r"takes no scale and the model scales its scores by 0\.5, not 1/sqrt\(16\)"
+        with pytest.raises(ValueError, match=refused):
+            flash.torch_varlen(q, q, q, cu, cu, 8, 8, 0.5, True)
+        assert flash.torch_varlen(q, q, q, cu, cu, 8, 8, 0.25, True).shape == q.shape  # 1/sqrt(16): its own
+    finally:
+        flash._varlen_parameters.cache_clear()

@@ -6,6 +6,7 @@ FSDP2 with activation checkpointing where there are two or more. Run on the lent
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -307,7 +308,7 @@ def flash_loss_and_grads(attn: str, dtype: torch.dtype, documents: list[list[int
     batch = {k: v.cuda() for k, v in packed_batch(1000, documents, seed=2, pad_to=1024, prompt=4).items()}
     shape = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2)
     shape |= dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
-    key = flash.KEY if attn == "flash_attention_3" else attn
+    key = {"flash_attention_3": flash.KEY, "varlen": flash.VARLEN_KEY}.get(attn, attn)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(**shape, attn_implementation=key)).to("cuda", dtype)
     if compile_layers:
@@ -334,3 +335,20 @@ def test_flash_attention_3_trains_as_sdpa_in_bf16(documents: list[list[int]], co
     sdpa = flash_loss_and_grads("sdpa", torch.bfloat16, documents, compile_layers)
     fa3 = flash_loss_and_grads("flash_attention_3", torch.bfloat16, documents, compile_layers)
     assert_as_close_to_fp32(reference, sdpa, fa3, "FlashAttention-3")
+
+
+@pytest.mark.parametrize(
+    ("documents", "compile_layers"),
+    [([[1024], [1024]], False), ([[300, 500, 200], [1000], [600, 400]], True)],
+    ids=["one-document-a-row-eager", "packed-and-padded-compiled"],
+)
+def test_torch_varlen_trains_as_sdpa_in_bf16(documents: list[list[int]], compile_layers: bool) -> None:
+    """gpucert's varlen path (torch.nn.attention.varlen.varlen_attn, the kernels torch ships) against SDPA with its
+    masks, as FlashAttention-3's test above: the loss and every gradient in bf16 as close to SDPA in fp32 as
+    SDPA's bf16."""
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen (torch >= 2.10)")
+    reference = flash_loss_and_grads("sdpa", torch.float32, documents, False)
+    sdpa = flash_loss_and_grads("sdpa", torch.bfloat16, documents, compile_layers)
+    varlen = flash_loss_and_grads("varlen", torch.bfloat16, documents, compile_layers)
+    assert_as_close_to_fp32(reference, sdpa, varlen, "varlen")

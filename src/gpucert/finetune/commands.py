@@ -158,7 +158,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval.evaluate import evaluate as run_eval
     from gpucert.finetune.eval.report import evaluation_report, evaluation_results
-    from gpucert.finetune.model.lora import load_base_model
+    from gpucert.finetune.model.lora import OWN_ATTENTION, load_base_model
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
     from gpucert.report.terminal import print_report
@@ -166,8 +166,8 @@ def evaluate(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # Generation pads its rows, which gpucert's FlashAttention-3 path (unpadded training rows) refuses: SDPA here.
-    attn = "sdpa" if cfg.model.attn_implementation == "flash_attention_3" else cfg.model.attn_implementation
+    # Generation pads its rows, which gpucert's own attention paths (unpadded training rows) refuse: SDPA here.
+    attn = "sdpa" if cfg.model.attn_implementation in OWN_ATTENTION else cfg.model.attn_implementation
     base = load_base_model(dataclasses.replace(cfg.model, attn_implementation=attn), len(tokenizer), device)
     model = PeftModel.from_pretrained(base, str(adapter)).eval()
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]

@@ -35,7 +35,7 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 DTYPES = ("bf16", "fp16", "fp32")
 # model.precision: how the frozen base weights of the decoder layers compute (finetune/model/fp8.py).
 PRECISIONS = ("bf16", "fp8")
-ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3", "varlen")
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
 FORMATS = ("glaive", "alpaca", "messages")
 TEMPLATES = ("qwen2.5-tools", "alpaca", "tokenizer")
@@ -87,8 +87,9 @@ class ModelConfig:
     # Build the architecture from its config with random weights: speed runs without downloading weights.
     random_init: bool = False
     dtype: str = "bf16"
-    # "sdpa", "flex_attention", "eager", "flash_attention_2" or "flash_attention_3" (FlashAttention-3, Hopper
-    # only, its package installed); packed rows stay document-masked with each.
+    # "sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3" (FlashAttention-3, Hopper
+    # only, its package installed) or "varlen" (torch's own variable-length FlashAttention-2 kernels, torch >=
+    # 2.10, CUDA); packed rows stay document-masked with each.
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False
     # Compute the fp32 LoRA adapters in the base dtype under autocast (bf16 matmuls, fp32 weights and

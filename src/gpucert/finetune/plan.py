@@ -31,6 +31,7 @@ ATTENTION = {
     "eager": "transformers' eager attention with an additive document mask",
     "flash_attention_2": "FlashAttention-2's varlen kernels, packed rows as documents (flash-attn package)",
     "flash_attention_3": "FlashAttention-3's kernels called by gpucert, packed rows as documents (Hopper only)",
+    "varlen": "torch's varlen attention (FlashAttention-2 kernels in torch), packed rows as documents",
 }
 
 

@@ -210,15 +210,21 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def takes_documents(attn_implementation: str) -> bool:
+    """Whether the implementation takes packed rows as document boundaries (`flash_documents`): the flash
+    attention kernels, and torch's varlen attention."""
+    return attn_implementation.startswith("flash_attention") or attn_implementation == "varlen"
+
+
 def attention_mask_for(
     position_ids: torch.Tensor, attn_implementation: str, dtype: torch.dtype, single: bool | None = None
 ) -> torch.Tensor | None:
     """The `attention_mask` to pass with packed rows: the 4-D boolean mask for "sdpa", its additive form for
-    "eager". None for flash attention (its varlen kernels get the documents from `flash_documents`), flex
+    "eager". None for flash and varlen attention (their kernels get the documents from `flash_documents`), flex
     attention (transformers builds a document block mask that skips empty blocks from position_ids), and SDPA when
     every row is a single unpadded document (plain causal attention, which runs SDPA's flash kernel instead of a
     masked one). `single`: that fact when the host already knows it (RowLayout), else read from position_ids."""
-    if attn_implementation.startswith("flash_attention") or attn_implementation == "flex_attention":
+    if takes_documents(attn_implementation) or attn_implementation == "flex_attention":
         return None
     if attn_implementation == "sdpa" and (single_documents(position_ids) if single is None else single):
         return None

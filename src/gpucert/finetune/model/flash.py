@@ -1,21 +1,34 @@
-"""FlashAttention-3 as the decoder layers' attention (`model.attn_implementation: flash_attention_3`).
+"""Attention kernels gpucert calls itself, for packed rows: FlashAttention-3 (`model.attn_implementation:
+flash_attention_3`) and torch's own variable-length attention (`varlen`).
 
 transformers has its own flash_attention_3 path, but up to at least 5.17 it reads each layer's `layer_idx`, an
 integer attribute torch.compile guards on: every compiled decoder layer recompiled, the recompile limit (8) was hit
 and the remaining layers ran eagerly (lent H100, 2026-11-23: 14,319 tokens/s against SDPA's 16,645, +6.9 GiB).
 This calls FlashAttention-3's kernels directly, on the (batch, sequence, heads, dim) views they take, with
 grouped-query attention native (no repeated k/v); packed rows come as documents (`packing.flash_documents`).
+
+`varlen` is the same call on `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10): FlashAttention-2's
+variable-length kernels as torch ships them, so packed rows get document-masked attention with no package to
+install and nothing for inductor to compile (flex attention's kernels are compiled on every cold compile cache).
+Rows of one document each go to SDPA's causal kernels, which are as fast or faster there.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
+from functools import cache
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 # The attention key the model is built with (registered with transformers by `register`): no "flash" in it, or
 # transformers would take it for one of its own flash attention kernels and look for it.
 KEY = "gpucert_fa3"
+VARLEN_KEY = "gpucert_varlen"
+# Each implementation as its config value names it, for messages.
+NAMES = {KEY: "flash_attention_3", VARLEN_KEY: "varlen"}
 
 
 def flash3_attention(
@@ -34,25 +47,8 @@ def flash3_attention(
     output [b, s, heads, d] out. Documents of packed rows come as cu_seq_lens_q/k and max_length_q/k."""
     from flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
-    if dropout:
-        raise ValueError(
-            f"model.attn_implementation flash_attention_3: FlashAttention-3 has no attention dropout, the model "
-            f"asks for {dropout} (its config's attention_dropout): set it to 0 or use sdpa"
-        )
-    if attention_mask is not None:
-        raise ValueError(
-            "model.attn_implementation flash_attention_3 takes unpadded rows (packed documents come as boundaries), "
-            "these come with a padding mask: use sdpa for padded batches"
-        )
-    if softcap:
-        raise ValueError("model.attn_implementation flash_attention_3: this model soft-caps its scores: use sdpa")
     b, _, s, _ = query.shape
-    longest = kwargs.get("max_length_q") or s
-    if sliding_window is not None and sliding_window < longest:
-        raise ValueError(
-            f"model.attn_implementation flash_attention_3: the model's sliding window ({sliding_window} tokens) is "
-            f"shorter than its documents ({longest}): use sdpa"
-        )
+    longest = refuse_what_cannot_run(KEY, query, attention_mask, dropout, sliding_window, softcap, kwargs)
     causal = bool(getattr(module, "is_causal", True))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     cu = kwargs.get("cu_seq_lens_q")
@@ -67,11 +63,117 @@ def flash3_attention(
     return out.reshape(b, s, *out.shape[-2:]), None
 
 
+def refuse_what_cannot_run(
+    key: str,
+    query: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    kwargs: dict[str, Any],
+) -> int:
+    """Refuse what these kernels cannot compute for this model (attention dropout, a padding mask, soft-capped
+    scores, a sliding window shorter than a document), naming the setting; returns the longest document."""
+    name = f"model.attn_implementation {NAMES[key]}"
+    if dropout:
+        raise ValueError(
+            f"{name}: these kernels have no attention dropout, the model asks for {dropout} (its config's "
+            f"attention_dropout): set it to 0 or use sdpa"
+        )
+    if attention_mask is not None:
+        raise ValueError(
+            f"{name} takes unpadded rows (packed documents come as boundaries), these come with a padding mask: use "
+            f"sdpa for padded batches"
+        )
+    if softcap:
+        raise ValueError(f"{name}: this model soft-caps its scores: use sdpa")
+    longest = int(kwargs.get("max_length_q") or query.shape[2])
+    if sliding_window is not None and sliding_window < longest:
+        raise ValueError(
+            f"{name}: the model's sliding window ({sliding_window} tokens) is shorter than its documents ({longest}): "
+            f"use sdpa"
+        )
+    return longest
+
+
+def varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface, as flash3_attention, on torch's own kernels: packed rows through
+    torch.nn.attention.varlen.varlen_attn, rows of one document each through SDPA's causal kernels."""
+    b, _, s, _ = query.shape
+    longest = refuse_what_cannot_run(VARLEN_KEY, query, attention_mask, dropout, sliding_window, softcap, kwargs)
+    causal = bool(getattr(module, "is_causal", True))
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        gqa = query.shape[1] != key.shape[1]
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
+        return out.transpose(1, 2), None
+    q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
+    out = torch_varlen(q, k, v, cu, kwargs["cu_seq_lens_k"], longest, int(kwargs["max_length_k"]), scaling, causal)
+    return out.reshape(b, s, *out.shape[-2:]), None
+
+
+@cache
+def _varlen_parameters() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def torch_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float | None,
+    causal: bool,
+) -> torch.Tensor:
+    """varlen_attn on [tokens, heads, dim], whichever of its two signatures this torch has: torch 2.10's
+    (is_causal; no scale; k and v with q's heads) or the later one (window_size, scale, enable_gqa)."""
+    from torch.nn.attention import varlen
+
+    params = _varlen_parameters()
+    options: dict[str, Any] = {}
+    if "window_size" in params:
+        options["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:
+        options["is_causal"] = causal
+    if "scale" in params:
+        options["scale"] = scale
+    elif scale is not None and not math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6):
+        raise ValueError(
+            f"model.attn_implementation varlen: this torch's varlen_attn takes no scale and the model scales its "
+            f"scores by {scale}, not 1/sqrt({q.shape[-1]}): use sdpa, or a torch whose varlen_attn takes scale"
+        )
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            options["enable_gqa"] = True
+        else:  # grouped-query heads repeated, as SDPA's math path would
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    out = varlen.varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def register() -> None:
-    """Make KEY an attention implementation transformers builds models with; its masks are flash attention's
-    (none for unpadded rows: no [b, 1, s, s] mask is built)."""
+    """Make KEY and VARLEN_KEY attention implementations transformers builds models with; their masks are flash
+    attention's (none for unpadded rows: no [b, 1, s, s] mask is built)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     AttentionInterface.register(KEY, flash3_attention)
-    AttentionMaskInterface.register(KEY, flash_attention_mask)
+    AttentionInterface.register(VARLEN_KEY, varlen_attention)
+    for key in (KEY, VARLEN_KEY):
+        AttentionMaskInterface.register(key, flash_attention_mask)

@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 
 from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.data.hub import pretrained_source
-from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents
+from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents, takes_documents
 from gpucert.finetune.model import flash
 from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
@@ -42,7 +42,7 @@ from gpucert.finetune.model.loss import linear_cross_entropy
 from gpucert.finetune.plan import ModelPlan, describe_device, plan_model
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3")
+ATTN_IMPLEMENTATIONS = ("sdpa", "flex_attention", "eager", "flash_attention_2", "flash_attention_3", "varlen")
 # What each flash implementation imports (transformers' module names), what provides it, and the GPU
 # generations it runs on (compute capability majors: 8 Ampere, 9 Hopper; FlashAttention-3 runs on Hopper alone).
 FLASH_PACKAGES = {
@@ -53,7 +53,10 @@ FLASH_PACKAGES = {
         "shows how)",
         range(9, 10),
     ),
+    "varlen": ("torch.nn.attention.varlen", "torch >= 2.10 (torch.nn.attention.varlen)", range(8, 100)),
 }
+# The implementations gpucert calls itself (finetune/model/flash.py says why), and the key transformers knows each by.
+OWN_ATTENTION = {"flash_attention_3": flash.KEY, "varlen": flash.VARLEN_KEY}
 # The tiny model's weights come from this seed whatever the training seed, so every run and rank starts alike.
 TINY_SEED = 1234
 IGNORE_INDEX = -100
@@ -162,9 +165,9 @@ def load_base_model(model_cfg: ModelConfig, vocab_size: int, device: torch.devic
     attn = model_cfg.attn_implementation
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"model.attn_implementation: expected one of {list(ATTN_IMPLEMENTATIONS)}, found {attn!r}")
-    if attn == "flash_attention_3":  # gpucert's own call of the kernels (finetune/model/flash.py says why)
+    if attn in OWN_ATTENTION:  # gpucert's own call of the kernels (finetune/model/flash.py says why)
         flash.register()
-        attn = flash.KEY
+        attn = OWN_ATTENTION[attn]
     model: PreTrainedModel
     auto: Any = AutoModelForCausalLM
     if model_cfg.name == "tiny":
@@ -376,7 +379,7 @@ def forward_loss(
     single = layout.single_documents if layout is not None else None
     mask = attention_mask_for(position_ids, attn_impl, torch.float32, single)
     documents: dict[str, Any] = {}
-    if attn_impl.startswith("flash_attention"):
+    if takes_documents(attn_impl):
         documents = layout.documents if layout is not None else flash_documents(position_ids)
     device = batch["input_ids"].device
     autocast = torch.autocast(device.type, dtype=plan.autocast_dtype) if plan.autocast_dtype else nullcontext()
