@@ -135,9 +135,8 @@ def varlen_kernel(request, monkeypatch):
     from torch.nn.attention import varlen
 
     monkeypatch.setattr(varlen, "varlen_attn", request.param)
-    flash._varlen_parameters.cache_clear()  # read again from the stand-in
-    yield request.param
-    flash._varlen_parameters.cache_clear()
+    monkeypatch.setattr(flash, "VARLEN_PARAMETERS", frozenset())  # register() reads the stand-in's
+    return request.param
 
 
 @pytest.mark.parametrize(
@@ -170,13 +169,10 @@ def test_a_scale_torch_2_10_cannot_take_is_refused(monkeypatch) -> None:
     from torch.nn.attention import varlen
 
     monkeypatch.setattr(varlen, "varlen_attn", fake_varlen_attn_2_10)
-    flash._varlen_parameters.cache_clear()
+    monkeypatch.setattr(flash, "VARLEN_PARAMETERS", frozenset())  # read from the stand-in
     q = torch.zeros(8, 2, 16)
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    try:
-        refused = r"takes no scale and the model scales its scores by 0\.5, not 1/sqrt\(16\)"
-        with pytest.raises(ValueError, match=refused):
-            flash.torch_varlen(q, q, q, cu, cu, 8, 8, 0.5, True)
-        assert flash.torch_varlen(q, q, q, cu, cu, 8, 8, 0.25, True).shape == q.shape  # 1/sqrt(16): its own
-    finally:
-        flash._varlen_parameters.cache_clear()
+    refused = r"takes no scale and the model scales its scores by 0\.5, not 1/sqrt\(16\)"
+    with pytest.raises(ValueError, match=refused):
+        flash.torch_varlen(q, q, q, cu, cu, 8, 8, 0.5, True)
+    assert flash.torch_varlen(q, q, q, cu, cu, 8, 8, 0.25, True).shape == q.shape  # 1/sqrt(16): its own

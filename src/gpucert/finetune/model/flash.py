@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from functools import cache
 from typing import Any
 
 import torch
@@ -87,7 +86,9 @@ def refuse_what_cannot_run(
         )
     if softcap:
         raise ValueError(f"{name}: this model soft-caps its scores: use sdpa")
-    longest = int(kwargs.get("max_length_q") or query.shape[2])
+    # Not int(): under torch.compile the longest document is a symbolic int, and int() would make every new
+    # length a recompile.
+    longest: int = kwargs.get("max_length_q") or query.shape[2]
     if sliding_window is not None and sliding_window < longest:
         raise ValueError(
             f"{name}: the model's sliding window ({sliding_window} tokens) is shorter than its documents ({longest}): "
@@ -119,15 +120,22 @@ def varlen_attention(
         out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2), None
     q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
-    out = torch_varlen(q, k, v, cu, kwargs["cu_seq_lens_k"], longest, int(kwargs["max_length_k"]), scaling, causal)
+    out = torch_varlen(q, k, v, cu, kwargs["cu_seq_lens_k"], longest, kwargs["max_length_k"], scaling, causal)
     return out.reshape(b, s, *out.shape[-2:]), None
 
 
-@cache
-def _varlen_parameters() -> frozenset[str]:
-    from torch.nn.attention.varlen import varlen_attn
-
+def varlen_parameters() -> frozenset[str]:
+    """The parameters of this torch's varlen_attn (empty without one)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return frozenset()
     return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+# Read once by register(), outside any compiled code: torch.compile reads this constant where a call to
+# inspect.signature inside the decoder layer would break its graph.
+VARLEN_PARAMETERS = frozenset[str]()
 
 
 def torch_varlen(
@@ -145,7 +153,7 @@ def torch_varlen(
     (is_causal; no scale; k and v with q's heads) or the later one (window_size, scale, enable_gqa)."""
     from torch.nn.attention import varlen
 
-    params = _varlen_parameters()
+    params = VARLEN_PARAMETERS or varlen_parameters()
     options: dict[str, Any] = {}
     if "window_size" in params:
         options["window_size"] = (-1, 0) if causal else (-1, -1)
@@ -173,6 +181,8 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
+    global VARLEN_PARAMETERS
+    VARLEN_PARAMETERS = varlen_parameters()
     AttentionInterface.register(KEY, flash3_attention)
     AttentionInterface.register(VARLEN_KEY, varlen_attention)
     for key in (KEY, VARLEN_KEY):
