@@ -70,17 +70,26 @@ def loss_of(attn: str, batch: dict[str, torch.Tensor], tokenizer, layout=None) -
     return float(loss.detach()), embed.grad
 
 
-@pytest.mark.parametrize(
+# One document a row, packed rows, packed rows with a padding document: what each path is checked on.
+DOCUMENT_LAYOUTS = pytest.mark.parametrize(
     "documents",
     [[[16], [16]], [[7, 9], [12, 4]], [[5, 6, 5], [10]]],
     ids=["one-document-a-row", "packed", "packed-and-padded"],
 )
-def test_the_flash_attention_3_path_trains_as_sdpa_with_its_masks(documents, tokenizer, kernels) -> None:
+
+
+def assert_trains_as_sdpa(attn: str, documents: list[list[int]], tokenizer) -> None:
+    """The loss and the embedding's gradient of the tiny model with `attn`, against SDPA with its masks."""
     batch = packed_batch(len(tokenizer), documents, seed=3)
-    found = loss_of("flash_attention_3", batch, tokenizer)
+    found = loss_of(attn, batch, tokenizer)
     expected = loss_of("sdpa", batch, tokenizer)
     assert found[0] == pytest.approx(expected[0], rel=1e-6)
     torch.testing.assert_close(found[1], expected[1], rtol=1e-4, atol=2e-5 * float(expected[1].abs().max()))
+
+
+@DOCUMENT_LAYOUTS
+def test_the_flash_attention_3_path_trains_as_sdpa_with_its_masks(documents, tokenizer, kernels) -> None:
+    assert_trains_as_sdpa("flash_attention_3", documents, tokenizer)
 
 
 def test_the_documents_come_from_the_host_s_row_layout(tokenizer, kernels, monkeypatch) -> None:
@@ -139,17 +148,9 @@ def varlen_kernel(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize(
-    "documents",
-    [[[16], [16]], [[7, 9], [12, 4]], [[5, 6, 5], [10]]],
-    ids=["one-document-a-row", "packed", "packed-and-padded"],
-)
+@DOCUMENT_LAYOUTS
 def test_the_varlen_path_trains_as_sdpa_with_its_masks(documents, tokenizer, varlen_kernel) -> None:
-    batch = packed_batch(len(tokenizer), documents, seed=3)
-    found = loss_of("varlen", batch, tokenizer)
-    expected = loss_of("sdpa", batch, tokenizer)
-    assert found[0] == pytest.approx(expected[0], rel=1e-6)
-    torch.testing.assert_close(found[1], expected[1], rtol=1e-4, atol=2e-5 * float(expected[1].abs().max()))
+    assert_trains_as_sdpa("varlen", documents, tokenizer)
 
 
 def test_the_varlen_model_is_built_with_gpucerts_attention_and_refuses_what_it_cannot_do(tokenizer) -> None:

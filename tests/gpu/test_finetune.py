@@ -319,36 +319,26 @@ def flash_loss_and_grads(attn: str, dtype: torch.dtype, documents: list[list[int
     return float(loss.detach()), [p.grad.float().clone() for p in model.parameters() if p.grad is not None]
 
 
+@pytest.mark.parametrize("attn", ["flash_attention_3", "varlen"])
 @pytest.mark.parametrize(
     ("documents", "compile_layers"),
     [([[1024], [1024]], False), ([[300, 500, 200], [1000], [600, 400]], True)],
     ids=["one-document-a-row-eager", "packed-and-padded-compiled"],
 )
-def test_flash_attention_3_trains_as_sdpa_in_bf16(documents: list[list[int]], compile_layers: bool) -> None:
-    """gpucert's FlashAttention-3 path (finetune/model/flash.py, the real kernels) against SDPA with its masks: each in
-    bf16 against SDPA in fp32, the loss and every gradient as close to it as SDPA's bf16 (within 1.5 x, or 1e-3).
-    Packed rows need a FlashAttention-3 built with its variable-length kernels."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("FlashAttention-3 runs on Hopper GPUs only")
-    pytest.importorskip("flash_attn_interface")
-    reference = flash_loss_and_grads("sdpa", torch.float32, documents, False)
-    sdpa = flash_loss_and_grads("sdpa", torch.bfloat16, documents, compile_layers)
-    fa3 = flash_loss_and_grads("flash_attention_3", torch.bfloat16, documents, compile_layers)
-    assert_as_close_to_fp32(reference, sdpa, fa3, "FlashAttention-3")
-
-
-@pytest.mark.parametrize(
-    ("documents", "compile_layers"),
-    [([[1024], [1024]], False), ([[300, 500, 200], [1000], [600, 400]], True)],
-    ids=["one-document-a-row-eager", "packed-and-padded-compiled"],
-)
-def test_torch_varlen_trains_as_sdpa_in_bf16(documents: list[list[int]], compile_layers: bool) -> None:
-    """gpucert's varlen path (torch.nn.attention.varlen.varlen_attn, the kernels torch ships) against SDPA with its
-    masks, as FlashAttention-3's test above: the loss and every gradient in bf16 as close to SDPA in fp32 as
-    SDPA's bf16."""
-    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+def test_gpucerts_own_attention_trains_as_sdpa_in_bf16(
+    attn: str, documents: list[list[int]], compile_layers: bool
+) -> None:
+    """gpucert's own attention paths (finetune/model/flash.py, the real kernels: FlashAttention-3's, and torch's
+    varlen_attn) against SDPA with its masks: each in bf16 against SDPA in fp32, the loss and every gradient as
+    close to it as SDPA's bf16 (within 1.5 x, or 1e-3). Packed rows need a FlashAttention-3 built with its
+    variable-length kernels."""
+    if attn == "flash_attention_3":
+        if torch.cuda.get_device_capability()[0] != 9:
+            pytest.skip("FlashAttention-3 runs on Hopper GPUs only")
+        pytest.importorskip("flash_attn_interface")
+    elif importlib.util.find_spec("torch.nn.attention.varlen") is None:
         pytest.skip("this torch has no torch.nn.attention.varlen (torch >= 2.10)")
     reference = flash_loss_and_grads("sdpa", torch.float32, documents, False)
     sdpa = flash_loss_and_grads("sdpa", torch.bfloat16, documents, compile_layers)
-    varlen = flash_loss_and_grads("varlen", torch.bfloat16, documents, compile_layers)
-    assert_as_close_to_fp32(reference, sdpa, varlen, "varlen")
+    found = flash_loss_and_grads(attn, torch.bfloat16, documents, compile_layers)
+    assert_as_close_to_fp32(reference, sdpa, found, attn)

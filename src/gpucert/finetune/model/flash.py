@@ -10,13 +10,14 @@ grouped-query attention native (no repeated k/v); packed rows come as documents 
 `varlen` is the same call on `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10): FlashAttention-2's
 variable-length kernels as torch ships them, so packed rows get document-masked attention with no package to
 install and nothing for inductor to compile (flex attention's kernels are compiled on every cold compile cache).
-Rows of one document each go to SDPA's causal kernels, which are as fast or faster there.
+Rows of one document each go to SDPA's causal kernels (cuDNN's on an H100), which need no boundaries.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,7 +31,8 @@ VARLEN_KEY = "gpucert_varlen"
 NAMES = {KEY: "flash_attention_3", VARLEN_KEY: "varlen"}
 
 
-def flash3_attention(
+def documents_attention(
+    which: str,
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -42,24 +44,53 @@ def flash3_attention(
     softcap: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: query [b, heads, s, d], key and value [b, kv_heads, s, d] in, the
-    output [b, s, heads, d] out. Documents of packed rows come as cu_seq_lens_q/k and max_length_q/k."""
-    from flash_attn_interface import flash_attn_func, flash_attn_varlen_func
-
+    """transformers' attention interface for the implementation `which` (KEY or VARLEN_KEY, KERNELS): query
+    [b, heads, s, d], key and value [b, kv_heads, s, d] in, the output [b, s, heads, d] out. Documents of packed
+    rows come as cu_seq_lens_q/k and max_length_q/k: then the rows are laid end to end, [b * s, heads, d], and each
+    document attends within itself."""
     b, _, s, _ = query.shape
-    longest = refuse_what_cannot_run(KEY, query, attention_mask, dropout, sliding_window, softcap, kwargs)
+    longest = refuse_what_cannot_run(which, query, attention_mask, dropout, sliding_window, softcap, kwargs)
     causal = bool(getattr(module, "is_causal", True))
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    rows, packed = KERNELS[which]
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
-        out = flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal)
-    else:  # the rows laid end to end, each document attending within itself
-        q, k, v = (t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))
-        out = flash_attn_varlen_func(
-            q, k, v, cu, kwargs["cu_seq_lens_k"], longest, kwargs["max_length_k"], softmax_scale=scaling, causal=causal
-        )
-    out = out[0] if isinstance(out, tuple) else out
+        return rows(query, key, value, scaling, causal), None
+    q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
+    out = packed(q, k, v, cu, kwargs["cu_seq_lens_k"], longest, kwargs["max_length_k"], scaling, causal)
     return out.reshape(b, s, *out.shape[-2:]), None
+
+
+def fa3_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None, causal: bool) -> Any:
+    """FlashAttention-3 on rows of one document each, on the [b, s, heads, d] views its kernel takes."""
+    from flash_attn_interface import flash_attn_func
+
+    out = flash_attn_func(*(t.transpose(1, 2) for t in (query, key, value)), softmax_scale=scale, causal=causal)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def fa3_packed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float | None,
+    causal: bool,
+) -> torch.Tensor:
+    """FlashAttention-3's variable-length kernel on [tokens, heads, dim]."""
+    from flash_attn_interface import flash_attn_varlen_func
+
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def sdpa_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None, causal: bool) -> Any:
+    """varlen's rows of one document each: SDPA's causal kernels, which need no boundaries."""
+    gqa = query.shape[1] != key.shape[1]
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scale, enable_gqa=gqa)
+    return out.transpose(1, 2)
 
 
 def refuse_what_cannot_run(
@@ -95,33 +126,6 @@ def refuse_what_cannot_run(
             f"use sdpa"
         )
     return longest
-
-
-def varlen_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface, as flash3_attention, on torch's own kernels: packed rows through
-    torch.nn.attention.varlen.varlen_attn, rows of one document each through SDPA's causal kernels."""
-    b, _, s, _ = query.shape
-    longest = refuse_what_cannot_run(VARLEN_KEY, query, attention_mask, dropout, sliding_window, softcap, kwargs)
-    causal = bool(getattr(module, "is_causal", True))
-    cu = kwargs.get("cu_seq_lens_q")
-    if cu is None:
-        gqa = query.shape[1] != key.shape[1]
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
-        return out.transpose(1, 2), None
-    q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
-    out = torch_varlen(q, k, v, cu, kwargs["cu_seq_lens_k"], longest, kwargs["max_length_k"], scaling, causal)
-    return out.reshape(b, s, *out.shape[-2:]), None
 
 
 def varlen_parameters() -> frozenset[str]:
@@ -173,6 +177,13 @@ def torch_varlen(
             k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     out = varlen.varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **options)
     return out[0] if isinstance(out, tuple) else out
+
+
+# Each implementation's kernels: for rows of one document each, and for packed rows.
+KERNELS = {KEY: (fa3_rows, fa3_packed), VARLEN_KEY: (sdpa_rows, torch_varlen)}
+# transformers' attention functions, one per key.
+flash3_attention = partial(documents_attention, KEY)
+varlen_attention = partial(documents_attention, VARLEN_KEY)
 
 
 def register() -> None:

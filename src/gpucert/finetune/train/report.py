@@ -276,12 +276,13 @@ def _first_step(metrics: dict[str, Any]) -> Result:
         else ""
     )
     # Rank 0's set-up before the warm-up (loop.py setup_s): where the rest of the time went.
-    setup = ((ranks[0] or {}).get("first_step") or {}).get("setup_s") or {} if ranks else {}
+    first = ((ranks[0] or {}).get("first_step") or {}) if ranks else {}
+    setup = first.get("setup_s") or {}
     steps = ("imports", "join", "run_setup", "data", "model_load")
     parts = [(k.replace("_", " "), setup[k]) for k in steps if k in setup]
     if parts:
         how += "; before it " + ", ".join(f"{name} {s:.1f} s" for name, s in parts)
-    code = (((ranks[0] or {}).get("first_step") or {}).get("bytecode") or {}) if ranks else {}
+    code = first.get("bytecode") or {}
     if code.get("cache"):  # the imports read (or, on a first start, wrote) Python's bytecode there (bytecode.py)
         state = f", {code['state']}" if code.get("state") else ""
         how += f" (Python's bytecode from {code['cache']}{state}: {code['reason']})"
