@@ -103,7 +103,8 @@ def test_flash_attention_gets_each_document_of_the_rows_laid_end_to_end() -> Non
     documents = flash_documents(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 0]]))
     assert documents["cu_seq_lens_q"].tolist() == [0, 3, 5, 9, 10] and documents["cu_seq_lens_q"].dtype == torch.int32
     assert documents["cu_seq_lens_k"] is documents["cu_seq_lens_q"]
-    assert documents["max_length_q"] == documents["max_length_k"] == 4
+    # A bound on a document's length: the rows' length, the same for every micro-batch (torch.compile guards on it).
+    assert documents["max_length_q"] == documents["max_length_k"] == 5
     assert flash_documents(torch.arange(6).expand(2, 6)) == {}  # one document a row: plain causal kernels
     assert attention_mask_for(torch.tensor([[0, 1, 0]]), "flex_attention", torch.bfloat16) is None
 
@@ -119,14 +120,14 @@ def test_a_row_layout_holds_what_the_forward_would_read_back_and_moves_as_one() 
     layout = row_layout(batch)
     assert not layout.single_documents
     assert layout.documents["cu_seq_lens_q"].tolist() == [0, 3, 5, 8, 10]  # row 1: 3 tokens, then 2 of padding
-    assert layout.documents["max_length_q"] == 3
+    assert layout.documents["max_length_q"] == 5  # the rows' length
     # Positions of rows without their last, laid end to end (4 a row), whose next label counts.
     assert layout.supervised.tolist() == [0, 2, 3, 4, 5]
     # To another device (meta: no data, but new tensors), cu_seq_lens_q and _k stay one tensor.
     moved = layout.to(torch.device("meta"), non_blocking=True)
     assert moved.documents["cu_seq_lens_k"].is_meta and moved.supervised.is_meta
     assert moved.documents["cu_seq_lens_k"] is moved.documents["cu_seq_lens_q"]
-    assert moved.supervised.shape == layout.supervised.shape and moved.documents["max_length_q"] == 3
+    assert moved.supervised.shape == layout.supervised.shape and moved.documents["max_length_q"] == 5
     single = row_layout({"input_ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.ones(2, 4, dtype=torch.long)})
     assert single.single_documents and single.documents == {} and single.supervised.tolist() == list(range(6))
 

@@ -133,16 +133,33 @@ def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
 
 def flash_documents(position_ids: torch.Tensor) -> dict[str, Any]:
     """Flash attention's document boundaries for packed rows, as the keyword arguments transformers passes to its
-    varlen kernels (cu_seq_lens_q/k over all rows laid end to end, max_length_q/k the longest document); {} when
-    each row is one document. transformers reads documents from position_ids itself only for a single row: with
-    more rows and no boundaries, every document would attend to the ones before it in its row."""
+    varlen kernels (cu_seq_lens_q/k over all rows laid end to end; max_length_q/k a bound on a document's length,
+    the rows' length); {} when each row is one document. transformers reads documents from position_ids itself
+    only for a single row: with more rows and no boundaries, every document would attend to the ones before it
+    in its row.
+
+    The bound is the rows' length, not the longest document: the kernels take any bound (it sizes their grid; the
+    blocks past a document's end return at once), and under torch.compile a new longest document in every
+    micro-batch was a new integer to guard on: the speed recipe's first step recompiled its layers twice, 22.7 s
+    against 2.1 (one H100, 2026-11-28). `compiled_documents` makes the number of documents dynamic too."""
     flat = position_ids.reshape(-1)
     starts = (flat == 0).nonzero().squeeze(1)  # every row starts a document (collate: padding is one too)
     if starts.numel() == position_ids.shape[0]:
         return {}
     cu = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(torch.int32)
-    longest = int((cu[1:] - cu[:-1]).max())
-    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    bound = position_ids.shape[1]
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": bound, "max_length_k": bound}
+
+
+def compiled_documents(documents: dict[str, Any]) -> dict[str, Any]:
+    """`documents` (flash_documents, on the forward's device) with the number of boundaries marked dynamic for
+    torch.compile: each micro-batch packs another number of documents, and a size first seen as a constant is
+    compiled again as a variable on the first micro-batch that differs (every layer's forward and backward once
+    more). Marked, the first compile (the warm-up's) is the only one."""
+    cu = documents.get("cu_seq_lens_q")
+    if cu is not None:
+        torch._dynamo.maybe_mark_dynamic(cu, 0)
+    return documents
 
 
 def single_documents(position_ids: torch.Tensor) -> bool:

@@ -103,7 +103,8 @@ def refuse_what_cannot_run(
     kwargs: dict[str, Any],
 ) -> int:
     """Refuse what these kernels cannot compute for this model (attention dropout, a padding mask, soft-capped
-    scores, a sliding window shorter than a document), naming the setting; returns the longest document."""
+    scores, a sliding window shorter than a document may be), naming the setting; returns the bound on a
+    document's length."""
     name = f"model.attn_implementation {NAMES[key]}"
     if dropout:
         raise ValueError(
@@ -117,13 +118,13 @@ def refuse_what_cannot_run(
         )
     if softcap:
         raise ValueError(f"{name}: this model soft-caps its scores: use sdpa")
-    # Not int(): under torch.compile the longest document is a symbolic int, and int() would make every new
-    # length a recompile.
+    # The bound on a document's length (packing.flash_documents: the rows' length, one value for the whole run,
+    # so torch.compile guards on nothing that changes between micro-batches).
     longest: int = kwargs.get("max_length_q") or query.shape[2]
     if sliding_window is not None and sliding_window < longest:
         raise ValueError(
-            f"{name}: the model's sliding window ({sliding_window} tokens) is shorter than its documents ({longest}): "
-            f"use sdpa"
+            f"{name}: the model's sliding window ({sliding_window} tokens) is shorter than a document may be (rows of "
+            f"{longest}): use sdpa, or rows no longer than the window (data.max_length)"
         )
     return longest
 

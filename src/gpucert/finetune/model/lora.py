@@ -32,7 +32,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen
 
 from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.data.hub import pretrained_source
-from gpucert.finetune.data.packing import RowLayout, attention_mask_for, flash_documents, takes_documents
+from gpucert.finetune.data.packing import (
+    RowLayout,
+    attention_mask_for,
+    compiled_documents,
+    flash_documents,
+    takes_documents,
+)
 from gpucert.finetune.model import flash
 from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
@@ -380,7 +386,7 @@ def forward_loss(
     mask = attention_mask_for(position_ids, attn_impl, torch.float32, single)
     documents: dict[str, Any] = {}
     if takes_documents(attn_impl):
-        documents = layout.documents if layout is not None else flash_documents(position_ids)
+        documents = compiled_documents(layout.documents if layout is not None else flash_documents(position_ids))
     device = batch["input_ids"].device
     autocast = torch.autocast(device.type, dtype=plan.autocast_dtype) if plan.autocast_dtype else nullcontext()
     with autocast:
