@@ -252,7 +252,8 @@ def check_attention(attn: str, device: torch.device) -> None:
         )
     if importlib.util.find_spec(module) is None:
         raise ValueError(
-            f"model.attn_implementation: {attn} needs {package}, which is not installed here: install it or use sdpa"
+            f"model.attn_implementation: {attn} needs {package}, which is not installed here: install it, or use "
+            f"flex_attention (packed rows) or sdpa"
         )
 
 
