@@ -199,7 +199,16 @@ def compiled_varlen_attn(query, key, value, cu_q, cu_k, max_q, max_k, *, scale=N
     return varlen_op(query, key, value, cu_q, max_q, window_size == (-1, 0))
 
 
-def test_micro_batches_of_other_documents_run_the_layers_compiled_once(tokenizer, monkeypatch) -> None:
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches empty before and after, also when the test fails: the compiled code hangs on the
+    decoder layer's forward, which the other tests on this worker run too."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_micro_batches_of_other_documents_run_the_layers_compiled_once(tokenizer, monkeypatch, fresh_dynamo) -> None:
     # Each micro-batch packs another number of documents, the longest of another length. Under torch.compile
     # neither may be a constant the layers' graph guards on: each new one compiled every layer again, forward and
     # backward (the speed recipe's first step on the H100: 22.7 s instead of 2.1). A counter as the compile
@@ -209,7 +218,6 @@ def test_micro_batches_of_other_documents_run_the_layers_compiled_once(tokenizer
 
     monkeypatch.setattr(varlen, "varlen_attn", compiled_varlen_attn)
     monkeypatch.setattr(flash, "VARLEN_PARAMETERS", frozenset(["window_size", "scale", "enable_gqa"]))
-    torch._dynamo.reset()
     counter = CompileCounter()
     model = load_base_model(replace(TINY, attn_implementation="varlen"), len(tokenizer), torch.device("cpu"))
     for layer in model.model.layers:
@@ -221,5 +229,18 @@ def test_micro_batches_of_other_documents_run_the_layers_compiled_once(tokenizer
         with torch.no_grad():
             forward_loss(model, batch, "varlen", row_layout(batch))
         graphs.append(counter.frame_count)
-    torch._dynamo.reset()
     assert graphs[0] >= 1 and graphs == [graphs[0]] * 3, f"graphs compiled after each micro-batch: {graphs}"
+
+
+def test_a_sliding_window_shorter_than_the_rows_is_refused_when_the_model_loads() -> None:
+    from transformers import MistralConfig, Qwen2Config
+
+    # Mistral applies its window in every layer; Qwen2 only where use_sliding_window makes layers sliding.
+    with pytest.raises(ValueError, match=r"sliding window \(2048 tokens\) is shorter than data\.max_length \(4096\)"):
+        model_module.check_window(MistralConfig(sliding_window=2048), "varlen", 4096)
+    model_module.check_window(MistralConfig(sliding_window=4096), "varlen", 4096)
+    model_module.check_window(MistralConfig(sliding_window=2048), "flash_attention_2", 4096)  # passes it on
+    model_module.check_window(Qwen2Config(sliding_window=2048, use_sliding_window=False), "varlen", 4096)
+    windowed = Qwen2Config(sliding_window=2048, use_sliding_window=True, max_window_layers=0, num_hidden_layers=2)
+    with pytest.raises(ValueError, match="flash_attention_3: the model's sliding window"):
+        model_module.check_window(windowed, "flash_attention_3", 4096)

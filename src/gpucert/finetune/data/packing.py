@@ -156,9 +156,9 @@ def compiled_documents(documents: dict[str, Any]) -> dict[str, Any]:
     torch.compile: each micro-batch packs another number of documents, and a size first seen as a constant is
     compiled again as a variable on the first micro-batch that differs (every layer's forward and backward once
     more). Marked, the first compile (the warm-up's) is the only one."""
-    cu = documents.get("cu_seq_lens_q")
-    if cu is not None:
-        torch._dynamo.maybe_mark_dynamic(cu, 0)
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):  # one tensor from flash_documents; two from another caller
+        if documents.get(key) is not None:
+            torch._dynamo.maybe_mark_dynamic(documents[key], 0)
     return documents
 
 
@@ -185,7 +185,8 @@ class RowLayout:
     fused loss's read came after the whole forward (docs/OPTIMIZATION.md, round eight)."""
 
     single_documents: bool
-    # flash_documents of the rows: their cu_seq_lens and longest document; {} when each row is one document.
+    # flash_documents of the rows: their cu_seq_lens and the bound on a document's length; {} when each row is one
+    # document.
     documents: dict[str, Any]
     supervised: torch.Tensor  # supervised_positions of the labels (int64)
 

@@ -49,14 +49,14 @@ def documents_attention(
     rows come as cu_seq_lens_q/k and max_length_q/k: then the rows are laid end to end, [b * s, heads, d], and each
     document attends within itself."""
     b, _, s, _ = query.shape
-    longest = refuse_what_cannot_run(which, query, attention_mask, dropout, sliding_window, softcap, kwargs)
+    bound = refuse_what_cannot_run(which, query, attention_mask, dropout, sliding_window, softcap, kwargs)
     causal = bool(getattr(module, "is_causal", True))
     rows, packed = KERNELS[which]
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
         return rows(query, key, value, scaling, causal), None
     q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
-    out = packed(q, k, v, cu, kwargs["cu_seq_lens_k"], longest, kwargs["max_length_k"], scaling, causal)
+    out = packed(q, k, v, cu, kwargs["cu_seq_lens_k"], bound, kwargs["max_length_k"], scaling, causal)
     return out.reshape(b, s, *out.shape[-2:]), None
 
 
@@ -120,13 +120,13 @@ def refuse_what_cannot_run(
         raise ValueError(f"{name}: this model soft-caps its scores: use sdpa")
     # The bound on a document's length (packing.flash_documents: the rows' length, one value for the whole run,
     # so torch.compile guards on nothing that changes between micro-batches).
-    longest: int = kwargs.get("max_length_q") or query.shape[2]
-    if sliding_window is not None and sliding_window < longest:
+    bound: int = kwargs.get("max_length_q") or query.shape[2]
+    if sliding_window is not None and sliding_window < bound:
         raise ValueError(
             f"{name}: the model's sliding window ({sliding_window} tokens) is shorter than a document may be (rows of "
-            f"{longest}): use sdpa, or rows no longer than the window (data.max_length)"
+            f"{bound}): use sdpa, or rows no longer than the window (data.max_length)"
         )
-    return longest
+    return bound
 
 
 def varlen_parameters() -> frozenset[str]:

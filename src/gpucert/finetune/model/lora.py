@@ -257,6 +257,26 @@ def check_attention(attn: str, device: torch.device) -> None:
         )
 
 
+def check_window(config: Any, attn: str, max_length: int | None) -> None:
+    """Refuse, once the model's config is known and before any step, a sliding window shorter than a row where
+    gpucert calls the attention kernels itself (OWN_ATTENTION: they run each document causally, with no window;
+    transformers' own flash_attention_2 passes the window on). The attention call refuses it too, but only for
+    the rows it sees, and without compiled layers rows are padded to each micro-batch's longest: the first long
+    row could come late in a run."""
+    if attn not in OWN_ATTENTION or max_length is None:
+        return
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        window = None  # e.g. Qwen2 with use_sliding_window false: every layer attends in full
+    if window is not None and window < max_length:
+        raise ValueError(
+            f"model.attn_implementation {attn}: the model's sliding window ({window} tokens) is shorter than "
+            f"data.max_length ({max_length}), and these kernels attend over whole documents: use sdpa or "
+            f"flex_attention, or data.max_length <= {window}"
+        )
+
+
 def load_model(
     model_cfg: ModelConfig,
     lora_cfg: LoraConfig,
@@ -281,6 +301,7 @@ def load_model(
         check_fp8_device(device)  # a GPU without float8 tensor cores is refused before the model is built
     vocab_size = len(tokenizer)
     base = load_base_model(model_cfg, vocab_size, device)
+    check_window(base.config, plan.attention, max_length)
     shape = count_shape(base, vocab_size)
     base.config.use_cache = False
     if plan.gradient_checkpointing.on:
