@@ -294,8 +294,10 @@ def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path: Path) -> None:
     )
     _worker_of_rank(psutil.Process(proc.pid), 1, 60)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=within(60))
-    assert proc.returncode == 130
+    out, err = proc.communicate(timeout=within(60))
+    # Once (make test beside a type check and another pytest, 2026-11-28) this run ended with 0 after Ctrl-C, and
+    # 42 runs since, loaded or not, gave 130: what it printed is kept in the message for the next time.
+    assert proc.returncode == 130, f"exit {proc.returncode}\nstderr: {err[-3000:]}\nstdout: {out[-2000:]}"
     assert err.strip().splitlines()[-1] == "gpucert: interrupted"
     assert "Traceback" not in err
     assert worker_processes(tmp_path) == []
