@@ -288,9 +288,10 @@ def test_a_stopped_rank_is_named_by_the_watchdog(tmp_path: Path) -> None:
 
 # Run as a shell runs a foreground command: SIGINT delivered and at its default action, then exec'd into `argv`
 # (same process, so Ctrl-C reaches gpucert itself). Both the ignored and the blocked state of a signal are
-# inherited, and in full `make test` runs a test before this one left SIGINT so in its pytest worker (2026-11-28:
-# three runs in a row; alone it passed 45 times): gpucert then rightly ignored Ctrl-C, ran its benchmark to the end
-# and exited 0, as a command started with nohup or in a script's background would.
+# inherited. In three full `make test` runs in a row (2026-11-28; alone it passed 45 times) gpucert ignored Ctrl-C,
+# ran its benchmark to the end and exited 0, as a command started with nohup or in a script's background rightly
+# does; starting pytest with SIGINT ignored reproduces that exactly. What left it so in the pytest worker was not
+# found: a probe of the worker's SIGINT state before and after each test saw no change over 80 % of a run.
 AS_FROM_A_SHELL = [
     sys.executable,
     "-c",
