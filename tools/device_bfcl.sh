@@ -5,9 +5,8 @@
 # the scores are meaningless (random weights), the time per category and the pipeline are what is measured.
 # Usage: LIMIT=25 bash tools/device_bfcl.sh   (the first LIMIT entries of each category; $OUT/bfcl/ gets the report)
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 start=$(date +%s)
 gpucert finetune --config qwen2-7b-speed --output /tmp/ft --set train.max_steps=2 --set model.compile=false \

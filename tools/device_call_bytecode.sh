@@ -3,9 +3,7 @@
 # on a machine that sets PYTHONDONTWRITEBYTECODE=1 and whose torch has no .pyc. Usage: bash tools/device_call_bytecode.sh
 set -u
 export NCCL_NVLS_ENABLE=0
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
 echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}" | tee "$OUT/summary.txt"
 for i in 1 2; do /usr/bin/time -f "torchrun --help, no prefix: %e s" torchrun --help > /dev/null; done 2>&1 | tee -a "$OUT/summary.txt"
 RUN_TIMEOUT=240 SKIP_INSTALL=1 bash tools/device_finetune.sh tools/plans/h100-first-step-bytecode.txt

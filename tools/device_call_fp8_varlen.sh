@@ -4,9 +4,7 @@
 # (varlen attention) cold and warm (tools/plans/h100-varlen-c.txt). Usage: bash tools/device_call_fp8_varlen.sh
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
 nvidia-smi --query-gpu=name,uuid --format=csv,noheader | tee "$OUT/summary.txt"
 start=$(date +%s)
 timeout -k 20 "${FP8_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider --durations=4 \

@@ -3,9 +3,7 @@
 # takes, micro-batch 4 against auto, then the GPU tests the rooms split had not re-run (bounded).
 set -u
 export NCCL_NVLS_ENABLE=0
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
 export PYTHONPYCACHEPREFIX="$HOME/.cache/gpucert/bytecode"  # what gpucert's entry points set: the profile below reads it
 python3 -c 'import sys; sys.dont_write_bytecode = False; import gpucert.finetune.train.run' 2>/dev/null  # fills it
 python3 -c 'import sys; sys.dont_write_bytecode = False; import torch.distributed.run'

@@ -6,9 +6,7 @@
 # the second call: PLAN=tools/plans/h100-varlen-b.txt TEST_K="varlen and packed" FP8_TIMEOUT=0 bash tools/device_call_varlen.sh
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
 nvidia-smi --query-gpu=name,uuid --format=csv,noheader | tee "$OUT/summary.txt"
 # The test runs with gpucert's bytecode cache as its prefix (what the entry points set), so the plan's cold runs
 # below find torch's, transformers' and inductor's bytecode already there: their cold rows differ by compile only.

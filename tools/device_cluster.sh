@@ -15,9 +15,8 @@
 # Results: $OUT/cluster.tgz (reports, logs), $OUT/summary.txt. Usage: STEP=accept bash tools/device_cluster.sh
 set -u
 step=${STEP:?accept or finetune}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
+export PYTHONUNBUFFERED=1
 export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0
 mkdir -p /tmp/res
 nvidia-smi -L | tee /tmp/res/gpus.txt

@@ -16,9 +16,7 @@ config=${CONFIG:-configs/finetune/qwen2-7b-speed.yaml}
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/results
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-  python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  . tools/device_install.sh
 fi
 python3 -c "import flash_attn" 2>/dev/null && echo "flash_attn present" || echo "flash_attn absent"
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm --format=csv | tee "$OUT/gpus.csv"

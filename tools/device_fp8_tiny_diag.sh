@@ -3,9 +3,7 @@
 # with its output kept (the test captures it and was cut off at 300 s twice with nothing to show).
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
 python3 - <<'PY'
 from pathlib import Path
 import sys

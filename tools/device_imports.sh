@@ -3,9 +3,7 @@
 # compiling the installed packages' sources on every start (no usable .pyc), and does a writable bytecode cache
 # (PYTHONPYCACHEPREFIX) cut it? Writes $OUT/imports.txt. Usage: bash tools/device_imports.sh
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
 o="$OUT/imports.txt"
 {
   echo "== interpreter"; env | grep -E '^PYTHON' ; python3 - <<'PY'

@@ -2,9 +2,7 @@
 # One GPU call: install, the GPU tests (bounded: TERM at TESTS_TIMEOUT, KILL 30 s later), then tools/device_finetune.sh on a plan.
 # Usage: GPU_TESTS="tests/gpu" TESTS_TIMEOUT=200 bash tools/device_session.sh PLAN
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
 if [ -n "${GPU_TESTS:-}" ]; then
   # shellcheck disable=SC2086
   timeout -k 30 "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider --durations=12 $GPU_TESTS > "$OUT/gpu-tests.txt" 2>&1

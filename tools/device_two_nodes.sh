@@ -3,9 +3,8 @@
 # each its own torchrun agent (static rendezvous, --node-rank 0/1) over NCCL, the Qwen2-7B shape with DDP.
 # Usage: [PER_NODE=4] bash tools/device_two_nodes.sh  (GPUs per "node", 2 by default; metrics in $OUT/two-nodes.json)
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+. tools/device_install.sh
+export PYTHONUNBUFFERED=1
 args=(--set data.source=synthetic --set train.max_steps=10 --set model.gradient_checkpointing=false
       --set model.compile=true --set model.attn_implementation=sdpa --set lora.dropout=0 --set train.parallel=ddp)
 per=${PER_NODE:-2}
