@@ -322,7 +322,10 @@ def load_model(
         task_type="CAUSAL_LM",
         bias="none",
     )
-    with quiet_peft():
+    # Under the model's device: PEFT builds each adapter on the default device, draws its random init there twice
+    # (nn.Linear's own, then LoRA's) and copies it to its base layer's device; on the CPU, for r64 on a 7B model
+    # (161 M values), that took most of the model's load (tools/model_load_time.py).
+    with quiet_peft(), torch.device(device):
         model = get_peft_model(base, peft_config)
     params = list(model.named_parameters())
     counts = dict(
