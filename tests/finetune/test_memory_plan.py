@@ -37,6 +37,7 @@ from gpucert.status import Status
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN2_7B = ModelShape(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, head_dim=128, vocab=152064)
+MISTRAL_7B = ModelShape(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=32000)
 # The NeMo-comparable workload of docs/OPTIMIZATION.md: 4096-token rows, LoRA r16 on all seven projections, no
 # dropout, compiled layers, bf16.
 R16 = Workload(QWEN2_7B, seq_len=4096, lora_r=16)
@@ -80,6 +81,15 @@ MEASURED = [
     ),
     # On the lent 2 x H200, DDP: the adapters' gradient buckets on top.
     ("r64 micro-batch 2, DDP over 2", dataclasses.replace(R16, lora_r=64, parallel="ddp", world=2), 2, "none", 53.7),
+    # 2026-11-28, one H200 (tools/plans/h200-mistral.txt): the Mistral recipe on Mistral-7B-v0.1's shape, 2048-token
+    # rows; the plan printed 70.6 before the run.
+    (
+        "Mistral recipe (r64 dropout 0.05, varlen) micro-batch 4 x 2048",
+        Workload(MISTRAL_7B, seq_len=2048, lora_r=64, lora_dropout=0.05),
+        4,
+        "none",
+        68.9,
+    ),
 ]
 
 
@@ -118,6 +128,8 @@ def test_the_architecture_comes_from_config_json() -> None:
     assert shape.params() == pytest.approx(7.6e9, rel=0.01)
     assert R16.lora_params() == 40_370_176
     assert shape_from_config(config, vocab_size=200_000).vocab == 200_000
+    mistral = AutoConfig.from_pretrained(REPO / "configs/finetune/models/mistral-7b")
+    assert shape_from_config(mistral, vocab_size=1000) == MISTRAL_7B
 
 
 def test_the_fused_mlp_is_counted_only_where_the_model_gets_it() -> None:
