@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from gpucert.finetune.model.lora import (
     load_base_model,
     load_model,
     merge_adapter,
+    saved_adapter_on,
     supervised_count,
     tiny_config,
 )
@@ -62,7 +64,9 @@ def trained_a_little(model: torch.nn.Module, batch: dict[str, torch.Tensor], att
         opt.zero_grad()
 
 
-def test_the_adapters_are_drawn_on_the_models_device(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_adapters_are_drawn_on_the_models_device(
+    tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """PEFT builds each adapter on the default device and copies it to its base layer's afterwards: built on
     the CPU for a GPU model, r64 on a 7B model took 6.2-6.4 s of random draws and copies where 0.3-0.4 s do on
     the GPU (an H200, 2026-11-28, tools/model_load_time.py). The meta device stands in for the GPU here: every
@@ -81,6 +85,17 @@ def test_the_adapters_are_drawn_on_the_models_device(tokenizer, monkeypatch: pyt
     model, _ = load_model(replace(TINY, dtype="bf16"), LoraConfig(r=r, alpha=16, dropout=0.0), tokenizer,
                           torch.device("meta"))  # fmt: skip
     lora = {p.device.type for name, p in model.named_parameters() if "lora_" in name}
+    assert drawn and set(drawn) == {"meta"} and lora == {"meta"}, (sorted(set(drawn)), lora)
+
+    # A saved adapter (gpucert evaluate, the merge) is built on its base's device before its weights load.
+    model, _ = load_model(TINY, LoraConfig(r=r, alpha=16, dropout=0.0), tokenizer, torch.device("cpu"))
+    model.save_pretrained(str(tmp_path / "adapter"))
+    drawn.clear()
+    base = load_base_model(replace(TINY, dtype="bf16"), len(tokenizer), torch.device("meta"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "copying from a non-meta parameter ... is a no-op": meant here
+        loaded = saved_adapter_on(base, tmp_path / "adapter")
+    lora = {p.device.type for name, p in loaded.named_parameters() if "lora_" in name}
     assert drawn and set(drawn) == {"meta"} and lora == {"meta"}, (sorted(set(drawn)), lora)
 
 

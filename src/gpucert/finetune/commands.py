@@ -150,7 +150,6 @@ def evaluate(args: argparse.Namespace) -> int:
     started = datetime.now(timezone.utc)
 
     import torch
-    from peft import PeftModel
     from rich.console import Console
 
     from gpucert.finetune.data.packing import collate
@@ -158,7 +157,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval.evaluate import evaluate as run_eval
     from gpucert.finetune.eval.report import evaluation_report, evaluation_results
-    from gpucert.finetune.model.lora import OWN_ATTENTION, load_base_model
+    from gpucert.finetune.model.lora import OWN_ATTENTION, load_base_model, saved_adapter_on
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
     from gpucert.report.terminal import print_report
@@ -169,7 +168,7 @@ def evaluate(args: argparse.Namespace) -> int:
     # Generation pads its rows, which gpucert's own attention paths (unpadded training rows) refuse: SDPA here.
     attn = "sdpa" if cfg.model.attn_implementation in OWN_ATTENTION else cfg.model.attn_implementation
     base = load_base_model(dataclasses.replace(cfg.model, attn_implementation=attn), len(tokenizer), device)
-    model = PeftModel.from_pretrained(base, str(adapter)).eval()
+    model = saved_adapter_on(base, adapter).eval()
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]
     pad = tokenizer.pad_token_id
     rows = list(prepared.eval)

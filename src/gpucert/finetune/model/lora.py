@@ -373,6 +373,14 @@ def load_model(
     return model, info
 
 
+def saved_adapter_on(base: PreTrainedModel, adapter_dir: Path) -> PeftModel:
+    """A saved adapter (PEFT's format) on `base`, its layers built on base's device: PEFT would build them on the
+    CPU, draw an init there and copy each to the GPU before loading the saved weights (load_model says what that
+    costs)."""
+    with torch.device(base.device):
+        return PeftModel.from_pretrained(base, str(adapter_dir))
+
+
 def merge_adapter(model_cfg: ModelConfig, tokenizer: Any, adapter_dir: Path, out_dir: Path) -> Path | None:
     """The adapter folded into the base weights, saved as a plain model directory; None where the base cannot be
     rebuilt (random_init: its random weights are gone)."""
@@ -380,7 +388,7 @@ def merge_adapter(model_cfg: ModelConfig, tokenizer: Any, adapter_dir: Path, out
         return None
     base = load_base_model(model_cfg, len(tokenizer), torch.device("cpu"))
     with quiet_peft():
-        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+        merged = saved_adapter_on(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
