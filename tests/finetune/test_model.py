@@ -68,7 +68,7 @@ def test_the_adapters_are_drawn_on_the_models_device(
     tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """PEFT builds each adapter on the default device and copies it to its base layer's afterwards: built on
-    the CPU for a GPU model, r64 on a 7B model took 6.2-6.4 s of random draws and copies where 0.3-0.4 s do on
+    the CPU for a GPU model, r64 on a 7B model took 1.9-6.4 s of random draws and copies where 0.2-0.4 s do on
     the GPU (an H200, 2026-11-28, tools/model_load_time.py). The meta device stands in for the GPU here: every
     adapter init must be drawn on the model's device, none on the CPU and copied over."""
     r = 8  # no dimension of the tiny model: what is drawn with r in its shape is an adapter
