@@ -21,7 +21,7 @@ CUDA_VISIBLE_DEVICES=0 timeout -k 10 120 python3 tools/model_load_time.py config
 CUDA_VISIBLE_DEVICES=1 timeout -k 10 120 python3 tools/model_load_time.py configs/finetune/qwen2-7b-speed.yaml \
   > $res/load-qwen.txt 2>&1
 wait
-tail -3 $res/load-mistral.txt $res/load-qwen.txt | tee -a $res/summary.txt
+tail -n 3 $res/load-mistral.txt $res/load-qwen.txt | tee -a $res/summary.txt
 echo "loads done at $(( $(date +%s) - start )) s" | tee -a $res/summary.txt
 timeout -k 20 "${TWO_NODES_TIMEOUT:-240}" python3 tools/two_nodes_gpu.py finetune --out $res/two-nodes \
   > $res/two-nodes-stdout.txt 2>&1

@@ -157,7 +157,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval.evaluate import evaluate as run_eval
     from gpucert.finetune.eval.report import evaluation_report, evaluation_results
-    from gpucert.finetune.model.lora import OWN_ATTENTION, load_base_model, saved_adapter_on
+    from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
     from gpucert.report.terminal import print_report
@@ -165,10 +165,7 @@ def evaluate(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # Generation pads its rows, which gpucert's own attention paths (unpadded training rows) refuse: SDPA here.
-    attn = "sdpa" if cfg.model.attn_implementation in OWN_ATTENTION else cfg.model.attn_implementation
-    base = load_base_model(dataclasses.replace(cfg.model, attn_implementation=attn), len(tokenizer), device)
-    model = saved_adapter_on(base, adapter).eval()
+    model, attn = adapter_for_generation(cfg.model, tokenizer, adapter, device)
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]
     pad = tokenizer.pad_token_id
     rows = list(prepared.eval)

@@ -401,17 +401,14 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
 
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval.report import evaluation_report, verdict_result
-    from gpucert.finetune.model.lora import OWN_ATTENTION, load_base_model, saved_adapter_on
+    from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import write_report
     from gpucert.report.terminal import print_report
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # Generation pads its rows, which gpucert's own attention paths (unpadded training rows) refuse: SDPA here.
-    attn = "sdpa" if cfg.model.attn_implementation in OWN_ATTENTION else cfg.model.attn_implementation
-    base = load_base_model(dataclasses.replace(cfg.model, attn_implementation=attn), len(tokenizer), device)
-    model = saved_adapter_on(base, adapter).eval()
+    model, _ = adapter_for_generation(cfg.model, tokenizer, adapter, device)
     with torch.no_grad():
         runs = run_suite(
             model, tokenizer, suite, cfg.eval, args.compare_base, lambda line: print(line, file=sys.stderr)

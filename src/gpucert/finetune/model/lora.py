@@ -17,7 +17,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -379,6 +379,17 @@ def saved_adapter_on(base: PreTrainedModel, adapter_dir: Path) -> PeftModel:
     costs)."""
     with torch.device(base.device):
         return PeftModel.from_pretrained(base, str(adapter_dir))
+
+
+def adapter_for_generation(
+    model_cfg: ModelConfig, tokenizer: Any, adapter_dir: Path, device: torch.device
+) -> tuple[PeftModel, str]:
+    """(the base model with a saved adapter on `device`, in eval mode; its attention implementation), for `gpucert
+    evaluate` (held-out and BFCL). Generation pads its rows, which gpucert's own attention paths (unpadded training
+    rows) refuse: SDPA then."""
+    attn = "sdpa" if model_cfg.attn_implementation in OWN_ATTENTION else model_cfg.attn_implementation
+    base = load_base_model(replace(model_cfg, attn_implementation=attn), len(tokenizer), device)
+    return saved_adapter_on(base, adapter_dir).eval(), attn
 
 
 def merge_adapter(model_cfg: ModelConfig, tokenizer: Any, adapter_dir: Path, out_dir: Path) -> Path | None:
