@@ -237,7 +237,8 @@ def test_a_host_list_search_names_the_node_that_cannot_run_and_clears_its_partne
     assert [n for n, r in nodes.items() if r["status"] == "FAIL"] == ["nosuch.invalid"]
     pairs = [r for r in report["results"] if r["name"] == "localize.pair"]
     rounds = [(r["details"]["round"], r["subject"], r["status"], r["message"][:300]) for r in pairs]
-    assert {r["details"]["round"] for r in pairs} == {1, 2} and len(pairs) == 4, rounds
+    # As one string: pytest shortens a list message to its first item, which hid why a full run once took 3 rounds.
+    assert {r["details"]["round"] for r in pairs} == {1, 2} and len(pairs) == 4, "\n".join(map(str, rounds))
     # The live nodes' inventories and health came back from their pair jobs; every pair job left its report.
     assert set(report["nodes"]) == {"localhost:0", "localhost:1", "localhost:2"}
     assert report["meta"]["config"]["localize"]["seed"] == 1
