@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One call on one H200 (2026-11-29, issue 31 part 5): FP8 with its adapters in the frozen GEMMs (fp8_in_gemm.py).
+# First the tiny FP8-vs-bf16 loss parity test, which now runs the adapters in the FP8 GEMMs, then the 7B speed
+# lines of tools/plans/h200-fp8-in-gemm.txt (in-GEMM off and on, alternated). Results in one $OUT/results.tgz.
+# Usage: bash tools/device_call_fp8_in_gemm.sh (carry .whl)
+set -u
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+. tools/device_install.sh
+res=/tmp/res; mkdir -p $res
+finish() { [ -f "$OUT/runs.tgz" ] && cp "$OUT/runs.tgz" $res/; rm -f "$OUT/runs.tgz"; tar czf "$OUT/results.tgz" -C $res . ; }
+trap finish EXIT
+start=$(date +%s)
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout -k 10 ${TEST_TIMEOUT:-200} python3 -m pytest -x -q -s tests/gpu/test_finetune_fp8.py ${TESTS_K:+-k "$TESTS_K"} \
+    > $res/gpu-tests.txt 2>&1
+  echo "gpu tests exit $? at $(( $(date +%s) - start )) s"; tail -n 5 $res/gpu-tests.txt
+fi
+RUN_TIMEOUT=${RUN_TIMEOUT:-150} SKIP_INSTALL=1 bash tools/device_finetune.sh ${PLAN:-tools/plans/h200-fp8-in-gemm.txt}
+echo "done at $(( $(date +%s) - start )) s"
+cp "$OUT/summary.txt" $res/ 2>/dev/null; rm -f "$OUT/summary.txt" "$OUT/gpus.csv" "$OUT/versions.txt"
