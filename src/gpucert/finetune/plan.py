@@ -147,12 +147,12 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
             (model.adapters_in_gemm, "model.adapters_in_gemm false"),
             (model.autocast, "needs model.autocast (the adapters must compute in the frozen dtype)"),
             (half, f"model.dtype {model.dtype}: needs bf16 or fp16 frozen weights"),
+            (not fp8, "model.precision fp8: tried in FP8, no faster (docs/OPTIMIZATION.md)"),
             (not sharded, "train.parallel fsdp2 would shard the frozen views"),
             (lora.dropout == 0, f"lora.dropout {lora.dropout} > 0: one dropout mask per projection, no shared A"),
         ],
         "each group's B as extra columns of its frozen GEMM, o_proj's and down_proj's A as extra rows "
-        + ("(FP8: quantized again after each optimizer step) " if fp8 else "")
-        + "(model.adapters_in_gemm)",
+        "(model.adapters_in_gemm)",
     )
     missing = [m for m in MLP_PROJECTIONS if m not in lora.target_modules]
     fuse_mlp = _first_missing(
@@ -164,7 +164,6 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
                 f"lora.r {lora.r} > {FUSED_MLP_MAX_RANK}, the rank the kernel is measured at",
             ),
             (in_gemm.on, "needs the adapters in the frozen GEMMs"),
-            (not fp8, "model.precision fp8: the kernel is written for bf16 frozen weights"),
         ],
         "each SwiGLU MLP one function, its backward "
         + ("one Triton kernel" if triton else "the kernel's torch reference (no CUDA)")

@@ -231,8 +231,7 @@ def convert_frozen_linears(model: nn.Module, skip: Collection[str] = ()) -> Conv
                     continue
                 setattr(parent, child_name, Fp8FrozenLinear.from_linear(child))
                 done.converted.append(name)
-    # The frozen matrices that carry adapters (fused.adapters_in_gemm_to_fp8) are Fp8FrozenLinear already.
-    if not done.converted and not any(isinstance(m, Fp8FrozenLinear) for m in model.modules()):
+    if not done.converted:
         raise ConfigError(
             f"model.precision: fp8 found no frozen linear layer it can convert in {type(model).__name__}"
             + (f" ({done.summary()})" if done.skipped else "")

@@ -61,9 +61,6 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
 from gpucert.finetune.config import FUSED_MLP_MAX_RANK
-from gpucert.finetune.model import fp8_in_gemm
-from gpucert.finetune.model.fp8 import shape_problem
-from gpucert.finetune.model.fp8_in_gemm import Fp8Columns, Fp8Rows
 from gpucert.finetune.model.in_gemm import _AdapterInGemm, _AInGemm, _SwiGLUInGemm
 from gpucert.finetune.model.layers import decoder_layers
 
@@ -124,9 +121,8 @@ class FusedProjections(nn.Module):
         # (input, outputs) of the last computation, until its last member has taken its output.
         self.pending: tuple[torch.Tensor, list[torch.Tensor]] | None = None
         # With adapters in the GEMM: each frozen matrix extended by the group's adapter columns (plain tensors,
-        # not parameters: the frozen weight is a view of them; in FP8 their two float8 layouts), and where each
-        # member's B sits in them.
-        self.extended: list[torch.Tensor | Fp8Columns] = []
+        # not parameters: the frozen weight is a view of them), and where each member's B sits in them.
+        self.extended: list[torch.Tensor] = []
         self.blocks: list[tuple[tuple[int, int, int, int, float], ...]] = []  # (rows of y, columns of xa, s)
         self.block_members: list[list[int]] = []  # the member whose B fills each block
         if not stack:
@@ -181,37 +177,11 @@ class FusedProjections(nn.Module):
         `refresh_adapters_in_gemm` before every forward."""
         items = []
         for j, extended in enumerate(self.extended):
-            if isinstance(extended, Fp8Columns):
-                continue  # refresh_fp8's
             width = extended.shape[1] - sum(self.ranks)
             for i, (row0, row1, col0, col1, scale) in zip(self.block_members[j], self.blocks[j], strict=True):
                 b = self.members[i].lora_B[ADAPTER].weight
                 items.append((extended[row0:row1, width + col0 : width + col1], b, scale))
         return items
-
-    def refresh_fp8(self) -> None:
-        """Quantize each member's scaled B into its block of the FP8 extended matrices (fp8_in_gemm.Fp8Columns)."""
-        for j, extended in enumerate(self.extended):
-            if not isinstance(extended, Fp8Columns):
-                continue
-            b0 = self.members[self.block_members[j][0]].lora_B[ADAPTER].weight
-            sb = torch.zeros(extended.weight.shape[0], extended.extra, dtype=torch.float32, device=b0.device)
-            for i, (row0, row1, col0, col1, scale) in zip(self.block_members[j], self.blocks[j], strict=True):
-                torch.mul(self.members[i].lora_B[ADAPTER].weight.detach(), scale, out=sb[row0:row1, col0:col1])
-            extended.refresh(sb)
-
-    def to_fp8(self) -> None:
-        """Each extended matrix as its FP8 layouts, its frozen layer an Fp8FrozenLinear over their frozen part (the
-        bf16 matrices are freed)."""
-        for j, (layer, extended) in enumerate(zip(self.frozen_layers(), self.extended, strict=True)):
-            assert isinstance(extended, torch.Tensor)
-            width = extended.shape[1] - sum(self.ranks)
-            carrier = Fp8Columns(extended[:, :width], sum(self.ranks))
-            bias = layer.bias.detach() if layer.bias is not None else None
-            owner = self if self.stacked else self.members[j]
-            owner.base_layer = carrier.frozen_linear(bias, extended.dtype)
-            self.extended[j] = carrier
-        self.refresh_fp8()
 
     def adapter_weights(self) -> list[torch.Tensor]:
         """The Bs refresh_items copies, looked up as it looks them up, without slicing the extended matrices."""
@@ -242,11 +212,7 @@ class FusedProjections(nn.Module):
         outs: list[torch.Tensor] = []
         for j, base in enumerate(self.frozen_layers()):
             bs = [self.members[i].lora_B[ADAPTER].weight for i in self.block_members[j]]
-            extended = self.extended[j]
-            if isinstance(extended, Fp8Columns):
-                y = fp8_in_gemm.group_output(x, xa, extended, base.bias, self.blocks[j], bs)
-            else:
-                y = _AdapterInGemm.apply(x, xa, extended, base.bias, self.blocks[j], *bs)
+            y = _AdapterInGemm.apply(x, xa, self.extended[j], base.bias, self.blocks[j], *bs)
             # Each member's output its own tensor, as the plain path's adds make them: a view would keep the whole
             # stacked output alive for as long as any member's is kept (attention keeps v: 75 MB for 8 a layer).
             outs.extend([part.contiguous() for part in y.split(self.sizes, -1)] if self.stacked else [y])
@@ -287,37 +253,17 @@ class AInGemmLoraLinear(LoraLinear):
     weight is the first rows of `gpucert_extended`, [W; A], whose last r rows are refreshed from A, cast to the
     frozen dtype, before every forward of the model."""
 
-    gpucert_extended: torch.Tensor | Fp8Rows  # in FP8: its two float8 layouts (fp8_in_gemm.Fp8Rows)
+    gpucert_extended: torch.Tensor
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args or kwargs or self.disable_adapters or self.merged:
             return super().forward(x, *args, **kwargs)  # PEFT's path: base_layer's weight is W itself
         a, b = _adapter_weight(self, "lora_A"), _adapter_weight(self, "lora_B")
-        extended, bias, scale = self.gpucert_extended, self.base_layer.bias, float(self.scaling[ADAPTER])
-        if isinstance(extended, Fp8Rows):
-            return fp8_in_gemm.single_output(x, extended, bias, a, b, scale)
-        return _AInGemm.apply(x, extended, bias, a, b, scale)
+        return _AInGemm.apply(x, self.gpucert_extended, self.base_layer.bias, a, b, float(self.scaling[ADAPTER]))
 
     def refresh_items(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-        if isinstance(self.gpucert_extended, Fp8Rows):
-            return []  # refresh_fp8's
         a = _adapter_weight(self, "lora_A")
         return [(self.gpucert_extended[-a.shape[0] :], a, 1.0)]
-
-    def refresh_fp8(self) -> None:
-        if isinstance(self.gpucert_extended, Fp8Rows):
-            self.gpucert_extended.refresh(_adapter_weight(self, "lora_A").detach())
-
-    def to_fp8(self) -> None:
-        """[W; A] as its FP8 layouts, the base layer an Fp8FrozenLinear over their frozen part."""
-        extended = self.gpucert_extended
-        assert isinstance(extended, torch.Tensor)
-        a = _adapter_weight(self, "lora_A")
-        carrier = Fp8Rows(extended[: -a.shape[0]], a.shape[0])
-        bias = self.base_layer.bias.detach() if self.base_layer.bias is not None else None
-        self.base_layer = carrier.frozen_linear(bias, extended.dtype)
-        object.__setattr__(self, "gpucert_extended", carrier)
-        self.refresh_fp8()
 
     def adapter_weights(self) -> list[torch.Tensor]:
         return [_adapter_weight(self, "lora_A")]
@@ -555,26 +501,8 @@ def refresh_adapters_in_gemm(model: nn.Module, *_: Any, settled: bool = False) -
         return
     carriers = [m for m in model.modules() if isinstance(m, FusedProjections | AInGemmLoraLinear)]
     _copy_scaled([item for carrier in carriers for item in carrier.refresh_items()])
-    for carrier in carriers:
-        carrier.refresh_fp8()
     if settled or seen is not None:
         model.__dict__[_SETTLED] = [(c, [_state(w) for w in c.adapter_weights()]) for c in carriers]
-
-
-def adapters_in_gemm_to_fp8(model: nn.Module) -> int:
-    """Every extended matrix of `model` (fuse_projections with adapters_in_gemm) as its FP8 layouts
-    (fp8_in_gemm), before fp8.convert_frozen_linears converts the other frozen layers; the number converted."""
-    carriers = [m for m in model.modules() if isinstance(m, FusedProjections | AInGemmLoraLinear)]
-    done = 0
-    for carrier in carriers:
-        layers = [carrier.base_layer] if isinstance(carrier, AInGemmLoraLinear) else carrier.frozen_layers()
-        # A shape _scaled_mm cannot take keeps its bf16 extension, as convert_frozen_linears keeps such a layer.
-        if (isinstance(carrier, AInGemmLoraLinear) or carrier.extended) and not any(
-            shape_problem(layer.weight) for layer in layers
-        ):
-            carrier.to_fp8()
-            done += 1
-    return done
 
 
 def _state(weight: torch.Tensor) -> tuple[torch.Tensor, int, int]:

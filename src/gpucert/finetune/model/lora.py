@@ -42,7 +42,7 @@ from gpucert.finetune.data.packing import (
 from gpucert.finetune.model import flash
 from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
-from gpucert.finetune.model.fused import adapters_in_gemm_to_fp8, fuse_projections, refresh_adapters_in_gemm
+from gpucert.finetune.model.fused import fuse_projections, refresh_adapters_in_gemm
 from gpucert.finetune.model.layers import decoder_layers
 from gpucert.finetune.model.loss import linear_cross_entropy
 from gpucert.finetune.plan import ModelPlan, describe_device, plan_model
@@ -353,8 +353,6 @@ def load_model(
                 setattr(module, "cast_input_dtype_enabled", False)  # noqa: B010 (a plain attribute, not a submodule)
         autocast_dtype = base.dtype
     if plan.precision == "fp8":
-        if fused != "off" and refresh is not None:
-            adapters_in_gemm_to_fp8(base)  # the extended matrices' two float8 layouts (fp8_in_gemm.py)
         convert_frozen_linears(base)  # after counting (an Fp8FrozenLinear is no nn.Linear), before compiling
     # After counting: a deferred head's weight is no longer a parameter.
     head_weight: torch.Tensor | Fp8FrozenLinear | None = defer_head(base) if plan.fused_loss.on else None
