@@ -221,8 +221,8 @@ def test_a_host_list_search_names_the_node_that_cannot_run_and_clears_its_partne
         [*GPUCERT, "cluster", "localize", "--hosts", "localhost:0", "localhost:1", "localhost:2", "nosuch.invalid",
          "--profile", "cpu", "--output", str(run), "--json", "--set", "bench.nproc=1",
          # The rendezvous timeout stays at its default (120 s): the dead host's partner ends with the dead host's
-         # ssh, not at the timeout (20 s either way here), while a tighter one (15 s times the pace measured once
-         # a session) let a live pair's agents miss each other under a full run's load and forced a third round.
+         # ssh, not at the timeout (20 s either way here). A tighter one (15 s times the pace measured once a
+         # session) most likely let a live pair's agents miss each other under a full run's load: a third round.
          "--set", "localize.seed=1", "--set", "localize.deviation_pct=90"],
         capture_output=True, text=True, timeout=within(300),
     )  # fmt: skip

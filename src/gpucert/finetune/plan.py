@@ -147,7 +147,7 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
             (model.adapters_in_gemm, "model.adapters_in_gemm false"),
             (model.autocast, "needs model.autocast (the adapters must compute in the frozen dtype)"),
             (half, f"model.dtype {model.dtype}: needs bf16 or fp16 frozen weights"),
-            (not fp8, "model.precision fp8: tried in FP8, no faster (docs/OPTIMIZATION.md)"),
+            (not fp8, "model.precision fp8: 4 % slower when tried (docs/OPTIMIZATION.md)"),
             (not sharded, "train.parallel fsdp2 would shard the frozen views"),
             (lora.dropout == 0, f"lora.dropout {lora.dropout} > 0: one dropout mask per projection, no shared A"),
         ],
