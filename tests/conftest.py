@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -96,3 +97,28 @@ def kill_process_tree(pid: int) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             continue
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 that nothing holds now. A localize run gives pair i
+    of a round the port localize.base_port + i; at the default (29600) two tests' runs side by side take each
+    other's ports (seen under make test-loaded: a pair that could not serve its store, and an extra round)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = int(s.getsockname()[1])
+        if first + count > 65000:
+            continue
+        held = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+        return first
+    raise RuntimeError(f"expected {count} consecutive free TCP ports, found none in 100 tries")

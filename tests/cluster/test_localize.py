@@ -26,7 +26,7 @@ from gpucert.cluster.localize import (
 )
 from gpucert.config.loader import ConfigError
 from gpucert.status import Status
-from tests.conftest import within
+from tests.conftest import free_ports, within
 
 GPUCERT = [sys.executable, "-m", "gpucert"]
 RELATIVE = Rule(floor=None, floor_source=None, pct=10.0, pct_source="profile h200: benchmarks.cluster_deviation_pct")
@@ -221,9 +221,11 @@ def test_a_host_list_search_names_the_node_that_cannot_run_and_clears_its_partne
         [*GPUCERT, "cluster", "localize", "--hosts", "localhost:0", "localhost:1", "localhost:2", "nosuch.invalid",
          "--profile", "cpu", "--output", str(run), "--json", "--set", "bench.nproc=1",
          # The rendezvous timeout stays at its default (120 s): the dead host's partner ends with the dead host's
-         # ssh, not at the timeout (20 s either way here). A tighter one (15 s times the pace measured once a
-         # session) most likely let a live pair's agents miss each other under a full run's load: a third round.
-         "--set", "localize.seed=1", "--set", "localize.deviation_pct=90"],
+         # ssh, not at the timeout (20 s either way here). Ports of their own: at the default base port, the Slurm
+         # test's localize run beside this one held 29600, a round-2 pair could not serve its store, and a third
+         # round cleared it (make test-loaded, 2026-11-29).
+         "--set", "localize.seed=1", "--set", "localize.deviation_pct=90",
+         "--set", f"localize.base_port={free_ports(2)}"],
         capture_output=True, text=True, timeout=within(300),
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-3000:]
