@@ -59,3 +59,17 @@ def test_prepare_alone_then_reuse(tmp_path: Path, monkeypatch, capsys) -> None:
 def test_a_bad_key_is_named_and_exits_3(tmp_path: Path, capsys) -> None:
     assert main(["finetune", "--set", "train.lr_max=1"]) == 3
     assert "unknown key 'train.lr_max'" in capsys.readouterr().err
+
+
+def test_a_failed_run_says_on_the_terminal_which_criterion_failed_and_what_to_do(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Two steps cannot bring the loss under tiny.yaml's final_loss_max: exit 2, and the terminal names the failed
+    criterion with its threshold and remedy, not only the verdict and the report's path."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["finetune", "--output", str(tmp_path / "run"), "--set", "train.max_steps=2"]) == 2
+    err = capsys.readouterr().err
+    failed = [line for line in err.splitlines() if line.startswith("[finetune] FAIL final_loss: ")]
+    assert len(failed) == 1, err[-2000:]
+    assert "<= 6.5, found" in failed[0] and "(config train.final_loss_max); train longer" in failed[0]
+    assert "PASS checkpoint_present" not in err and "[finetune] FAIL: report in" in err
