@@ -17,6 +17,7 @@ Usage and config errors exit 3 (ERROR: nothing was judged) with the file and key
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -539,6 +540,45 @@ def run_merge(args: argparse.Namespace, console: Console) -> int:
     return report.status.exit_code
 
 
+# 128 + SIGPIPE: what a shell reports for a writer whose reader left.
+BROKEN_PIPE_EXIT = 141
+
+
+def _dispatch(args: argparse.Namespace, console: Console) -> int:
+    """The verb's work; main turns what it raises into one line and an exit code."""
+    if args.verb == "capture":
+        from gpucert.hardware.capture import capture_node
+
+        problems = capture_node(args.output)
+        for problem in problems:
+            console.print(f"not captured: {problem}", style="yellow")
+        console.print(f"bundle written to {args.output} (replay: gpucert discover --replay {args.output})")
+        return 0
+    if args.verb in ("finetune", "evaluate"):
+        from gpucert.finetune import commands
+        from gpucert.finetune.config import recipe_lines, resolve_recipe
+
+        if getattr(args, "list_recipes", False):
+            print("\n".join(recipe_lines()))
+            return 0
+        args.config = resolve_recipe(args.config)  # a recipe name or a path; refused here if neither
+        return commands.finetune(args) if args.verb == "finetune" else commands.evaluate(args)
+    if args.verb == "report":
+        return run_report(args, console)
+    if args.verb == "cluster":
+        return run_cluster(args, console)
+    if args.verb == "profiles":
+        for name in available_profiles():
+            profile = load_profile(name)
+            console.print(f"{name}: {profile.description} (matches {profile.match or 'by name only'})")
+        return 0
+    if getattr(args, "npd", False):
+        from gpucert.fleet.npd import run_plugin
+
+        return run_plugin(lambda: run_suite(args, console))
+    return run_suite(args, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a process's entry (not a caller in the same process): before torch, bytecode.py says why
         use_cache()
@@ -553,37 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     set_format(args.format)
     console = make_console()
     try:
-        if args.verb == "capture":
-            from gpucert.hardware.capture import capture_node
-
-            problems = capture_node(args.output)
-            for problem in problems:
-                console.print(f"not captured: {problem}", style="yellow")
-            console.print(f"bundle written to {args.output} (replay: gpucert discover --replay {args.output})")
-            return 0
-        if args.verb in ("finetune", "evaluate"):
-            from gpucert.finetune import commands
-            from gpucert.finetune.config import recipe_lines, resolve_recipe
-
-            if getattr(args, "list_recipes", False):
-                print("\n".join(recipe_lines()))
-                return 0
-            args.config = resolve_recipe(args.config)  # a recipe name or a path; refused here if neither
-            return commands.finetune(args) if args.verb == "finetune" else commands.evaluate(args)
-        if args.verb == "report":
-            return run_report(args, console)
-        if args.verb == "cluster":
-            return run_cluster(args, console)
-        if args.verb == "profiles":
-            for name in available_profiles():
-                profile = load_profile(name)
-                console.print(f"{name}: {profile.description} (matches {profile.match or 'by name only'})")
-            return 0
-        if getattr(args, "npd", False):
-            from gpucert.fleet.npd import run_plugin
-
-            return run_plugin(lambda: run_suite(args, console))
-        return run_suite(args, console)
+        code = _dispatch(args, console)
+        sys.stdout.flush()  # here, not at exit: a reader that left is then the BrokenPipeError below
+        return code
     except KeyboardInterrupt:
         # The ranks were stopped on the way out (runtime/launcher.py); one line, the shell's code for SIGINT.
         print("gpucert: interrupted", file=sys.stderr)
@@ -591,6 +603,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"gpucert: error: {exc}", file=sys.stderr)
         return ERROR_EXIT
+    except BrokenPipeError:
+        # The reader left (`gpucert report ... | head`): what it read was right, there is nothing to say. Later
+        # writes (Python's own flush at exit) go nowhere. 141 is what a shell reports for a writer that SIGPIPE
+        # ended (`yes | head`): no verdict (0-3) is claimed for output nobody read.
+        with contextlib.suppress(OSError, ValueError):  # a stdout with no descriptor (a test's capture)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
     except OSError as exc:
         # The environment refused (a full disk, a missing or unreadable file): one line naming the path, no traceback.
         print(f"gpucert: error: {describe_os_error(exc)}", file=sys.stderr)

@@ -325,3 +325,20 @@ def test_accept_on_this_machine_to_a_pipe(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     host = lines.index("Host:")
     assert all(line.startswith("  ") and ": " in line for line in lines[host + 1 : host + 8]), lines
+
+
+@pytest.mark.parametrize("fmt", [[], ["--markdown"], ["--format", "plain"]])
+def test_a_reader_that_leaves_ends_gpucert_quietly_with_the_shells_sigpipe_code(fmt: list[str]) -> None:
+    """`gpucert report ... | head`: the reader closes the pipe before gpucert writes. No traceback, no "Broken
+    pipe" error line, and exit 141 (a shell's code for a writer SIGPIPE ended), not a verdict: rich's own handler
+    exited 1 (WARN) and the markdown path 3 (ERROR)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [*GPUCERT, "report", str(FIXTURES / "reports" / "accept-cpu-a.json"), *fmt],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, ""), done.stderr[-2000:]

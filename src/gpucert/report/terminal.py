@@ -14,6 +14,7 @@ so `grep '^FAIL'`, `grep gpu.count` or `awk -F ' [|] '` read a log file as they 
 from __future__ import annotations
 
 import dataclasses
+import errno
 from collections.abc import Iterable
 from typing import Any
 
@@ -64,9 +65,16 @@ def plain_output(console: Console) -> bool:
 def make_console(stderr: bool = False) -> Console:
     """The command line's console. No markup: node labels (`host[n1]`), messages and paths print as they are,
     never read as rich tags. Where output is plain, long lines are not wrapped either (soft wrap)."""
-    console = Console(stderr=stderr, highlight=False, markup=False)
+    console = _Console(stderr=stderr, highlight=False, markup=False)
     console.soft_wrap = plain_output(console)
     return console
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1 here, which gpucert's exit codes read as WARN: the CLI's own handler says what happened.
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of gpucert's output closed it")
 
 
 def print_line(console: Console, line: str | Text) -> None:
