@@ -112,7 +112,7 @@ def test_why_names_a_recorded_failure_then_a_local_rank_whose_process_is_gone_th
             said.set(key, "1")
             assert "stopped by SIGTERM from its launcher" in why_terminated(runtime(peers, said), said, 0).cause
 
-        recorded = AbortRecord("rank 2 (node-1 rank 0 (cpu))", "ValueError: bad", "bench memory", 2, "node-1")
+        recorded = AbortRecord("rank 2 (node-1, cpu local rank 0)", "ValueError: bad", "bench memory", 2, "node-1")
         record_abort(store, recorded)
         assert why_terminated(rt, store, 0) == recorded  # what a rank said of itself comes first
 

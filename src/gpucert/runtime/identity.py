@@ -38,9 +38,13 @@ class RankIdentity:
         return f"{self.node} rank {self.local_rank} ({self.device})"
 
     def describe(self) -> str:
-        """For messages about a rank: `rank 3 (node-b GPU 3, host gpu-b)`."""
+        """For messages about a rank: `rank 3 (node-b GPU 3, host gpu-b)`; on a CPU machine `rank 1 (node-b, cpu)`,
+        with its local rank where that differs (the subject's own parentheses would nest here)."""
         host = f", host {self.host}" if self.host != self.node else ""
-        return f"rank {self.rank} ({self.subject}{host})"
+        if self.gpu_index is not None:
+            return f"rank {self.rank} ({self.subject}{host})"
+        local = f" local rank {self.local_rank}" if self.local_rank != self.rank else ""
+        return f"rank {self.rank} ({self.node}, {self.device}{local}{host})"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

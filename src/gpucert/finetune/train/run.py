@@ -10,7 +10,7 @@ when the prepared data changed since (resume_allow_data_change: true continues o
 
 A failure on any rank ends the job on every rank, never a hang: the failing rank records the cause in the job's
 store and exits 3 after one line and its traceback,
-    gpucert: rank 1 (node-b rank 0 (cpu)) failed during step 12: RuntimeError: ...
+    gpucert: rank 1 (node-b, cpu local rank 0) failed during step 12: RuntimeError: ...
 and every other rank's watchdog reads it within runtime.heartbeat_interval_s and exits 3 naming that rank. A rank
 that dies or freezes without a word is named after runtime.heartbeat_timeout_s. Ctrl-C exits 130.
 
