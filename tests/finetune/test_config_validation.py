@@ -136,6 +136,15 @@ def test_a_missing_resume_directory_is_refused_before_the_run_directory(
     assert list(empty_cwd.iterdir()) == []
 
 
+def test_resume_auto_without_a_run_directory_is_refused_before_any_work(
+    empty_cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --output each run makes a new runs/<time>-finetune, so auto would find nothing and start at step 0."""
+    assert main(["finetune", "--resume", "auto"]) == 3
+    assert "resume auto needs output_dir (--output DIR, the run directory to continue)" in capsys.readouterr().err
+    assert list(empty_cwd.iterdir()) == []
+
+
 def test_an_output_dir_that_is_a_file_is_refused(empty_cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (empty_cwd / "taken").write_text("")
     assert main(["finetune", "--output", str(empty_cwd / "taken")]) == 3

@@ -387,6 +387,12 @@ class FinetuneConfig:
             found.append(
                 f"resume must be none, auto or a checkpoint directory, found {self.resume!r} (no such directory)"
             )
+        if self.resume == "auto" and not self.output_dir:
+            # Without it each run makes a new runs/<time>-finetune, where auto never finds a checkpoint.
+            found.append(
+                "resume auto needs output_dir (--output DIR, the run directory to continue): without it every run "
+                "starts in a new directory under runs/ and has nothing to resume"
+            )
         return found
 
 
