@@ -104,6 +104,21 @@ def test_a_named_unreadable_checkpoint_is_refused_without_fallback(tmp_path: Pat
     assert named.is_dir()  # asked for by name: left where it is
 
 
+def test_the_command_line_refuses_a_named_unreadable_checkpoint_in_one_line(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpucert finetune --resume DIR` on a damaged checkpoint: exit 3 and the one line naming the file and what to
+    do, no traceback (its message says it all, as for bad input)."""
+    from gpucert.cli import main
+
+    named = write_checkpoint(tmp_path / "old", 8)
+    (named / "trainer_state.json").write_text("{not json")
+    assert main(["finetune", "--resume", str(named), "--output", str(tmp_path / "new")]) == 3
+    err = capsys.readouterr().err
+    assert "step-8/trainer_state.json: unreadable" in err and "or --resume auto" in err
+    assert "Traceback" not in err, err[-3000:]
+
+
 def test_a_run_falls_back_past_a_truncated_checkpoint_and_continues_exactly(
     tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

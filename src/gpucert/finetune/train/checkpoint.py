@@ -182,7 +182,9 @@ def choose_checkpoint(resume: str, run_dir: Path, note: Callable[[str], None] = 
     if resume != "auto":
         problem = verify_checkpoint(Path(resume))
         if problem:
-            raise CheckpointError(f"resume: {problem}; pick another checkpoint, or resume: auto")
+            raise CheckpointError(
+                f"resume: {problem}; pick another checkpoint, or --resume auto (resume: auto in a config)"
+            )
         return Path(resume)
     unreadable: list[str] = []
     for step, path in reversed(complete_checkpoints(run_dir)):
