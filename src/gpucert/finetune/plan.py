@@ -246,7 +246,7 @@ class RunPlan:
         precision = (
             f"{m.precision}: frozen decoder projections in float8 e4m3 on the FP8 tensor cores, the rest {m.dtype}"
             if m.precision == "fp8"
-            else f"{m.precision}: frozen weights in {m.dtype} as loaded"
+            else f"{m.dtype}: frozen weights as loaded, not quantized to FP8"
         )
         lines = [
             f"device             {self.device.describe()} x {self.world_size}",
