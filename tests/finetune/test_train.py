@@ -332,7 +332,7 @@ def test_an_error_names_the_rank_and_phase_then_exits_3(
     err = capsys.readouterr().err
     first, *rest = [line for line in err.splitlines() if line.startswith("gpucert:")]
     assert re.fullmatch(
-        r"gpucert: rank 0 \(.* rank 0 \(cpu\)\) failed during data preparation: "
+        r"gpucert: rank 0 \([^,()]*, cpu\) failed during data preparation: "
         r"OSError: \[Errno 28\] No space left on device \(raised at .*test_train.py:\d+ in disk_full\)",
         first,
     ), err

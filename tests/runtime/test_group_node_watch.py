@@ -87,7 +87,8 @@ def assert_named(done: dict[int, tuple[int, str]], victim: int, how: str) -> Non
     node = f"[n{victim // 2}]"
     for r, (code, out) in done.items():
         assert code == ABORTED_EXIT, (r, out)
-        who = rf"rank {victim} \(.*{re.escape(node)} rank {victim % 2} \(cpu\)(, host [^)]*)?\)"
+        local = "" if victim % 2 == victim else f" local rank {victim % 2}"  # RankIdentity.describe
+        who = rf"rank {victim} \(.*{re.escape(node)}, cpu{local}(, host [^)]*)?\)"
         cause = rf"no heartbeat for \d+ s \(runtime.heartbeat_timeout_s [\d.]+\){how}"
         assert re.search(rf"stops: {who} failed during step {victim}: {cause}", out), (r, out)
 
