@@ -314,9 +314,10 @@ def train(
         write_run_files(run_dir, result, run_report(result, rt, peak, started))
         # Why a run did not pass, on the terminal: the verdict line alone sent the user to report.json.
         for c in result["criteria"]:
-            if c["status"] != "PASS":
+            if c["status"] in ("WARN", "FAIL", "ERROR"):
+                source = f" ({c['threshold_source']})" if c.get("threshold_source") else ""
                 fix = f"; {c['remediation']}" if c.get("remediation") else ""
-                log(f"{c['status']} {c['name']}: {c['message']} ({c['threshold_source']}){fix}")
+                log(f"{c['status']} {c['name']}: {c['message']}{source}{fix}")
         log(
             f"{result['status']}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html draws it), "
             f"metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}"
