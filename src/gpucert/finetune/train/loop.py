@@ -68,9 +68,12 @@ from gpucert.finetune.train.summary import (
     step_record,
     summarise,
 )
+from gpucert.report.schema import Result
+from gpucert.report.terminal import result_line
 from gpucert.runtime.group import (
     Runtime,
 )
+from gpucert.status import Status
 
 ADAM_BETAS = (0.9, 0.999)
 
@@ -312,12 +315,11 @@ def train(
     if rt.is_main:
         rt.set_phase("writing the report")
         write_run_files(run_dir, result, run_report(result, rt, peak, started))
-        # Why a run did not pass, on the terminal: the verdict line alone sent the user to report.json.
-        for c in result["criteria"]:
-            if c["status"] in ("WARN", "FAIL", "ERROR"):
-                source = f" ({c['threshold_source']})" if c.get("threshold_source") else ""
-                fix = f"; {c['remediation']}" if c.get("remediation") else ""
-                log(f"{c['status']} {c['name']}: {c['message']}{source}{fix}")
+        # Why a run did not pass, on the terminal: the verdict line alone sent the user to report.json. Each WARN,
+        # FAIL or ERROR as gpucert's plain output prints it (threshold source and remedy included).
+        for criterion in map(Result.from_dict, result["criteria"]):
+            if criterion.status >= Status.WARN:
+                log(result_line(criterion))
         log(
             f"{result['status']}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html draws it), "
             f"metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}"
