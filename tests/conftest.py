@@ -99,10 +99,10 @@ def kill_process_tree(pid: int) -> None:
             continue
 
 
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive TCP ports on 127.0.0.1 that nothing holds now. A localize run gives pair i
-    of a round the port localize.base_port + i; at the default (29600) two tests' runs side by side take each
-    other's ports (seen under make test-loaded: a pair that could not serve its store, and an extra round)."""
+def free_port(count: int = 1) -> int:
+    """A TCP port on 127.0.0.1 that nothing holds now, the first of `count` consecutive ones. A localize run gives
+    pair i of a round the port localize.base_port + i; at the default (29600) two tests' runs side by side take
+    each other's ports (seen under make test-loaded: a pair that could not serve its store, and an extra round)."""
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

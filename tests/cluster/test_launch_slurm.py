@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tests.cluster.slurm import SlurmCluster, wait_job
-from tests.conftest import free_ports, within
+from tests.conftest import free_port, within
 
 pytestmark = pytest.mark.slow
 GPUCERT = [sys.executable, "-m", "gpucert"]
@@ -161,7 +161,7 @@ def test_localize_dry_run_script_runs_one_srun_step_per_pair_and_names_both_node
     run, _ = dry_run_then_sbatch(
         slurm_cluster, tmp_path, "localize", "--profile", "cpu",
         "--set", "bench.nproc=1", "--set", "localize.pair_busbw_gbps_min=0.0001",
-        "--set", f"localize.base_port={free_ports(1)}",
+        "--set", f"localize.base_port={free_port()}",
     )  # fmt: skip
     report = json.loads((run / "report.json").read_text())
     assert report["meta"]["nodes"] == ["node1", "node2"] or report["meta"]["nodes"] == ["node2", "node1"]

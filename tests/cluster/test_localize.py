@@ -26,7 +26,7 @@ from gpucert.cluster.localize import (
 )
 from gpucert.config.loader import ConfigError
 from gpucert.status import Status
-from tests.conftest import free_ports, within
+from tests.conftest import free_port, within
 
 GPUCERT = [sys.executable, "-m", "gpucert"]
 RELATIVE = Rule(floor=None, floor_source=None, pct=10.0, pct_source="profile h200: benchmarks.cluster_deviation_pct")
@@ -225,7 +225,7 @@ def test_a_host_list_search_names_the_node_that_cannot_run_and_clears_its_partne
          # test's localize run beside this one held 29600, a round-2 pair could not serve its store, and a third
          # round cleared it (make test-loaded, 2026-11-29).
          "--set", "localize.seed=1", "--set", "localize.deviation_pct=90",
-         "--set", f"localize.base_port={free_ports(2)}"],
+         "--set", f"localize.base_port={free_port(2)}"],
         capture_output=True, text=True, timeout=within(300),
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-3000:]

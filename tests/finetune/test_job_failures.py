@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.conftest import kill_process_tree, within
-from tests.runtime.test_cluster_runs import free_port, node_flags
+from tests.conftest import free_port, kill_process_tree, within
+from tests.runtime.test_cluster_runs import node_flags
 
 from gpucert.runtime.launch_env import RANK_VARIABLES
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.conftest import free_port
 
 
 class PrometheusSetupError(RuntimeError):
@@ -52,14 +53,6 @@ def install() -> str:
             f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
         )
     return found
-
-
-def free_port() -> int:
-    # Prometheus takes its listen address on the command line, so the port is chosen here; the kernel's pick of
-    # an ephemeral port is not handed out again at once.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -104,6 +97,8 @@ def start(binary: str, workdir: Path, target: str, scrape_interval_s: int = 1) -
         "scrape_configs": [{"job_name": "gpucert", "static_configs": [{"targets": [target]}]}],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    # Prometheus takes its listen address on the command line, so the port is chosen here; the kernel's pick of
+    # an ephemeral port is not handed out again at once.
     port = free_port()
     log = workdir / "prometheus.log"
     argv = [

@@ -7,7 +7,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from tests.runtime.test_cluster_runs import free_port, load, two_nodes
+from tests.conftest import free_port
+from tests.runtime.test_cluster_runs import load, two_nodes
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.conftest import NODE_BUNDLES, kill_process_tree, within
+from tests.conftest import NODE_BUNDLES, free_port, kill_process_tree, within
 from tests.report.test_schema_and_store import schema_errors
 
 from gpucert.report.schema import SCHEMA_VERSION
@@ -34,12 +34,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
     return {**env, "OMP_NUM_THREADS": "1", "COLUMNS": "200", **extra}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_flags(rank: int, port: int) -> list[str]:

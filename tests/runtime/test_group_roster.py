@@ -14,9 +14,8 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
-from tests.conftest import within
+from tests.conftest import free_port, within
 from tests.finetune.test_job_failures import worker_env
-from tests.runtime.test_cluster_runs import free_port
 
 from gpucert.runtime.identity import RankIdentity, pack_roster, relabel, unpack_roster
 

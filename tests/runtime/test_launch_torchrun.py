@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import within
-from tests.runtime.test_cluster_runs import clean_env, free_port
+from tests.conftest import free_port, within
+from tests.runtime.test_cluster_runs import clean_env
 
 pytestmark = pytest.mark.slow
 

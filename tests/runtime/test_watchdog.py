@@ -14,9 +14,8 @@ import sys
 import textwrap
 
 import pytest
-from tests.conftest import within
+from tests.conftest import free_port, within
 from tests.finetune.test_job_failures import worker_env
-from tests.runtime.test_cluster_runs import free_port
 
 from gpucert.runtime.group import ABORTED_EXIT
 
