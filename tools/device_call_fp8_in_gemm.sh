@@ -5,12 +5,7 @@
 # Usage: bash tools/device_call_fp8_in_gemm.sh (carry .whl)
 # Measured at commit 858e7e4, which held fp8_in_gemm.py; reverted in the next commit (4 % slower), so on later
 # commits model.adapters_in_gemm is off in fp8 and both variants run the adapters beside the FP8 GEMMs.
-set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-. tools/device_install.sh
-res=/tmp/res; mkdir -p $res
-finish() { [ -f "$OUT/runs.tgz" ] && cp "$OUT/runs.tgz" $res/; rm -f "$OUT/runs.tgz"; tar czf "$OUT/results.tgz" -C $res . ; }
-trap finish EXIT
+. tools/device_call_setup.sh
 start=$(date +%s)
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout -k 10 ${TEST_TIMEOUT:-200} python3 -m pytest -x -q -s tests/gpu/test_finetune_fp8.py ${TESTS_K:+-k "$TESTS_K"} \

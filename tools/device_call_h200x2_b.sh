@@ -7,12 +7,7 @@
 #     (tools/two_nodes_gpu.py finetune), with each rank's compile counters;
 #  3. tests/gpu/test_finetune_fp8.py's FP8 DDP test over both GPUs.
 # Usage: bash tools/device_call_h200x2_b.sh (carry .whl)
-set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-. tools/device_install.sh
-res=/tmp/res; mkdir -p $res
-finish() { tar czf "$OUT/results.tgz" -C $res . ; }
-trap finish EXIT
+. tools/device_call_setup.sh
 nvidia-smi --query-gpu=name,uuid,power.limit --format=csv,noheader | tee $res/summary.txt
 start=$(date +%s)
 mistral=(--set model.name=configs/finetune/models/mistral-7b --set model.random_init=true --set data.source=synthetic)

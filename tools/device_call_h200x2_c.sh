@@ -4,12 +4,7 @@
 #         beside), then the speed recipe cold and warm (tools/plans/h200-speed-first-step.txt);
 #  GPU 1: the Mistral recipe cold and warm (tools/plans/h200-mistral.txt).
 # Results in one $OUT/results.tgz. Usage: bash tools/device_call_h200x2_c.sh (carry .whl)
-set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-. tools/device_install.sh
-res=/tmp/res; mkdir -p $res
-finish() { [ -f "$OUT/runs.tgz" ] && cp "$OUT/runs.tgz" $res/; rm -f "$OUT/runs.tgz"; tar czf "$OUT/results.tgz" -C $res . ; }
-trap finish EXIT
+. tools/device_call_setup.sh
 start=$(date +%s)
 (
   export CUDA_VISIBLE_DEVICES=0
