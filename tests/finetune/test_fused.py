@@ -402,7 +402,7 @@ def test_load_model_puts_adapters_in_the_gemm_only_where_they_compute_in_its_dty
         (bf16, LoraConfig(r=8, alpha=16, dropout=0.0, target_modules=TARGETS[:-1]), False),
     ]:
         _, info = load_model(model_cfg, lora_cfg, tokenizer, torch.device("cpu"))
-        assert ("2 MLPs with one backward kernel" in info.fused_projections) is fused_mlp, info.fused_projections
+        assert ("2 MLPs as one function" in info.fused_projections) is fused_mlp, info.fused_projections
         assert "4 with the adapters in the frozen GEMM" in info.fused_projections
     for model_cfg, lora_cfg, sharded, expected in cases:
         with warnings.catch_warnings():
@@ -422,7 +422,7 @@ def test_the_fused_mlp_gives_pefts_outputs_and_gradients(arch: str) -> None:
     plain = peft_model(arch)
     fused = copy.deepcopy(plain)
     done = fuse_projections(fused, adapters_in_gemm=True, mlp=True)
-    assert done.mlp == 2 and "2 MLPs with one backward kernel" in done.summary() and not done.left
+    assert done.mlp == 2 and "2 MLPs as one function" in done.summary() and not done.left
     mlp = decoder_layers(fused)[0].mlp
     assert (
         isinstance(mlp, SwiGLUInGemm) and type(mlp).__name__ == f"{type(decoder_layers(plain)[0].mlp).__name__}InGemm"

@@ -155,6 +155,25 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
         "(model.adapters_in_gemm)",
     )
     missing = [m for m in MLP_PROJECTIONS if m not in lora.target_modules]
+    # bf16 fuses the MLP over the adapters in its frozen GEMMs; FP8 keeps them beside its GEMMs (4 % slower inside)
+    # and fuses what lies between the GEMMs instead (fp8_mlp.py), over gate/up's one A.
+    mlp_needs = (
+        [
+            (fuse.on, "needs model.fuse_projections (gate/up's one A)"),
+            (model.autocast, "needs model.autocast (the adapters must compute in the frozen dtype)"),
+            (half, f"model.dtype {model.dtype}: needs bf16 or fp16 activations"),
+            (not sharded, "train.parallel fsdp2: not measured with the weights sharded"),
+            (lora.dropout == 0, f"lora.dropout {lora.dropout} > 0: one dropout mask per projection, no shared A"),
+        ]
+        if fp8
+        else [(in_gemm.on, "needs the adapters in the frozen GEMMs")]
+    )
+    if fp8:
+        mlp_how = "the SwiGLU with the adapters' rank-r products and h's FP8 quantization " + (
+            "one Triton kernel, its backward two" if triton else "the kernels' torch reference (no CUDA)"
+        )
+    else:
+        mlp_how = "its backward " + ("one Triton kernel" if triton else "the kernel's torch reference (no CUDA)")
     fuse_mlp = _first_missing(
         [
             (model.fuse_mlp, "model.fuse_mlp false"),
@@ -163,10 +182,9 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
                 lora.r <= FUSED_MLP_MAX_RANK,
                 f"lora.r {lora.r} > {FUSED_MLP_MAX_RANK}, the rank the kernel is measured at",
             ),
-            (in_gemm.on, "needs the adapters in the frozen GEMMs"),
+            *mlp_needs,
         ],
-        "each SwiGLU MLP one function, its backward "
-        + ("one Triton kernel" if triton else "the kernel's torch reference (no CUDA)")
+        f"each SwiGLU MLP one function, {mlp_how}"
         + " (model.fuse_mlp; an architecture whose MLP cannot is named when the model loads)",
     )
     compile_ = _first_missing(

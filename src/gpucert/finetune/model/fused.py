@@ -403,7 +403,7 @@ class Fusion:
         if self.a_in_gemm:
             text += f", {self.a_in_gemm} single projections with their A in the frozen GEMM"
         if self.mlp:
-            text += f", {self.mlp} MLPs with one backward kernel (SwiGLU and the adapters' products)"
+            text += f", {self.mlp} MLPs as one function (the SwiGLU and the adapters' rank-r products in Triton kernels)"
         reasons = sorted(set(self.left.values()))
         if reasons:
             text += f"; {len(self.left)} left as they are: " + " | ".join(reasons)

@@ -42,7 +42,8 @@ from gpucert.finetune.data.packing import (
 from gpucert.finetune.model import flash
 from gpucert.finetune.model.flop_counts import FlopCounts
 from gpucert.finetune.model.fp8 import Fp8FrozenLinear, check_fp8_device, convert_frozen_linears, head_to_fp8
-from gpucert.finetune.model.fused import fuse_projections, refresh_adapters_in_gemm
+from gpucert.finetune.model.fp8_mlp import fuse_fp8_mlps
+from gpucert.finetune.model.fused import Fusion, fuse_projections, refresh_adapters_in_gemm
 from gpucert.finetune.model.layers import decoder_layers
 from gpucert.finetune.model.loss import linear_cross_entropy
 from gpucert.finetune.plan import ModelPlan, describe_device, plan_model
@@ -334,15 +335,13 @@ def load_model(
         lora_params=sum(p.numel() for name, p in params if "lora_" in name),
     )
     del params  # it would keep each fused member's own weight alive beside the stacked copy until load_model returns
-    fused = "off"
+    fusion: Fusion | None = None
     refresh: Callable[[], None] | None = None
     if plan.fuse_projections.on:
         # After PEFT (it joins PEFT's layers), before FP8 (which converts each group's stacked matrix) and compiling.
         fusion = fuse_projections(base, adapters_in_gemm=plan.adapters_in_gemm.on, mlp=plan.fuse_mlp.on)
-        fused = fusion.summary()
         if fusion.in_gemm or fusion.a_in_gemm:
             refresh = partial(refresh_adapters_in_gemm, base, settled=True)
-    info = ModelInfo(**counts, fused_projections=fused, **shape)
     autocast_dtype = None
     if plan.autocast.on:
         # PEFT keeps adapters in fp32 and casts each adapter's input to fp32: an fp32 copy of every projection
@@ -354,6 +353,9 @@ def load_model(
         autocast_dtype = base.dtype
     if plan.precision == "fp8":
         convert_frozen_linears(base)  # after counting (an Fp8FrozenLinear is no nn.Linear), before compiling
+        if plan.fuse_mlp.on and fusion is not None:
+            fuse_fp8_mlps(base, fusion)  # over the converted projections
+    info = ModelInfo(**counts, fused_projections=fusion.summary() if fusion else "off", **shape)
     # After counting: a deferred head's weight is no longer a parameter.
     head_weight: torch.Tensor | Fp8FrozenLinear | None = defer_head(base) if plan.fused_loss.on else None
     if isinstance(head_weight, torch.Tensor) and plan.fp8_head.on:
