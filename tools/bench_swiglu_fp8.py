@@ -71,7 +71,10 @@ def kernels(calls: int, warmup: int) -> dict[str, object]:
         out[f"forward {t}"] = {"ms": round(ms, 3), "GB/s": round((4 * 2 + 1) * mb / ms, 1)}
     for t in BWD:
         ms = time_ms(lambda t=t: swiglu_fp8.backward(gate, up, dhb, xa, bg, bu, ad, dha, tiling=t), calls, warmup)
-        out[f"backward {t} quant {swiglu_fp8.QUANT_TILING}"] = {"ms": round(ms, 3), "GB/s": round((5 * 2 + 2 * 2 + 2) * mb / ms, 1)}
+        out[f"backward {t} quant {swiglu_fp8.QUANT_TILING}"] = {
+            "ms": round(ms, 3),
+            "GB/s": round((5 * 2 + 2 * 2 + 2) * mb / ms, 1),
+        }
     for q in QUANT:
         ms = time_ms(lambda q=q: swiglu_fp8.backward(gate, up, dhb, xa, bg, bu, ad, dha, quant_tiling=q), calls, warmup)
         out[f"backward {swiglu_fp8.BWD_TILING} quant {q}"] = {"ms": round(ms, 3)}

@@ -465,7 +465,7 @@ def test_mlps_that_cannot_fuse_are_left_with_the_reason() -> None:
     for layer in decoder_layers(gelu):
         layer.mlp.config.hidden_act = "gelu"  # the config is shared: HF's act_fn was built from it as silu
     done = fuse_projections(gelu, adapters_in_gemm=True, mlp=True)
-    assert done.mlp == 0 and set(done.left.values()) == {"MLP: activation 'gelu', not silu"}
+    assert done.mlp == 0 and set(done.left.values()) == {"MLP: activation 'gelu' (SiLUActivation), not silu"}
 
 
 def test_the_fused_mlp_keeps_each_projections_own_rank_and_scale() -> None:

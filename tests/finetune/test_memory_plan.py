@@ -68,6 +68,8 @@ MEASURED = [
     # 2026-11-23, FlashAttention-3 (h100-fp8-fa3.txt; the second chosen by train.micro_batch=auto).
     ("r16 fp8 micro-batch 2, FlashAttention-3", dataclasses.replace(R16, precision="fp8"), 2, "none", 50.2),
     ("r16 fp8 micro-batch 3, FlashAttention-3", dataclasses.replace(R16, precision="fp8"), 3, "none", 67.7),
+    # 2026-11-29, one H200 (tools/plans/h200-fp8-mlp.txt): the FP8 MLP as one function (fp8_mlp.py), h recomputed.
+    ("r16 fp8 micro-batch 2, fused MLP", dataclasses.replace(R16, precision="fp8", fused_mlp=True), 2, "none", 42.0),
     ("r64 micro-batch 2", dataclasses.replace(R16, lora_r=64), 2, "none", 52.5),
     ("r64 dropout 0.05 micro-batch 2", R64_DROPOUT, 2, "none", 67.2),
     ("speed recipe (r64 dropout 0.05, packed, flex) micro-batch 2", R64_DROPOUT, 2, "none", 69.6),

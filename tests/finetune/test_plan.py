@@ -36,11 +36,20 @@ def in_gemm_before_the_plan(model: ModelConfig, lora: LoraConfig, sharded: bool)
 
 
 def fuse_mlp_before_the_plan(model: ModelConfig, lora: LoraConfig, sharded: bool) -> bool:
+    """As before the plan, and since 2026-11-29 in FP8 too (fp8_mlp.py), over gate/up's one A."""
+    fp8_mlp = (
+        model.precision == "fp8"
+        and model.fuse_projections
+        and model.autocast
+        and model.dtype in ("bf16", "fp16")
+        and not sharded
+        and lora.dropout == 0
+    )
     return (
         model.fuse_mlp
         and {"gate_proj", "up_proj", "down_proj"} <= set(lora.target_modules)
         and lora.r <= FUSED_MLP_MAX_RANK
-        and in_gemm_before_the_plan(model, lora, sharded)
+        and (in_gemm_before_the_plan(model, lora, sharded) or fp8_mlp)
     )
 
 
@@ -120,7 +129,28 @@ def test_adapters_in_gemm_off_names_the_first_condition_that_fails(
 ) -> None:
     plan = plan_model(model, lora, H100, sharded)
     assert not plan.adapters_in_gemm.on and why in plan.adapters_in_gemm.why
-    assert not plan.fuse_mlp.on and plan.fuse_mlp.why == "needs the adapters in the frozen GEMMs"
+    if model.precision == "fp8":  # FP8 fuses its MLP without them (fp8_mlp.py)
+        assert plan.fuse_mlp.on and "h's FP8 quantization one Triton kernel, its backward two" in plan.fuse_mlp.why
+    else:
+        assert not plan.fuse_mlp.on and plan.fuse_mlp.why == "needs the adapters in the frozen GEMMs"
+
+
+@pytest.mark.parametrize(
+    ("model", "lora", "sharded", "why"),
+    [
+        (ModelConfig(fuse_projections=False), LoraConfig(r=16, dropout=0.0), False, "needs model.fuse_projections"),
+        (ModelConfig(), LoraConfig(r=16, dropout=0.0), True, "train.parallel fsdp2: not measured"),
+        (ModelConfig(), LoraConfig(r=16, dropout=0.05), False, "lora.dropout 0.05 > 0"),
+        (ModelConfig(autocast=False), LoraConfig(r=16, dropout=0.0), False, "needs model.autocast"),
+    ],
+)
+def test_the_fp8_fused_mlp_off_names_the_first_condition_that_fails(
+    model: ModelConfig, lora: LoraConfig, sharded: bool, why: str
+) -> None:
+    plan = plan_model(dataclasses.replace(model, precision="fp8"), lora, H100, sharded)
+    assert not plan.fuse_mlp.on and why in plan.fuse_mlp.why, plan.fuse_mlp.why
+    on_cpu = plan_model(ModelConfig(precision="fp8"), LoraConfig(r=16, dropout=0.0), CPU).fuse_mlp
+    assert on_cpu.on and "the kernels' torch reference (no CUDA)" in on_cpu.why
 
 
 def test_the_fused_mlp_off_says_which_key_keeps_it_off() -> None:

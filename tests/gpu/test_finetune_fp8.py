@@ -262,7 +262,9 @@ def test_fp8_mlp_time_against_the_unfused_path() -> None:
 
     shape = dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4)
     base = Qwen2ForCausalLM(Qwen2Config(**shape, num_hidden_layers=1, vocab_size=1024)).to("cuda", torch.bfloat16)
-    peft = get_peft_model(base, PeftLoraConfig(r=16, lora_alpha=32, target_modules=["gate_proj", "up_proj", "down_proj"]))
+    peft = get_peft_model(
+        base, PeftLoraConfig(r=16, lora_alpha=32, target_modules=["gate_proj", "up_proj", "down_proj"])
+    )
     fusion = fuse_projections(peft)
     convert_frozen_linears(peft)
     plain = copy.deepcopy(peft)

@@ -122,7 +122,9 @@ class ModelConfig:
     adapters_in_gemm: bool = True
     # With the adapters in the frozen GEMMs, gate/up/down all adapted and r <= 16: each SwiGLU MLP one function whose
     # backward runs one Triton kernel for the SwiGLU backward and gate's, up's and down_proj's rank-r weight
-    # gradients (finetune/model/kernels/swiglu.py), and whose forward keeps no silu(gate) * up.
+    # gradients (finetune/model/kernels/swiglu.py), and whose forward keeps no silu(gate) * up. In fp8 (adapters
+    # beside the frozen GEMMs, one A for gate/up, no dropout, not FSDP2): the MLP one function whose SwiGLU, rank-r
+    # products and FP8 quantizations run as Triton kernels between its FP8 GEMMs (finetune/model/fp8_mlp.py).
     fuse_mlp: bool = True
 
     def problems(self) -> list[str]:

@@ -7,7 +7,8 @@ and in the backward the adapters' share of dh and dgate/dup in bf16 and FP8, are
 written and read again per layer (Qwen2-7B, micro-batch 2). `_Fp8SwiGLU` keeps the three frozen FP8 GEMMs each way
 and hands everything between them to kernels/swiglu_fp8.py, which computes the adapters' rank-r products on the
 tiles it already holds. The forward keeps gate, up and x (h is recomputed in the backward, as the bf16 fused MLP
-does), so the layer keeps one intermediate-sized tensor less.
+does), so the layer keeps one intermediate-sized tensor less. On one H200, the r16 FP8 step at micro-batch 2 ran
+3.0-3.7 % faster and peaked at 42.0 GiB against 50.0 (2026-11-29, docs/OPTIMIZATION.md).
 
 The arithmetic is the unfused path's (fp8.py's row-wise recipe for x, h, dy, dgate and dup; the adapters in bf16
 with fp32 sums), summed in another order and without rounding the adapters' outputs to bf16 before they are
@@ -36,7 +37,9 @@ def _frozen_fp8(m: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     return base.weight, base.weight_scale, base.weight_t, base.weight_t_scale
 
 
-def _gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, dtype: torch.dtype, fast: bool) -> torch.Tensor:
+def _gemm(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, dtype: torch.dtype, fast: bool
+) -> torch.Tensor:
     """a @ b^T for row-major float8 a [M, K] and b [N, K] with their row scales (fp8.py's layouts)."""
     return torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=dtype, use_fast_accum=fast)
 
@@ -124,7 +127,10 @@ class Fp8SwiGLU(nn.Module):
             return super().forward(x)
         weights = _frozen_fp8(gate) + _frozen_fp8(up) + _frozen_fp8(down)
         scales = (float(gate.scaling[ADAPTER]), float(up.scaling[ADAPTER]), float(down.scaling[ADAPTER]))
-        lora = [m.lora_B[ADAPTER].weight for m in (gate, up)] + [down.lora_A[ADAPTER].weight, down.lora_B[ADAPTER].weight]
+        lora = [m.lora_B[ADAPTER].weight for m in (gate, up)] + [
+            down.lora_A[ADAPTER].weight,
+            down.lora_B[ADAPTER].weight,
+        ]
         a = gate.gpucert_group.shared_a_weight()
         return _Fp8SwiGLU.apply(x, a, *lora, scales, *weights)
 
@@ -141,6 +147,7 @@ def fp8_mlp_problem(mlp: nn.Module) -> str | None:
     group = getattr(gate, "gpucert_group", None)
     if not isinstance(group, FusedProjections) or group.stacked or not group.shared_a:
         return "gate/up not one group with one A (model.fuse_projections)"
+    ranks = group.ranks
     if getattr(up, "gpucert_group", None) is not group:
         return "gate/up of different groups"
     if type(down) is not LoraLinear or list(down.lora_A) != [ADAPTER] or down.use_dora.get(ADAPTER, False):
@@ -151,12 +158,12 @@ def fp8_mlp_problem(mlp: nn.Module) -> str | None:
         return "a projection not converted to FP8"
     if any(m.base_layer.bias is not None for m in (gate, up, down)):
         return "a projection with a bias"
-    rank = max(*group.ranks, down.r[ADAPTER])
+    rank = max(*ranks, down.r[ADAPTER])
     if rank > FUSED_MLP_MAX_RANK:
         return f"LoRA rank {rank}, over the {FUSED_MLP_MAX_RANK} the kernels are measured at"
-    act = getattr(getattr(mlp, "config", None), "hidden_act", None)
-    if act != "silu" or type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
-        return f"activation {act!r}, not silu"
+    act, act_fn = getattr(getattr(mlp, "config", None), "hidden_act", None), type(getattr(mlp, "act_fn", None)).__name__
+    if act != "silu" or act_fn not in ("SiLU", "SiLUActivation"):
+        return f"activation {act!r} ({act_fn}), not silu"
     return None
 
 

@@ -327,9 +327,9 @@ def mlp_problem(mlp: nn.Module) -> str | None:
         return f"LoRA rank {rank}, over the {FUSED_MLP_MAX_RANK} the kernel is measured at"
     if any(getattr(m, "base_layer", None) is None or m.base_layer.bias is not None for m in (gate, up, down)):
         return "a projection with a bias"
-    act = getattr(getattr(mlp, "config", None), "hidden_act", None)
-    if act != "silu" or type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
-        return f"activation {act!r}, not silu"
+    act, act_fn = getattr(getattr(mlp, "config", None), "hidden_act", None), type(getattr(mlp, "act_fn", None)).__name__
+    if act != "silu" or act_fn not in ("SiLU", "SiLUActivation"):
+        return f"activation {act!r} ({act_fn}), not silu"
     return None
 
 
@@ -403,7 +403,9 @@ class Fusion:
         if self.a_in_gemm:
             text += f", {self.a_in_gemm} single projections with their A in the frozen GEMM"
         if self.mlp:
-            text += f", {self.mlp} MLPs as one function (the SwiGLU and the adapters' rank-r products in Triton kernels)"
+            text += (
+                f", {self.mlp} MLPs as one function (the SwiGLU and the adapters' rank-r products in Triton kernels)"
+            )
         reasons = sorted(set(self.left.values()))
         if reasons:
             text += f"; {len(self.left)} left as they are: " + " | ".join(reasons)
