@@ -265,13 +265,18 @@ def test_evaluate_refuses_a_training_run_directory_as_output_before_loading(
     assert json.loads((run / "report.json").read_text()) == {"meta": {"verb": "finetune"}}
 
 
-def test_threshold_source_names_the_file_and_any_override() -> None:
+def test_threshold_source_names_the_file_or_the_override_that_set_each_key() -> None:
+    """Each key where it came from: a --set names only the key it set (before 2026-11-29 every result named the
+    file and the --set together, even a key the file set)."""
     args = argparse.Namespace(config=Path("configs/finetune/qwen2-7b-glaive.yaml"), overrides=["eval.max_examples=8"])
-    assert threshold_source(args) == "configs/finetune/qwen2-7b-glaive.yaml"
-    args.overrides.append("eval.thresholds.overall_min_pct=80")
-    assert threshold_source(args) == (
-        "configs/finetune/qwen2-7b-glaive.yaml and --set eval.thresholds.overall_min_pct=80"
-    )
+    overall, loss = "eval.thresholds.overall_min_pct", "eval.thresholds.loss_max"
+    assert threshold_source(args).of(overall) == f"{overall} in configs/finetune/qwen2-7b-glaive.yaml"
+    args.overrides += [f"{overall}=70", f"{overall}=80"]
+    sources = threshold_source(args)
+    assert sources.of(overall) == f"--set {overall}=80"  # the last one wins, as the config loader applies them
+    assert sources.of(loss) == f"{loss} in configs/finetune/qwen2-7b-glaive.yaml"
+    args.overrides.append("eval.thresholds={loss_max: 2}")  # the whole mapping
+    assert threshold_source(args).of(loss) == "--set eval.thresholds={loss_max: 2}"
 
 
 @pytest.mark.parametrize(

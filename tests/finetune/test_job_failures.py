@@ -182,6 +182,6 @@ def test_a_sigterm_ends_a_run_saying_where_and_releases_its_directory(tmp_path: 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=within(END_TIMEOUT_S)) == 3
     said = log.read_text(errors="replace")
-    where = r"gpucert: rank 0 \(.*\) stops \(SIGTERM\) in step \d+: .*stopped by SIGTERM from its launcher"
+    where = r"gpucert: rank 0 \(.*\) stops \(SIGTERM\) in step \d+: .*stopped by SIGTERM \(a `kill`, .*it ran alone"
     assert re.search(where, said), said[-3000:]
     assert not (run / ".gpucert.lock").exists()

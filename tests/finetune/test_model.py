@@ -99,6 +99,18 @@ def test_the_adapters_are_drawn_on_the_models_device(
     assert drawn and set(drawn) == {"meta"} and lora == {"meta"}, (sorted(set(drawn)), lora)
 
 
+def test_a_saved_adapter_loads_without_transformers_deprecation_warning(tokenizer, tmp_path: Path) -> None:
+    """peft 0.21 reads `is_gradient_checkpointing`, deprecated in transformers 5.2x: every `gpucert evaluate`
+    printed the FutureWarning until the load was quieted as load_model's is."""
+    model, _ = load_model(TINY, LoraConfig(r=8, alpha=16, dropout=0.0), tokenizer, torch.device("cpu"))
+    model.save_pretrained(str(tmp_path / "adapter"))
+    base = load_base_model(TINY, len(tokenizer), torch.device("cpu"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        saved_adapter_on(base, tmp_path / "adapter")
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+
+
 def test_tiny_counts_match_a_hand_count(tokenizer) -> None:
     torch.manual_seed(0)
     model, info = load_model(TINY, LoraConfig(r=8, alpha=16, dropout=0.0), tokenizer, torch.device("cpu"))

@@ -4,6 +4,7 @@ against a real store and real processes."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -122,6 +123,14 @@ def test_why_names_a_recorded_failure_then_a_local_rank_whose_process_is_gone_th
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_lone_rank_is_not_told_to_look_for_the_rank_that_ended_first() -> None:
+    """World size 1 (`gpucert finetune` run by hand): the SIGTERM came from a `kill` as likely as from a launcher,
+    and there is no other rank to look for."""
+    me = RankIdentity(0, 1, 0, 1, 0, 1, "node-0", "host", "cpu", pid=os.getpid())
+    found = why_terminated(runtime([me], dist.HashStore()), dist.HashStore(), 0)
+    assert "it ran alone, so no other rank ended first" in found.cause and "launcher's output" not in found.cause
 
 
 def test_a_process_that_ended_is_gone_even_before_it_is_reaped() -> None:

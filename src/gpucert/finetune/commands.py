@@ -18,12 +18,16 @@ import sys
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, check_data_source, load_finetune_config
 from gpucert.finetune.data.hub import resolve_adapter
 from gpucert.runtime.launch_env import NodeEnv
 from gpucert.status import Status
+
+if TYPE_CHECKING:
+    from gpucert.finetune.eval.report import ThresholdSources
 
 
 def default_config_path() -> Path:
@@ -216,8 +220,10 @@ def check_evaluation_output(out: Path) -> None:
         raise ConfigError(f"--output {out}: cannot write in {nearest}: {problem}")
 
 
-def threshold_source(args: argparse.Namespace) -> str:
-    """Where eval.thresholds came from, for each judged result's threshold_source."""
+def threshold_source(args: argparse.Namespace) -> ThresholdSources:
+    """Where each eval.thresholds key came from, for each judged result's threshold_source."""
+    from gpucert.finetune.eval.report import ThresholdSources
+
     source = str(args.config or default_config_path())
-    overridden = [o for o in args.overrides if o.split("=", 1)[0].strip().startswith("eval.thresholds.")]
-    return f"{source} and {', '.join(f'--set {o}' for o in overridden)}" if overridden else source
+    overridden = [o for o in args.overrides if o.split("=", 1)[0].strip().startswith("eval.thresholds")]
+    return ThresholdSources(source, tuple(overridden))

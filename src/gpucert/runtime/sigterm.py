@@ -185,10 +185,20 @@ def why_terminated(rt: Runtime, store: Any, settle_s: float = SETTLE_S) -> Abort
             rank=peer.rank,
             node=peer.node,
         )
+    if rt.world_size == 1:
+        # A lone run: no rank ended before it, and the SIGTERM may come from the user's `kill` as well as a launcher.
+        cause = (
+            "stopped by SIGTERM (a `kill`, a cancelled job, or a launcher stopping it); it ran alone, so no other "
+            "rank ended first"
+        )
+    else:
+        cause = (
+            "stopped by SIGTERM from its launcher (torchrun stops every rank once one ends; a cancelled job "
+            "too): look for the rank that ended first in the launcher's output"
+        )
     return AbortRecord(
         who=rt.me.describe(),
-        cause="stopped by SIGTERM from its launcher (torchrun stops every rank once one ends; a cancelled job "
-        "too): look for the rank that ended first in the launcher's output",
+        cause=cause,
         phase=rt.phase,
         rank=rt.rank,
         node=rt.me.node,

@@ -31,7 +31,7 @@ from typing import Any
 from gpucert.finetune.config import EvalConfig, EvalThresholds
 from gpucert.finetune.eval.checker import possible_answer_calls
 from gpucert.finetune.eval.evaluate import EvalScores, Turn, generate, score
-from gpucert.finetune.eval.report import counts_sentence
+from gpucert.finetune.eval.report import ThresholdSources, counts_sentence, threshold_text
 from gpucert.report.schema import Result
 from gpucert.status import Status
 
@@ -232,7 +232,7 @@ def run_suite(
 
 
 def bfcl_results(
-    runs: Sequence[CategoryRun], thresholds: EvalThresholds | None = None, source: str = "defaults"
+    runs: Sequence[CategoryRun], thresholds: EvalThresholds | None = None, source: str | ThresholdSources = "defaults"
 ) -> list[Result]:
     """One result per category (`bfcl.<category>`, % of its entries fully right) and `bfcl.overall`, their
     unweighted mean; each judged against its eval.thresholds.bfcl_* floor, INFO without one."""
@@ -282,7 +282,7 @@ def _floor(thresholds: EvalThresholds, key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _category_result(run: CategoryRun, thresholds: EvalThresholds, source: str) -> Result:
+def _category_result(run: CategoryRun, thresholds: EvalThresholds, source: str | ThresholdSources) -> Result:
     rate = run.scores.overall
     what = "no call made" if run.category in NO_CALL_CATEGORIES else "the right calls, arguments matched"
     found = f"{rate.correct} of {rate.total} entries right ({what})"
@@ -327,7 +327,7 @@ def _judged(
     pct: float | None,
     found: str,
     floor: float | None,
-    source: str,
+    source: str | ThresholdSources,
     details: dict[str, Any],
     empty: str,
 ) -> Result:
@@ -340,7 +340,7 @@ def _judged(
             value=None if pct is None else round(pct, 2),
             unit="%",
             expected=None if floor is None else f">= {floor:g} %",
-            threshold_source=None if floor is None else f"eval.thresholds.bfcl_{key}_min_pct in {source}",
+            threshold_source=None if floor is None else threshold_text(source, f"eval.thresholds.bfcl_{key}_min_pct"),
             remediation=remediation,
             category=CATEGORY,
             details=details,
@@ -382,7 +382,7 @@ def add_suite_arguments(parser: Any) -> None:
     )
 
 
-def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from: str) -> int:
+def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from: str | ThresholdSources) -> int:
     """`gpucert evaluate --suite bfcl`: find and read the data, then load the model, answer, score, and write the
     report (report.json, report.md) to `out` (checked by the caller: by default evaluation-bfcl/ beside the
     adapter), each judged result naming `thresholds_from`. The exit code is the report's verdict; missing data

@@ -101,14 +101,36 @@ FAIL_REMEDIATION = (
 )
 
 
+@dataclass(frozen=True)
+class ThresholdSources:
+    """Where each eval.thresholds key came from: the config file, or a --set that named it (the whole
+    `eval.thresholds` mapping, or the key itself). A judged result's threshold_source names that one place."""
+
+    config: str
+    overrides: tuple[str, ...] = ()  # the --set options that touch eval.thresholds, as given
+
+    def of(self, key: str) -> str:
+        """'--set KEY=VALUE' where a --set named `key` (the last one wins, as in the config), else 'KEY in FILE'."""
+        for option in reversed(self.overrides):
+            named = option.split("=", 1)[0].strip()
+            if key == named or key.startswith(named + "."):
+                return f"--set {option}"
+        return f"{key} in {self.config}"
+
+
+def threshold_text(source: str | ThresholdSources, key: str) -> str:
+    """A result's threshold_source for the eval.thresholds `key` (a plain `source`: where all of them came from)."""
+    return source.of(key) if isinstance(source, ThresholdSources) else f"{key} in {source}"
+
+
 def evaluation_results(
     scores: EvalScores,
     loss: float | None,
     thresholds: EvalThresholds | None = None,
-    source: str = "defaults",
+    source: str | ThresholdSources = "defaults",
 ) -> list[Result]:
     """Every result of an evaluation: the metrics, the loss, the per-tool rows. `source` says where the
-    thresholds came from (the config file), for threshold_source."""
+    thresholds came from (the config file, or per key: ThresholdSources), for threshold_source."""
     thresholds = thresholds or EvalThresholds()
     results = [
         *scores_to_results(scores, thresholds, source),
@@ -177,14 +199,16 @@ def _found(result: Result) -> str:
 
 
 def scores_to_results(
-    scores: EvalScores, thresholds: EvalThresholds | None = None, source: str = "defaults"
+    scores: EvalScores, thresholds: EvalThresholds | None = None, source: str | ThresholdSources = "defaults"
 ) -> list[Result]:
     """One result per metric, in %, judged as the module docstring says."""
     thresholds = thresholds or EvalThresholds()
     return [_metric_result(metric, scores, thresholds, source) for metric in METRICS]
 
 
-def _metric_result(metric: Metric, scores: EvalScores, thresholds: EvalThresholds, source: str) -> Result:
+def _metric_result(
+    metric: Metric, scores: EvalScores, thresholds: EvalThresholds, source: str | ThresholdSources
+) -> Result:
     rate: Rate = getattr(scores, metric.key)
     floor: float | None = getattr(thresholds, f"{metric.key}_min_pct")
     key = f"eval.thresholds.{metric.key}_min_pct"
@@ -209,7 +233,7 @@ def _metric_result(metric: Metric, scores: EvalScores, thresholds: EvalThreshold
             value=None if value is None else round(value, 2),
             unit="%",
             expected=None if floor is None else f">= {floor:g} %",
-            threshold_source=None if floor is None else f"{key} in {source}",
+            threshold_source=None if floor is None else threshold_text(source, key),
             remediation=remediation,
             category=CATEGORY,
             details=details,
@@ -289,7 +313,9 @@ def _example(failing: Sequence[TurnScore]) -> str:
     return ""
 
 
-def loss_result(loss: float | None, thresholds: EvalThresholds | None = None, source: str = "defaults") -> Result:
+def loss_result(
+    loss: float | None, thresholds: EvalThresholds | None = None, source: str | ThresholdSources = "defaults"
+) -> Result:
     """eval.loss: INFO, or judged against eval.thresholds.loss_max; ERROR when nothing was supervised."""
     ceiling = (thresholds or EvalThresholds()).loss_max
 
@@ -302,7 +328,7 @@ def loss_result(loss: float | None, thresholds: EvalThresholds | None = None, so
             value=None if loss is None else round(loss, 4),
             unit=LOSS_UNIT,
             expected=None if ceiling is None else f"<= {ceiling:g} {LOSS_UNIT}",
-            threshold_source=None if ceiling is None else f"eval.thresholds.loss_max in {source}",
+            threshold_source=None if ceiling is None else threshold_text(source, "eval.thresholds.loss_max"),
             remediation=remediation,
             category=CATEGORY,
         )

@@ -378,8 +378,8 @@ def load_model(
 def saved_adapter_on(base: PreTrainedModel, adapter_dir: Path) -> PeftModel:
     """A saved adapter (PEFT's format) on `base`, its layers built on base's device: PEFT would build them on the
     CPU, draw an init there and copy each to the GPU before loading the saved weights (load_model says what that
-    costs)."""
-    with torch.device(base.device):
+    costs). Quiet as load_model is: without it every `gpucert evaluate` printed transformers' FutureWarning."""
+    with quiet_peft(), torch.device(base.device):
         return PeftModel.from_pretrained(base, str(adapter_dir))
 
 
