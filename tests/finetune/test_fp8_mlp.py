@@ -138,10 +138,14 @@ def test_off_the_gpu_the_operators_run_the_references() -> None:
     ]
 
 
-def test_the_backward_s_rows_a_program_must_be_a_multiple_of_its_tile() -> None:
+def test_a_program_s_rows_and_columns_must_be_multiples_of_its_tile() -> None:
+    """Otherwise a program's last tile runs into its neighbour's rows (backward: dB and dA counted twice) or
+    columns (forward: h A_down^T counted twice)."""
     args = [torch.zeros(4, 16)] * 8
     with pytest.raises(ValueError, match="rows 100 must be a multiple of block_m 32"):
         swiglu_fp8.backward(*args, tiling=(100, 32, 64, 4, 2))
+    with pytest.raises(ValueError, match="columns a program 1000 must be a multiple of block_n 128"):
+        swiglu_fp8.forward(*args[:6], tiling=(32, 128, 1000, 4, 3))
 
 
 # --- The fused MLP on torch's CPU FP8 kernels (the references) ------------------------------------------------
@@ -216,6 +220,10 @@ def test_the_fused_fp8_mlp_compiles_into_the_layers_graph() -> None:
         (lambda m: setattr(m.mlp.down_proj.base_layer, "bias", torch.nn.Parameter(torch.zeros(64))), "with a bias"),
         (lambda m: setattr(m.mlp, "act_fn", torch.nn.GELU()), "activation 'silu' (GELU), not silu"),
         (lambda m: m.mlp.gate_proj.gpucert_group.__setattr__("shared_a", False), "not one group with one A"),
+        # The kernels split gate's and up's stacked xA in halves.
+        (lambda m: m.mlp.gate_proj.gpucert_group.__setattr__("ranks", [8, 16]), "of different groups or ranks"),
+        # PEFT's lora_bias puts a bias on B, which the function would drop.
+        (lambda m: m.mlp.down_proj.lora_bias.__setitem__("default", True), "down_proj: fan_in_fan_out or lora_bias"),
     ],
 )
 def test_an_mlp_that_cannot_run_fused_is_named_with_the_reason(sabotage: Any, why: str) -> None:

@@ -22,12 +22,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
 from gpucert.finetune.config import FUSED_MLP_MAX_RANK
 from gpucert.finetune.model.fp8 import FAST_ACCUM_BACKWARD, FAST_ACCUM_FORWARD, Fp8FrozenLinear, quantize_rows
-from gpucert.finetune.model.fused import ADAPTER, FusedProjections, Fusion, has_dropout
+from gpucert.finetune.model.fused import ADAPTER, FusedProjections, Fusion, fusable_problem, has_dropout
 from gpucert.finetune.model.kernels import swiglu_fp8
 from gpucert.finetune.model.layers import decoder_layers
 
@@ -139,8 +138,9 @@ _MLP_CLASSES: dict[type, type] = {}
 
 
 def fp8_mlp_problem(mlp: nn.Module) -> str | None:
-    """Why an MLP cannot run as `Fp8SwiGLU`, or None: gate/up one fused group with one A (fused.py) and down_proj a
-    plain LoRA layer, all three over an Fp8FrozenLinear without bias, ranks up to FUSED_MLP_MAX_RANK, SiLU."""
+    """Why an MLP cannot run as `Fp8SwiGLU`, or None: gate/up one fused group with one A (fused.py) of equal ranks
+    (the kernels split xA in halves), down_proj a plain LoRA layer as fused.py's groups require one, all three over
+    an Fp8FrozenLinear without bias, ranks up to FUSED_MLP_MAX_RANK, SiLU."""
     gate: Any = getattr(mlp, "gate_proj", None)
     up: Any = getattr(mlp, "up_proj", None)
     down: Any = getattr(mlp, "down_proj", None)
@@ -148,14 +148,13 @@ def fp8_mlp_problem(mlp: nn.Module) -> str | None:
     if not isinstance(group, FusedProjections) or group.stacked or not group.shared_a:
         return "gate/up not one group with one A (model.fuse_projections)"
     ranks = group.ranks
-    if getattr(up, "gpucert_group", None) is not group:
-        return "gate/up of different groups"
-    if type(down) is not LoraLinear or list(down.lora_A) != [ADAPTER] or down.use_dora.get(ADAPTER, False):
-        return f"down_proj {type(down).__name__}, not a plain PEFT LoRA Linear with one adapter"
-    if has_dropout(down) or down.merged:
-        return "down_proj with LoRA dropout or merged"
+    if getattr(up, "gpucert_group", None) is not group or len(set(ranks)) != 1:
+        return "gate/up of different groups or ranks"
     if any(not isinstance(getattr(m, "base_layer", None), Fp8FrozenLinear) for m in (gate, up, down)):
         return "a projection not converted to FP8"
+    why = fusable_problem(down, base=Fp8FrozenLinear)
+    if why is not None or has_dropout(down):
+        return f"down_proj: {why or 'LoRA dropout'}"
     if any(m.base_layer.bias is not None for m in (gate, up, down)):
         return "a projection with a bias"
     rank = max(*ranks, down.r[ADAPTER])

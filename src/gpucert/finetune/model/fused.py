@@ -368,8 +368,9 @@ def has_dropout(module: nn.Module) -> bool:
     return not isinstance(dropouts[ADAPTER], nn.Identity)
 
 
-def fusable_problem(module: nn.Module) -> str | None:
-    """Why a projection cannot join a group, or None."""
+def fusable_problem(module: nn.Module, base: type = nn.Linear) -> str | None:
+    """Why a projection cannot join a group, or None. `base`: the frozen layer's class (fp8_mlp.py asks with
+    Fp8FrozenLinear, after conversion)."""
     if type(module) is not LoraLinear:
         return f"{type(module).__name__}, not a PEFT LoRA Linear"
     if list(module.lora_A) != [ADAPTER] or list(module.active_adapters) != [ADAPTER]:
@@ -380,8 +381,8 @@ def fusable_problem(module: nn.Module) -> str | None:
         return "merged or disabled"
     if module.fan_in_fan_out or getattr(module, "lora_bias", {}).get(ADAPTER, False):
         return "fan_in_fan_out or lora_bias"
-    if type(module.base_layer) is not nn.Linear:
-        return f"base layer {type(module.base_layer).__name__}, not nn.Linear"
+    if type(module.base_layer) is not base:
+        return f"base layer {type(module.base_layer).__name__}, not {base.__name__}"
     return None
 
 

@@ -294,17 +294,21 @@ def forward(
     row's power-of-two scale in float8_e4m3fn [M, N], h_scale [M, 1] fp32, ha = h ad^T [M, rd] fp32. xa [M, 2r]
     (gate's, then up's), bg and bu [N, r] already scaled by the adapters' s, ad [rd, N]. The kernel where `fits`,
     else `reference_forward`; tiling as FWD_TILING's, which is used unless given (tools/bench_swiglu_fp8.py)."""
+    block_m, block_n, cols, warps, stages = tiling or FWD_TILING
+    if cols % block_n:
+        # A chunk's last tile would run into the next chunk's columns, counted twice in h A_down^T.
+        raise ValueError(f"swiglu_fp8: columns a program {cols} must be a multiple of block_n {block_n}")
     if not fits(gate):
         return reference_forward(gate, up, xa, bg, bu, ad)
     assert triton is not None
     m, n = gate.shape
     r, rd = xa.shape[1] // 2, ad.shape[0]
     rb = _rank_block(r, rd)
-    gate, up, xa = gate.contiguous(), up.contiguous(), xa.contiguous()
-    bg, bu, ad = bg.to(gate.dtype).contiguous(), bu.to(gate.dtype).contiguous(), ad.to(gate.dtype).contiguous()
+    gate, up = gate.contiguous(), up.contiguous()
+    # h is rounded to xa's dtype in the kernel: all of them in gate's, as the reference rounds.
+    xa, bg, bu, ad = (t.to(gate.dtype).contiguous() for t in (xa, bg, bu, ad))
     hq = _fp8_out(gate)
     hs = torch.empty(0, dtype=torch.float32, device=gate.device)  # the first launch reads no scale
-    block_m, block_n, cols, warps, stages = tiling or FWD_TILING
     chunks = triton.cdiv(n, cols)
     amax = torch.empty(chunks, m, dtype=torch.float32, device=gate.device)
     ha_parts = torch.empty(chunks, m, rb, dtype=torch.float32, device=gate.device)
