@@ -246,46 +246,6 @@ def test_the_fp8_mlp_kernels_match_their_torch_reference_at_qwen2_7b_s_shape() -
                for a, b in zip(found_b, again, strict=True))  # fmt: skip
 
 
-def test_fp8_mlp_time_against_the_unfused_path() -> None:
-    """Shown, not judged: one Qwen2-7B MLP at micro-batch 2 x 4,096, forward and backward, r16, compiled, with its
-    SwiGLU and adapters as kernels/swiglu_fp8.py (fp8_mlp.py) against PEFT's projections one by one, median of 10
-    after 3 warm-up calls."""
-    import copy
-
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from gpucert.finetune.model.fp8 import convert_frozen_linears
-    from gpucert.finetune.model.fp8_mlp import fuse_fp8_mlps
-    from gpucert.finetune.model.fused import fuse_projections
-
-    shape = dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4)
-    base = Qwen2ForCausalLM(Qwen2Config(**shape, num_hidden_layers=1, vocab_size=1024)).to("cuda", torch.bfloat16)
-    peft = get_peft_model(
-        base, PeftLoraConfig(r=16, lora_alpha=32, target_modules=["gate_proj", "up_proj", "down_proj"])
-    )
-    fusion = fuse_projections(peft)
-    convert_frozen_linears(peft)
-    plain = copy.deepcopy(peft)
-    fuse_fp8_mlps(peft, fusion)
-    assert fusion.mlp == 1, fusion.summary()
-    x = torch.randn(8192, 3584, device="cuda").to(torch.bfloat16).requires_grad_()
-    for name, model in (("unfused", plain), ("fused", peft)):
-        layer = torch.compile(model.base_model.model.model.layers[0].mlp)
-        times = []
-        for i in range(13):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            with torch.autocast("cuda", torch.bfloat16):
-                layer(x).float().sum().backward()
-            end.record()
-            torch.cuda.synchronize()
-            if i >= 3:
-                times.append(start.elapsed_time(end))
-        print(f"\nFP8 MLP {name}: {sorted(times)[len(times) // 2]:.2f} ms")
-
-
 # compile_tuning off in both runs: it changes inductor's block sizes (and with them the order of some sums), not
 # what is computed, and in FP8 (where auto turns it on) it benchmarks each of the tiny model's many small kernels;
 # the test was cut off at 300 s on an H100 with it on (2026-11-28), where its bf16 run alone takes 75 s. FP8 with

@@ -157,22 +157,19 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
     missing = [m for m in MLP_PROJECTIONS if m not in lora.target_modules]
     # bf16 fuses the MLP over the adapters in its frozen GEMMs; FP8 keeps them beside its GEMMs (4 % slower inside)
     # and fuses what lies between the GEMMs instead (fp8_mlp.py), over gate/up's one A.
-    mlp_needs = (
-        [
+    if fp8:
+        mlp_needs = [
             (fuse.on, "needs model.fuse_projections (gate/up's one A)"),
             (model.autocast, "needs model.autocast (the adapters must compute in the frozen dtype)"),
             (half, f"model.dtype {model.dtype}: needs bf16 or fp16 activations"),
             (not sharded, "train.parallel fsdp2: not measured with the weights sharded"),
             (lora.dropout == 0, f"lora.dropout {lora.dropout} > 0: one dropout mask per projection, no shared A"),
         ]
-        if fp8
-        else [(in_gemm.on, "needs the adapters in the frozen GEMMs")]
-    )
-    if fp8:
         mlp_how = "the SwiGLU with the adapters' rank-r products and h's FP8 quantization " + (
             "one Triton kernel, its backward two" if triton else "the kernels' torch reference (no CUDA)"
         )
     else:
+        mlp_needs = [(in_gemm.on, "needs the adapters in the frozen GEMMs")]
         mlp_how = "its backward " + ("one Triton kernel" if triton else "the kernel's torch reference (no CUDA)")
     fuse_mlp = _first_missing(
         [

@@ -26,7 +26,16 @@ from torch import nn
 
 from gpucert.finetune.config import FUSED_MLP_MAX_RANK
 from gpucert.finetune.model.fp8 import FAST_ACCUM_BACKWARD, FAST_ACCUM_FORWARD, Fp8FrozenLinear, quantize_rows
-from gpucert.finetune.model.fused import ADAPTER, FusedProjections, Fusion, fusable_problem, has_dropout
+from gpucert.finetune.model.fused import (
+    ADAPTER,
+    FusedProjections,
+    Fusion,
+    activation_problem,
+    fusable_problem,
+    has_dropout,
+    needs_pefts_path,
+    reclass_mlp,
+)
 from gpucert.finetune.model.kernels import swiglu_fp8
 from gpucert.finetune.model.layers import decoder_layers
 
@@ -121,8 +130,7 @@ class Fp8SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-        projections = (gate, up, down)
-        if any(m.disable_adapters or m.merged or m._forward_pre_hooks or m._forward_hooks for m in projections):
+        if needs_pefts_path(gate, up, down):
             return super().forward(x)
         weights = _frozen_fp8(gate) + _frozen_fp8(up) + _frozen_fp8(down)
         scales = (float(gate.scaling[ADAPTER]), float(up.scaling[ADAPTER]), float(down.scaling[ADAPTER]))
@@ -132,9 +140,6 @@ class Fp8SwiGLU(nn.Module):
         ]
         a = gate.gpucert_group.shared_a_weight()
         return _Fp8SwiGLU.apply(x, a, *lora, scales, *weights)
-
-
-_MLP_CLASSES: dict[type, type] = {}
 
 
 def fp8_mlp_problem(mlp: nn.Module) -> str | None:
@@ -160,18 +165,12 @@ def fp8_mlp_problem(mlp: nn.Module) -> str | None:
     rank = max(*ranks, down.r[ADAPTER])
     if rank > FUSED_MLP_MAX_RANK:
         return f"LoRA rank {rank}, over the {FUSED_MLP_MAX_RANK} the kernels are measured at"
-    act, act_fn = getattr(getattr(mlp, "config", None), "hidden_act", None), type(getattr(mlp, "act_fn", None)).__name__
-    if act != "silu" or act_fn not in ("SiLU", "SiLUActivation"):
-        return f"activation {act!r} ({act_fn}), not silu"
-    return None
+    return activation_problem(mlp)
 
 
 def fuse_fp8_mlp(mlp: nn.Module) -> None:
     """Re-class `mlp` in place as a subclass of its own class and Fp8SwiGLU (checked by fp8_mlp_problem first)."""
-    cls = type(mlp)
-    if cls not in _MLP_CLASSES:
-        _MLP_CLASSES[cls] = type(f"{cls.__name__}Fp8", (Fp8SwiGLU, cls), {})
-    mlp.__class__ = _MLP_CLASSES[cls]
+    reclass_mlp(mlp, Fp8SwiGLU, "Fp8")
 
 
 def fuse_fp8_mlps(model: nn.Module, fusion: Fusion) -> None:

@@ -289,10 +289,7 @@ class SwiGLUInGemm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-        # Hooks on a projection (PEFT's mixed batches pass adapter_names through a pre-hook) run only if the
-        # projections themselves are called.
-        projections = (gate, up, down)
-        if any(m.disable_adapters or m.merged or m._forward_pre_hooks or m._forward_hooks for m in projections):
+        if needs_pefts_path(gate, up, down):
             return super().forward(x)
         group = gate.gpucert_group
         # gate's and up's scales as their extended columns hold them (the group's blocks), as _AdapterInGemm's dB.
@@ -305,7 +302,32 @@ class SwiGLUInGemm(nn.Module):
         return _SwiGLUInGemm.apply(x, a, w_gate, w_up, down.gpucert_extended, scales, *bs, down_a, down_b)
 
 
-_MLP_CLASSES: dict[type, type] = {}
+def needs_pefts_path(*projections: Any) -> bool:
+    """Whether a fused MLP must run its class's own forward (PEFT's paths): a projection with its adapter disabled
+    or merged, or with a hook (PEFT's mixed batches pass adapter_names through a pre-hook), which runs only if
+    the projections themselves are called."""
+    return any(m.disable_adapters or m.merged or m._forward_pre_hooks or m._forward_hooks for m in projections)
+
+
+def activation_problem(mlp: nn.Module) -> str | None:
+    """Why an MLP's activation is not the SiLU the fused MLPs compute, or None: its config's and its module's."""
+    act, act_fn = getattr(getattr(mlp, "config", None), "hidden_act", None), type(getattr(mlp, "act_fn", None)).__name__
+    if act != "silu" or act_fn not in ("SiLU", "SiLUActivation"):
+        return f"activation {act!r} ({act_fn}), not silu"
+    return None
+
+
+# (an MLP class, the mixin) -> the class made of the two, made once.
+_MLP_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def reclass_mlp(mlp: nn.Module, mixin: type, suffix: str) -> None:
+    """Re-class `mlp` in place as a subclass of `mixin` and its own class (named with `suffix`): fuse_mlp's and
+    fp8_mlp.fuse_fp8_mlp's. The class is made at run time, so such a model cannot be pickled whole."""
+    cls = type(mlp)
+    if (cls, mixin) not in _MLP_CLASSES:
+        _MLP_CLASSES[cls, mixin] = type(f"{cls.__name__}{suffix}", (mixin, cls), {})
+    mlp.__class__ = _MLP_CLASSES[cls, mixin]
 
 
 def mlp_problem(mlp: nn.Module) -> str | None:
@@ -327,18 +349,12 @@ def mlp_problem(mlp: nn.Module) -> str | None:
         return f"LoRA rank {rank}, over the {FUSED_MLP_MAX_RANK} the kernel is measured at"
     if any(getattr(m, "base_layer", None) is None or m.base_layer.bias is not None for m in (gate, up, down)):
         return "a projection with a bias"
-    act, act_fn = getattr(getattr(mlp, "config", None), "hidden_act", None), type(getattr(mlp, "act_fn", None)).__name__
-    if act != "silu" or act_fn not in ("SiLU", "SiLUActivation"):
-        return f"activation {act!r} ({act_fn}), not silu"
-    return None
+    return activation_problem(mlp)
 
 
 def fuse_mlp(mlp: nn.Module) -> None:
     """Re-class `mlp` in place as a subclass of its own class and SwiGLUInGemm (checked by mlp_problem first)."""
-    cls = type(mlp)
-    if cls not in _MLP_CLASSES:
-        _MLP_CLASSES[cls] = type(f"{cls.__name__}InGemm", (SwiGLUInGemm, cls), {})
-    mlp.__class__ = _MLP_CLASSES[cls]
+    reclass_mlp(mlp, SwiGLUInGemm, "InGemm")
 
 
 def _adapter_weight(module: nn.Module, name: str) -> torch.Tensor:

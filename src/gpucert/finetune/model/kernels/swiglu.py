@@ -117,12 +117,13 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 def fits(gate: torch.Tensor) -> bool:
     """Whether the kernel runs for these activations: half precision with Triton present, on CUDA (or on the CPU
-    under TRITON_INTERPRET=1, for tests)."""
+    under TRITON_INTERPRET=1, for tests). swiglu_fp8.py's kernels ask the same."""
     on_device = gate.is_cuda or INTERPRETED
     return triton is not None and on_device and gate.dtype in (torch.bfloat16, torch.float16)
 
 
-def _rank_block(r: int, rd: int) -> int:
+def rank_block(r: int, rd: int) -> int:
+    """The kernels' rank side: max(r, rd) rounded up to a power of two >= 16, tl.dot's smallest (swiglu_fp8.py too)."""
     return max(16, 1 << (max(r, rd) - 1).bit_length())
 
 
@@ -152,7 +153,7 @@ def backward(
     assert triton is not None
     m, n = gate.shape
     r, rd = xa.shape[1] // 2, dxd.shape[1]
-    rb = _rank_block(r, rd)
+    rb = rank_block(r, rd)
     gate, up, dh = gate.contiguous(), up.contiguous(), dh.contiguous()
     xa, dxd = xa.contiguous(), dxd.contiguous()
     dgate, dup = torch.empty_like(gate), torch.empty_like(gate)

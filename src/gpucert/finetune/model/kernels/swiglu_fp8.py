@@ -30,12 +30,15 @@ there the FP8 casts are torch's (Triton 3.9's interpreter rounds some values to 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-from gpucert.finetune.model.fp8 import FP8, FP8_MAX, power_of_two_scale
+from gpucert.finetune.model.fp8 import FP8, FP8_MAX, power_of_two_scale, quantize_rows
+
+# The same conditions and rank side as the bf16 fused MLP's kernel (INTERPRETED and fits re-exported for tests).
+from gpucert.finetune.model.kernels.swiglu import INTERPRETED as INTERPRETED
+from gpucert.finetune.model.kernels.swiglu import fits, rank_block
 
 try:
     import triton
@@ -58,6 +61,13 @@ if triton is not None:
         if WIDE_DOT:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
         return tl.dot(a, b)
+
+    @triton.jit
+    def _b_tiles(bg_ptr, bu_ptr, cols, col_ok, ranks, R: tl.constexpr):
+        """(s B_gate)^T and (s B_up)^T over these columns, [RB, BLOCK_N], zero past r and past N."""
+        keep = (ranks < R)[:, None] & col_ok[None, :]
+        offs = cols[None, :] * R + ranks[:, None]
+        return tl.load(bg_ptr + offs, mask=keep, other=0.0), tl.load(bu_ptr + offs, mask=keep, other=0.0)
 
     @triton.jit
     def _gated(gate_ptr, up_ptr, offs, mask, xg, xu, bgt, but, WIDE_DOT: tl.constexpr):
@@ -106,9 +116,7 @@ if triton is not None:
             col_ok = cols < N
             offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
             mask = row_ok[:, None] & col_ok[None, :]
-            b_keep = (ranks < R)[:, None] & col_ok[None, :]
-            bgt = tl.load(bg_ptr + cols[None, :] * R + ranks[:, None], mask=b_keep, other=0.0)
-            but = tl.load(bu_ptr + cols[None, :] * R + ranks[:, None], mask=b_keep, other=0.0)
+            bgt, but = _b_tiles(bg_ptr, bu_ptr, cols, col_ok, ranks, R)
             g, u = _gated(gate_ptr, up_ptr, offs, mask, xg, xu, bgt, but, WIDE_DOT)
             h = (g * tl.sigmoid(g) * u).to(xa_ptr.dtype.element_ty)  # h in the activations' dtype, as unfused
             if QUANTIZE:
@@ -161,9 +169,7 @@ if triton is not None:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         ranks = tl.arange(0, RB)
-        b_keep = (ranks < R)[:, None] & col_ok[None, :]
-        bgt = tl.load(bg_ptr + cols[None, :] * R + ranks[:, None], mask=b_keep, other=0.0)
-        but = tl.load(bu_ptr + cols[None, :] * R + ranks[:, None], mask=b_keep, other=0.0)
+        bgt, but = _b_tiles(bg_ptr, bu_ptr, cols, col_ok, ranks, R)
         ad = tl.load(
             ad_ptr + ranks[:, None] * N + cols[None, :], mask=(ranks < RD)[:, None] & col_ok[None, :], other=0.0
         )
@@ -257,21 +263,6 @@ if triton is not None:
     FP8_MAX_C = tl.constexpr(FP8_MAX)
 
 
-# Triton reads TRITON_INTERPRET when a kernel is decorated, at import: so is it read here, once.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def fits(gate: torch.Tensor) -> bool:
-    """Whether the kernels run for these activations: bf16 or fp16 with Triton present, on CUDA (or on the CPU
-    under TRITON_INTERPRET=1, for tests)."""
-    on_device = gate.is_cuda or INTERPRETED
-    return triton is not None and on_device and gate.dtype in (torch.bfloat16, torch.float16)
-
-
-def _rank_block(r: int, rd: int) -> int:
-    return max(16, 1 << (max(r, rd) - 1).bit_length())
-
-
 def _fp8_out(like: torch.Tensor) -> torch.Tensor:
     # The interpreter's float8 casts are wrong for some values: it writes fp32, cast by torch afterwards.
     return torch.empty(like.shape, dtype=FP8 if like.is_cuda else torch.float32, device=like.device)
@@ -303,7 +294,7 @@ def forward(
     assert triton is not None
     m, n = gate.shape
     r, rd = xa.shape[1] // 2, ad.shape[0]
-    rb = _rank_block(r, rd)
+    rb = rank_block(r, rd)
     gate, up = gate.contiguous(), up.contiguous()
     # h is rounded to xa's dtype in the kernel: all of them in gate's, as the reference rounds.
     xa, bg, bu, ad = (t.to(gate.dtype).contiguous() for t in (xa, bg, bu, ad))
@@ -352,7 +343,7 @@ def backward(
     assert triton is not None
     m, n = gate.shape
     r, rd = xa.shape[1] // 2, ad.shape[0]
-    rb = _rank_block(r, rd)
+    rb = rank_block(r, rd)
     gate, up, dhb, xa, dha = (t.contiguous() for t in (gate, up, dhb, xa, dha))
     bg, bu, ad = bg.to(gate.dtype).contiguous(), bu.to(gate.dtype).contiguous(), ad.to(gate.dtype).contiguous()
     dg, du = torch.empty_like(gate), torch.empty_like(gate)
@@ -401,19 +392,14 @@ def _gated_reference(
     return _wide(gate) + xa_w[:, :r] @ _wide(bg).t(), _wide(up) + xa_w[:, r:] @ _wide(bu).t()
 
 
-def _quantized(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = power_of_two_scale(t.abs().amax(dim=1, keepdim=True))
-    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
 def reference_forward(
     gate: torch.Tensor, up: torch.Tensor, xa: torch.Tensor, bg: torch.Tensor, bu: torch.Tensor, ad: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`forward` in torch: the products and the pointwise part in fp32 (fp64 for fp64 inputs), h rounded to
-    gate's dtype, quantized as fp8.quantize_rows quantizes."""
+    gate's dtype, quantized by fp8.quantize_rows."""
     g, u = _gated_reference(gate, up, xa, bg, bu)
     h = (g * torch.sigmoid(g) * u).to(gate.dtype)
-    hq, hs = _quantized(h)
+    hq, hs = quantize_rows(h)
     return hq, hs, (_wide(h) @ _wide(ad).t()).float()
 
 
@@ -437,8 +423,8 @@ def reference_backward(
     h = (silu * u).to(gate.dtype)
     r = xa.shape[1] // 2
     xa_w = _wide(xa)
-    dgq, sg = _quantized(dg)
-    duq, su = _quantized(du)
+    dgq, sg = quantize_rows(dg)
+    duq, su = quantize_rows(du)
     dxa = torch.cat([_wide(dg) @ _wide(bg), _wide(du) @ _wide(bu)], dim=1)
     db_gate = _wide(dg).t() @ xa_w[:, :r]
     db_up = _wide(du).t() @ xa_w[:, r:]
