@@ -49,17 +49,17 @@ CHILD = textwrap.dedent(
                                y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y) for x, y in zip(a, b))
 
     out = {}
-    # Rows and columns that are no multiple of the tiles; the forward's columns over several programs and the
-    # backward's rows over several splits (small tilings); ranks under the smallest dot (8 is padded to 16) and
-    # at it, down_proj's rank apart from gate/up's.
+    # Rows and columns that are no multiple of the tiles; the forward's columns over several programs, its
+    # quantizer's rows and columns too, and the backward's rows over several splits (small tilings); ranks under
+    # the smallest dot (8 is padded to 16) and at it, down_proj's rank apart from gate/up's.
     cases = {
-        "odd": ((150, 300, 8, 8), (16, 64, 128, 4, 2), (64, 32, 64, 4, 2), (32, 64, 4, 2)),
-        "rank16": ((70, 130, 16, 4), None, None, None),
+        "odd": ((150, 300, 8, 8), (16, 64, 128, 4, 2), (32, 64, 4), (64, 32, 64, 4, 2), (32, 64, 4, 2)),
+        "rank16": ((70, 130, 16, 4), None, None, None, None),
     }
-    for name, ((m, n, r, rd), fwd, bwd, quant) in cases.items():
+    for name, ((m, n, r, rd), fwd, fwd_quant, bwd, quant) in cases.items():
         args = inputs(m, n, r, rd, seed=len(out))
         gate, up, dhb, xa, bg, bu, ad, dha = args
-        f = K.forward(gate, up, xa, bg, bu, ad, tiling=fwd)
+        f = K.forward(gate, up, xa, bg, bu, ad, tiling=fwd, quant_tiling=fwd_quant)
         fr = K.reference_forward(gate, up, xa, bg, bu, ad)
         b = K.backward(*args, tiling=bwd, quant_tiling=quant)
         br = K.reference_backward(*args)
@@ -74,8 +74,8 @@ CHILD = textwrap.dedent(
             "dup": off(b[2].float() * b[3], br[2].float() * br[3]),
             "d_scales": float(((b[1] == br[1]) & (b[3] == br[3])).float().mean()),
             "products": {k: off(b[i], br[i]) for k, i in (("dxa", 4), ("db_gate", 5), ("db_up", 6), ("da_down", 7))},
-            "same_bits": same_bits(f + b, K.forward(gate, up, xa, bg, bu, ad, tiling=fwd) + K.backward(
-                *args, tiling=bwd, quant_tiling=quant)),
+            "same_bits": same_bits(f + b, K.forward(gate, up, xa, bg, bu, ad, tiling=fwd, quant_tiling=fwd_quant)
+                                   + K.backward(*args, tiling=bwd, quant_tiling=quant)),
         }
     small = inputs(64, 256, 16, 16, seed=9)
     torch.library.opcheck(K.fp8_swiglu_forward, (small[0], small[1], small[3], small[4], small[5], small[6]))

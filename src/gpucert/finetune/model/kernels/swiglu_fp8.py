@@ -11,17 +11,22 @@ products are small `tl.dot`s on tiles already in registers, so none of those int
 exists:
 
 - `forward`: from gate, up (the frozen GEMMs' bf16 outputs), xA [M, 2r], s B_gate, s B_up and A_down: h's FP8
-  rows and their power-of-two scales (fp8.py's recipe) and h A_down^T [M, r]. One kernel, launched twice over row
-  blocks x column chunks: the first launch writes each chunk's amax and share of h A_down^T per row, the second
-  recomputes h and quantizes it with its row's scale. (Programs owning whole rows, one launch reading gate and up
-  twice, took 0.91 ms against 0.83 at Qwen2-7B's micro-batch 2 on one H200: too few programs in flight.)
+  rows and their power-of-two scales (fp8.py's recipe) and h A_down^T [M, r]. A first kernel over row blocks x
+  column chunks writes h in bf16 with each chunk's amax and share of h A_down^T per row; a second, plain one
+  quantizes h with its row's scale. Its bytes are those of recomputing h in a second launch of the first kernel
+  (gate and up read again instead of h written and read), but the first kernel's dots, layout changes and
+  sigmoid are not paid twice: at Qwen2-7B's micro-batch 2 on one H200, 0.52 ms against 0.65 for the same tiles
+  recomputed, and 0.83 for the 32 x 128 tiles shipped first. (Programs owning whole rows, one launch reading
+  gate and up twice, took 0.91 ms: too few programs in flight.)
 - `backward`: from gate, up, the frozen dh and d(h A_down^T): dgate and dup in FP8 with their row scales, d(xA)
   [M, 2r], and the three rank-r weight gradients gate's and up's dB and down_proj's dA. A first kernel owns
   columns (like kernels/swiglu.py, whose sums over rows it shares), writes dgate and dup in bf16 with each
   row's amax over its columns; a second owns rows, quantizes them and sums d(xA) = dgate (s B_gate).
 
 On one H200 (2026-11-29, docs/OPTIMIZATION.md) the 7B FP8 step ran 3.0-3.7 % faster with 8 GiB less memory at
-micro-batch 2; the forward moves its compulsory bytes at 1.7 TB/s, the backward's two kernels at 2.1 TB/s.
+micro-batch 2 with the first tilings; the forward moved its bytes at 1.7 TB/s, the backward's two kernels at 2.1
+TB/s, where a plain torch.add moves 4.3. The tiles of 64 x 64 put a warp on 16 whole rows, so the rank-r dots
+(h A_down^T above all) stay inside a warp: 168 registers a thread in the forward, not 254.
 
 Without Triton or off CUDA, `reference_forward` and `reference_backward` compute the same in torch (the CPU runs
 of tests and of FP8 on torch's CPU kernels). `TRITON_INTERPRET=1` runs the kernels on CPU tensors, for tests;
@@ -47,10 +52,13 @@ except ImportError:  # a CPU build of torch: the references run
     triton = None
 
 # Each kernel's tiling, with Triton's warps and pipeline stages last: the forward's (rows a program, columns a tile,
-# columns a program), the backward's column-owning kernel's (rows a program, rows a tile, columns a program), its
-# row-owning kernel's (rows a program, columns a tile). Picked by tools/bench_swiglu_fp8.py on one H200.
-FWD_TILING = (32, 128, 1024, 4, 3)
-BWD_TILING = (512, 64, 64, 4, 3)
+# columns a program), its quantizer's (rows, columns a program; warps), the backward's column-owning kernel's (rows
+# a program, rows a tile, columns a program), its row-owning kernel's (rows a program, columns a tile). Picked by
+# tools/bench_swiglu_fp8.py on one H200 (2026-11-29): 0.52 ms for the forward at Qwen2-7B's micro-batch 2 (the
+# quantizer's tilings 16-64 x 256-512 within 0.01 ms), 1.14 for the backward.
+FWD_TILING = (64, 64, 1024, 4, 3)
+HQ_TILING = (32, 256, 4)
+BWD_TILING = (1024, 64, 64, 4, 3)
 QUANT_TILING = (64, 128, 8, 4)
 
 if triton is not None:
@@ -84,10 +92,9 @@ if triton is not None:
         bg_ptr,  # [N, r]: s_gate B_gate
         bu_ptr,  # [N, r]: s_up B_up
         ad_ptr,  # [rd, N]: A_down
-        hq_ptr,  # QUANTIZE: [M, N] out, h / its row's scale, float8 (fp32 where interpreted)
-        hs_ptr,  # QUANTIZE: [M], the row scales
-        amax_ptr,  # else: [chunks, M] fp32 out, each row's amax of h over the chunk's columns
-        ha_ptr,  # else: [chunks, M, RB] fp32 out, h A_down^T over the chunk's columns
+        h_ptr,  # [M, N] out: h, in the activations' dtype
+        amax_ptr,  # [chunks, M] fp32 out: each row's amax of h over the chunk's columns
+        ha_ptr,  # [chunks, M, RB] fp32 out: h A_down^T over the chunk's columns
         M,
         N,
         R: tl.constexpr,
@@ -97,7 +104,6 @@ if triton is not None:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         RB: tl.constexpr,  # max(r, rd) rounded up to a power of two >= 16: tl.dot's smallest side
-        QUANTIZE: tl.constexpr,  # the second launch: the scales are known, h is quantized
         WIDE_DOT: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -110,7 +116,6 @@ if triton is not None:
         xu = tl.load(xa_rows + R, mask=x_keep, other=0.0)
         amax = tl.zeros([BLOCK_M], tl.float32)
         ha = tl.zeros([BLOCK_M, RB], tl.float32)
-        scale = tl.load(hs_ptr + rows, mask=row_ok, other=1.0) if QUANTIZE else amax
         for n0 in range(chunk * COLS, chunk * COLS + COLS, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
             col_ok = cols < N
@@ -118,22 +123,38 @@ if triton is not None:
             mask = row_ok[:, None] & col_ok[None, :]
             bgt, but = _b_tiles(bg_ptr, bu_ptr, cols, col_ok, ranks, R)
             g, u = _gated(gate_ptr, up_ptr, offs, mask, xg, xu, bgt, but, WIDE_DOT)
-            h = (g * tl.sigmoid(g) * u).to(xa_ptr.dtype.element_ty)  # h in the activations' dtype, as unfused
-            if QUANTIZE:
-                q = tl.clamp(h.to(tl.float32) / scale[:, None], -FP8_MAX_C, FP8_MAX_C)
-                tl.store(hq_ptr + offs, q.to(hq_ptr.dtype.element_ty), mask=mask)
-            else:
-                amax = tl.maximum(amax, tl.max(tl.abs(h.to(tl.float32)), axis=1))
-                adt = tl.load(
-                    ad_ptr + ranks[None, :] * N + cols[:, None],
-                    mask=col_ok[:, None] & (ranks < RD)[None, :],
-                    other=0.0,
-                )
-                ha += _dot(h, adt, WIDE_DOT)
-        if not QUANTIZE:
-            tl.store(amax_ptr + chunk * M + rows, amax, mask=row_ok)
-            out = ha_ptr + (chunk * M + rows.to(tl.int64))[:, None] * RB + ranks[None, :]
-            tl.store(out, ha, mask=row_ok[:, None])
+            h = (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty)  # h in the activations' dtype, as unfused
+            tl.store(h_ptr + offs, h, mask=mask)
+            amax = tl.maximum(amax, tl.max(tl.abs(h.to(tl.float32)), axis=1))
+            adt = tl.load(
+                ad_ptr + ranks[None, :] * N + cols[:, None],
+                mask=col_ok[:, None] & (ranks < RD)[None, :],
+                other=0.0,
+            )
+            ha += _dot(h, adt, WIDE_DOT)
+        tl.store(amax_ptr + chunk * M + rows, amax, mask=row_ok)
+        out = ha_ptr + (chunk * M + rows.to(tl.int64))[:, None] * RB + ranks[None, :]
+        tl.store(out, ha, mask=row_ok[:, None])
+
+    @triton.jit
+    def _fp8_quantize_rows(
+        h_ptr,
+        hs_ptr,  # [M] the row scales
+        hq_ptr,  # [M, N] out: h / its row's scale, float8 (fp32 where interpreted)
+        M,
+        N,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < M
+        mask = row_ok[:, None] & (cols < N)[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        scale = tl.load(hs_ptr + rows, mask=row_ok, other=1.0)
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.clamp(h / scale[:, None], -FP8_MAX_C, FP8_MAX_C)
+        tl.store(hq_ptr + offs, q.to(hq_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _fp8_swiglu_backward(
@@ -280,11 +301,13 @@ def forward(
     bu: torch.Tensor,
     ad: torch.Tensor,
     tiling: tuple[int, int, int, int, int] | None = None,
+    quant_tiling: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(hq, h_scale, ha) of h = silu(gate + xa_g bg^T) * (up + xa_u bu^T), rounded to gate's dtype: hq = h / its
     row's power-of-two scale in float8_e4m3fn [M, N], h_scale [M, 1] fp32, ha = h ad^T [M, rd] fp32. xa [M, 2r]
-    (gate's, then up's), bg and bu [N, r] already scaled by the adapters' s, ad [rd, N]. The kernel where `fits`,
-    else `reference_forward`; tiling as FWD_TILING's, which is used unless given (tools/bench_swiglu_fp8.py)."""
+    (gate's, then up's), bg and bu [N, r] already scaled by the adapters' s, ad [rd, N]. The kernels where `fits`,
+    else `reference_forward`; tiling and quant_tiling as FWD_TILING's and HQ_TILING's, which are used unless given
+    (tools/bench_swiglu_fp8.py)."""
     block_m, block_n, cols, warps, stages = tiling or FWD_TILING
     if cols % block_n:
         # A chunk's last tile would run into the next chunk's columns, counted twice in h A_down^T.
@@ -298,20 +321,20 @@ def forward(
     gate, up = gate.contiguous(), up.contiguous()
     # h is rounded to xa's dtype in the kernel: all of them in gate's, as the reference rounds.
     xa, bg, bu, ad = (t.to(gate.dtype).contiguous() for t in (xa, bg, bu, ad))
-    hq = _fp8_out(gate)
-    hs = torch.empty(0, dtype=torch.float32, device=gate.device)  # the first launch reads no scale
+    h = torch.empty_like(gate)  # for the quantizer only: 310 MB at micro-batch 2, gone when the forward returns
     chunks = triton.cdiv(n, cols)
     amax = torch.empty(chunks, m, dtype=torch.float32, device=gate.device)
     ha_parts = torch.empty(chunks, m, rb, dtype=torch.float32, device=gate.device)
-    grid = (triton.cdiv(m, block_m), chunks)
-    for quantize in (False, True):
-        if quantize:
-            hs = power_of_two_scale(amax.amax(0))
-        _fp8_swiglu_forward[grid](
-            gate, up, xa, bg, bu, ad, hq, hs, amax, ha_parts, m, n, r, rd, xa.stride(0), COLS=cols,
-            BLOCK_M=block_m, BLOCK_N=block_n, RB=rb, QUANTIZE=quantize, WIDE_DOT=not gate.is_cuda, num_warps=warps,
-            num_stages=stages,
-        )  # fmt: skip
+    _fp8_swiglu_forward[(triton.cdiv(m, block_m), chunks)](
+        gate, up, xa, bg, bu, ad, h, amax, ha_parts, m, n, r, rd, xa.stride(0), COLS=cols, BLOCK_M=block_m,
+        BLOCK_N=block_n, RB=rb, WIDE_DOT=not gate.is_cuda, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    hs = power_of_two_scale(amax.amax(0))
+    hq = _fp8_out(gate)
+    q_block_m, q_block_n, q_warps = quant_tiling or HQ_TILING
+    _fp8_quantize_rows[(triton.cdiv(m, q_block_m), triton.cdiv(n, q_block_n))](
+        h, hs, hq, m, n, BLOCK_M=q_block_m, BLOCK_N=q_block_n, num_warps=q_warps
+    )
     ha = ha_parts.sum(0)  # over the chunks, in one fixed order
     return _as_fp8(hq), hs[:, None], ha[:, :rd].contiguous()
 
