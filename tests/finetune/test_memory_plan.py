@@ -70,8 +70,9 @@ MEASURED = [
     ("r16 fp8 micro-batch 3, FlashAttention-3", dataclasses.replace(R16, precision="fp8"), 3, "none", 67.7),
     # 2026-11-29, one H200 (tools/plans/h200-fp8-mlp.txt): the FP8 MLP as one function (fp8_mlp.py), h recomputed.
     ("r16 fp8 micro-batch 2, fused MLP", dataclasses.replace(R16, precision="fp8", fused_mlp=True), 2, "none", 42.0),
-    # Third session of 2026-11-29, one H200 (h200-fp8-next.txt, h200-fp8-hpass*.txt): micro-batches 3 and 4, the
-    # last what train.micro_batch: auto picks in FP8 on an 80 GB card; the same peaks with h written by the forward.
+    # Third session of 2026-11-29, one H200 (h200-fp8-next.txt): micro-batches 3 and 4, the last what
+    # train.micro_batch: auto picks in FP8 on an 80 GB card; 4 and 2 gave the same peaks with h written by the
+    # forward (h200-fp8-hpass*.txt); 3 was not run with it.
     ("r16 fp8 micro-batch 3, fused MLP", dataclasses.replace(R16, precision="fp8", fused_mlp=True), 3, "none", 55.6),
     ("r16 fp8 micro-batch 4, fused MLP", dataclasses.replace(R16, precision="fp8", fused_mlp=True), 4, "none", 69.1),
     ("r64 micro-batch 2", dataclasses.replace(R16, lora_r=64), 2, "none", 52.5),

@@ -12,12 +12,12 @@ exists:
 
 - `forward`: from gate, up (the frozen GEMMs' bf16 outputs), xA [M, 2r], s B_gate, s B_up and A_down: h's FP8
   rows and their power-of-two scales (fp8.py's recipe) and h A_down^T [M, r]. A first kernel over row blocks x
-  column chunks writes h in bf16 with each chunk's amax and share of h A_down^T per row; a second, plain one
-  quantizes h with its row's scale. Its bytes are those of recomputing h in a second launch of the first kernel
-  (gate and up read again instead of h written and read), but the first kernel's dots, layout changes and
-  sigmoid are not paid twice: at Qwen2-7B's micro-batch 2 on one H200, 0.52 ms against 0.65 for the same tiles
-  recomputed, and 0.83 for the 32 x 128 tiles shipped first. (Programs owning whole rows, one launch reading
-  gate and up twice, took 0.91 ms: too few programs in flight.)
+  column chunks writes h in the activations' dtype with each chunk's amax and share of h A_down^T per row; a
+  second, plain one quantizes h with its row's scale. Its bytes are those of recomputing h in a second launch of
+  the first kernel (gate and up read again instead of h written and read), but the first kernel's dots, layout
+  changes and sigmoid are not paid twice: at Qwen2-7B's micro-batch 2 on one H200, 0.52 ms against 0.65 for the
+  same tiles recomputed, and 0.83 for the 32 x 128 tiles shipped first. (Programs owning whole rows, one launch
+  reading gate and up twice, took 0.91 ms: too few programs in flight.)
 - `backward`: from gate, up, the frozen dh and d(h A_down^T): dgate and dup in FP8 with their row scales, d(xA)
   [M, 2r], and the three rank-r weight gradients gate's and up's dB and down_proj's dA. A first kernel owns
   columns (like kernels/swiglu.py, whose sums over rows it shares), writes dgate and dup in bf16 with each
@@ -26,7 +26,8 @@ exists:
 On one H200 (2026-11-29, docs/OPTIMIZATION.md) the 7B FP8 step ran 3.0-3.7 % faster with 8 GiB less memory at
 micro-batch 2 with the first tilings; the forward moved its bytes at 1.7 TB/s, the backward's two kernels at 2.1
 TB/s, where a plain torch.add moves 4.3. The tiles of 64 x 64 put a warp on 16 whole rows, so the rank-r dots
-(h A_down^T above all) stay inside a warp: 168 registers a thread in the forward, not 254.
+(h A_down^T above all) stay inside a warp: 168 registers a thread in the forward, not 254; the forward now moves
+2.7 TB/s (docs/results/2026-11-29-h200-fp8-mlp-forward.md).
 
 Without Triton or off CUDA, `reference_forward` and `reference_backward` compute the same in torch (the CPU runs
 of tests and of FP8 on torch's CPU kernels). `TRITON_INTERPRET=1` runs the kernels on CPU tensors, for tests;
@@ -319,7 +320,7 @@ def forward(
     r, rd = xa.shape[1] // 2, ad.shape[0]
     rb = rank_block(r, rd)
     gate, up = gate.contiguous(), up.contiguous()
-    # h is rounded to xa's dtype in the kernel: all of them in gate's, as the reference rounds.
+    # h is rounded to its buffer's dtype (gate's), as the reference rounds; the dots' operands in gate's dtype too.
     xa, bg, bu, ad = (t.to(gate.dtype).contiguous() for t in (xa, bg, bu, ad))
     h = torch.empty_like(gate)  # for the quantizer only: 310 MB at micro-batch 2, gone when the forward returns
     chunks = triton.cdiv(n, cols)
