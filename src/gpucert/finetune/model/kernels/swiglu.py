@@ -39,6 +39,15 @@ WARPS = 4
 if triton is not None:
 
     @triton.jit
+    def swiglu_grads(g, u, d, out_ptr):
+        """(dgate, dup, h) of h = silu(g) * u from fp32 g, u and dh = d, rounded to out_ptr's dtype (the FP8 MLP's
+        backward kernel in swiglu_fp8.py computes the same)."""
+        sig = tl.sigmoid(g)
+        silu = g * sig
+        out = out_ptr.dtype.element_ty
+        return (d * u * sig * (1.0 + g * (1.0 - sig))).to(out), (d * silu).to(out), (silu * u).to(out)
+
+    @triton.jit
     def _swiglu_lora_backward(
         gate_ptr,
         up_ptr,
@@ -79,11 +88,7 @@ if triton is not None:
             g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             d = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            sig = tl.sigmoid(g)
-            silu = g * sig
-            dg = (d * u * sig * (1.0 + g * (1.0 - sig))).to(dgate_ptr.dtype.element_ty)
-            du = (d * silu).to(dgate_ptr.dtype.element_ty)
-            h = (silu * u).to(dgate_ptr.dtype.element_ty)
+            dg, du, h = swiglu_grads(g, u, d, dgate_ptr)
             tl.store(dgate_ptr + offs, dg, mask=mask)
             tl.store(dup_ptr + offs, du, mask=mask)
             # The rank-side operands, loaded transposed ([RB, BLOCK_M]), zero past r and past M.
@@ -171,6 +176,16 @@ def backward(
     return dgate, dup, db_gate, db_up, da_down[:rd].contiguous()
 
 
+def reference_grads(
+    g: torch.Tensor, u: torch.Tensor, d: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`swiglu_grads` in torch: (dgate, dup, h) from wide g, u and dh = d, rounded to dtype (swiglu_fp8.py's
+    reference too)."""
+    sig = torch.sigmoid(g)
+    silu = g * sig
+    return (d * u * sig * (1 + g * (1 - sig))).to(dtype), (d * silu).to(dtype), (silu * u).to(dtype)
+
+
 def reference(
     gate: torch.Tensor,
     up: torch.Tensor,
@@ -183,12 +198,7 @@ def reference(
     """`backward` in torch: the pointwise part in fp32 (fp64 for fp64 inputs), rounded to gate's dtype as the
     kernel rounds it, and the three products from the rounded values."""
     wide = torch.float64 if gate.dtype == torch.float64 else torch.float32
-    g, u, d = gate.to(wide), up.to(wide), dh.to(wide)
-    sig = torch.sigmoid(g)
-    silu = g * sig
-    dgate = (d * u * sig * (1 + g * (1 - sig))).to(gate.dtype)
-    dup = (d * silu).to(gate.dtype)
-    h = (silu * u).to(gate.dtype)
+    dgate, dup, h = reference_grads(gate.to(wide), up.to(wide), dh.to(wide), gate.dtype)
     r = xa.shape[1] // 2
     xa_w, dxd_w = xa.to(wide), dxd.to(wide)
     db_gate = (dgate.to(wide).t() @ xa_w[:, :r]) * scale_gate

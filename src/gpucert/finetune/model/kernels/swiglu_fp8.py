@@ -44,7 +44,7 @@ from gpucert.finetune.model.fp8 import FP8, FP8_MAX, power_of_two_scale, quantiz
 
 # The same conditions and rank side as the bf16 fused MLP's kernel (INTERPRETED and fits re-exported for tests).
 from gpucert.finetune.model.kernels.swiglu import INTERPRETED as INTERPRETED
-from gpucert.finetune.model.kernels.swiglu import fits, rank_block
+from gpucert.finetune.model.kernels.swiglu import fits, rank_block, reference_grads
 
 try:
     import triton
@@ -63,6 +63,7 @@ BWD_TILING = (1024, 64, 64, 4, 3)
 QUANT_TILING = (64, 128, 8, 4)
 
 if triton is not None:
+    from gpucert.finetune.model.kernels.swiglu import swiglu_grads
 
     @triton.jit
     def _dot(a, b, WIDE_DOT: tl.constexpr):
@@ -214,11 +215,7 @@ if triton is not None:
             )
             g, u = _gated(gate_ptr, up_ptr, offs, mask, xg, xu, bgt, but, WIDE_DOT)
             d = tl.load(dhb_ptr + offs, mask=mask, other=0.0).to(tl.float32) + _dot(dha, ad, WIDE_DOT)
-            sig = tl.sigmoid(g)
-            silu = g * sig
-            dg = (d * u * sig * (1.0 + g * (1.0 - sig))).to(dg_ptr.dtype.element_ty)
-            du = (d * silu).to(dg_ptr.dtype.element_ty)
-            h = (silu * u).to(dg_ptr.dtype.element_ty)
+            dg, du, h = swiglu_grads(g, u, d, dg_ptr)
             tl.store(dg_ptr + offs, dg, mask=mask)
             tl.store(du_ptr + offs, du, mask=mask)
             tl.store(amax_ptr + pid_n * M + rows, tl.max(tl.abs(dg.to(tl.float32)), axis=1), mask=row_ok)
@@ -439,12 +436,7 @@ def reference_backward(
 ) -> tuple[torch.Tensor, ...]:
     """`backward` in torch, rounded where the kernels round: dgate, dup and h to gate's dtype."""
     g, u = _gated_reference(gate, up, xa, bg, bu)
-    d = _wide(dhb) + _wide(dha) @ _wide(ad)
-    sig = torch.sigmoid(g)
-    silu = g * sig
-    dg = (d * u * sig * (1 + g * (1 - sig))).to(gate.dtype)
-    du = (d * silu).to(gate.dtype)
-    h = (silu * u).to(gate.dtype)
+    dg, du, h = reference_grads(g, u, _wide(dhb) + _wide(dha) @ _wide(ad), gate.dtype)
     r = xa.shape[1] // 2
     xa_w = _wide(xa)
     dgq, sg = quantize_rows(dg)
