@@ -94,7 +94,7 @@ def test_every_lever_is_on_exactly_where_load_model_turned_it_on_before() -> Non
             assert plan.fused_loss.on == loss, case
             assert plan.fp8_head.on == (precision == "fp8" and loss and head), case
             assert plan.compile.on == compile_, case
-            assert plan.compile_tuning.on == (compile_ and precision == "fp8"), case  # auto: FP8 only
+            assert not plan.compile_tuning.on, case  # auto: off in bf16 and fp8 alike
             assert plan.precision == precision and plan.attention == model.attn_implementation, case
             checked += 1
     assert checked == 2 * 2**8 * 3 * 2**4  # devices x the boolean keys x dtypes x precision, dropout, r, targets
@@ -207,15 +207,17 @@ def test_load_model_builds_what_the_plan_says_not_what_the_config_says() -> None
     assert info.fused_projections.startswith("4 groups fused")
 
 
-def test_compile_tuning_auto_tunes_fp8_only_and_an_explicit_key_wins() -> None:
+def test_compile_tuning_auto_tunes_nothing_and_an_explicit_true_wins() -> None:
     def tuning(**keys: object) -> bool:
         return plan_model(ModelConfig(compile=True, **keys), LoraConfig(r=16, dropout=0.0), H100).compile_tuning.on
 
-    bf16 = plan_model(ModelConfig(compile=True), LoraConfig(r=16, dropout=0.0), H100).compile_tuning
-    assert not bf16.on and "auto: off in bf16" in bf16.why
-    assert tuning(precision="fp8")
+    for precision in ("bf16", "fp8"):
+        auto = plan_model(ModelConfig(compile=True, precision=precision), LoraConfig(r=16, dropout=0.0), H100)
+        assert not auto.compile_tuning.on and "auto: off" in auto.compile_tuning.why, precision
     assert tuning(compile_tuning=True) and tuning(compile_tuning=True, precision="fp8")
     assert not tuning(compile_tuning=False, precision="fp8")
+    eager = plan_model(ModelConfig(compile=False, compile_tuning=True), LoraConfig(r=16, dropout=0.0), H100)
+    assert not eager.compile_tuning.on and eager.compile_tuning.why == "nothing is compiled"
 
 
 def test_compile_tuning_takes_true_false_or_auto_from_the_command_line() -> None:

@@ -188,21 +188,21 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
         [(model.compile, "model.compile false: eager decoder layers, batches padded to their longest row")],
         "every decoder layer compiled by torch.compile, batches padded to data.max_length (model.compile)",
     )
-    # "auto" tunes only in FP8 (+1.7 %); in bf16 it bought at most about 1 % for most of a cold compile.
-    auto = model.compile_tuning == "auto"
+    # "auto" tunes nowhere (docs/OPTIMIZATION.md): in bf16 it bought at most about 1 % for most of a cold compile;
+    # in FP8 its +1.7 % (2026-11-23, an H100) came from inductor's quantizing SwiGLU kernels, which the fused MLP's
+    # own kernels replaced, and on one H200 it then bought 0.0-0.1 % for 93 s more to a cold first step.
     tuning = _first_missing(
         [
             (model.compile, "nothing is compiled"),
             (model.compile_tuning is not False, "model.compile_tuning false"),
             (
-                not auto or model.precision == "fp8",
-                "model.compile_tuning auto: off in bf16, where it bought at most about 1 % and was most of a "
+                model.compile_tuning is True,
+                "model.compile_tuning auto: off, where it bought 0-1 % in bf16 and 0.0-0.1 % in fp8 for most of a "
                 "cold compile (true turns it on)",
             ),
         ],
-        "inductor's coordinate-descent tuning of the compiled Triton kernels (model.compile_tuning"
-        + (" auto: on in fp8, +1.7 % measured" if auto else "")
-        + "; TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, wins)",
+        "inductor's coordinate-descent tuning of the compiled Triton kernels (model.compile_tuning true; "
+        "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING, when set, wins)",
     )
     checkpointing = Choice(
         model.gradient_checkpointing,
