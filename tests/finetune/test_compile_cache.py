@@ -3,7 +3,8 @@
 The multi-process test starts two gloo ranks (a file store: no port to race for) running this file as a
 script, `python test_compile_cache.py RANK WORLD STORE CACHE OUT`: the warm-up compiles a small function with
 inductor (a forward and a backward, as the trainer's warm-up does), and torch's own counters say what each rank
-compiled and what it loaded.
+compiled and what it loaded. `python test_compile_cache.py function CACHE OUT` compiles a graph that calls a
+custom autograd.Function, as FP8's layers do, for the test that a warm start loads it.
 """
 
 from __future__ import annotations
@@ -173,6 +174,64 @@ def worker(rank: int, world: int, store: str, cache: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+# --- A graph that calls a custom autograd.Function ----------------------------------------------------------------
+
+
+def run_function_graph(cache: Path, out: Path) -> dict[str, int]:
+    """One process that compiles `function_graph` with its cache at `cache`; torch's counters after its backward."""
+    env = {k: v for k, v in os.environ.items() if k not in (INDUCTOR_ENV, TRITON_ENV)}
+    env.pop("TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD", None)
+    proc = subprocess.run(
+        [sys.executable, __file__, "function", str(cache), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_a_warm_start_loads_a_graph_that_calls_an_autograd_function(tmp_path: Path) -> None:
+    # FP8's projections and fused MLP are autograd.Functions: torch bypasses AOTAutograd's cache for such a graph
+    # unless use_cache_dir allows it, and every warm start traced and partitioned the decoder layer again.
+    cold = run_function_graph(tmp_path / "cache", tmp_path / "cold.json")
+    assert cold["autograd_cache_bypass"] == 0 and cold["autograd_cache_miss"] >= 1, cold
+    warm = run_function_graph(tmp_path / "cache", tmp_path / "warm.json")
+    assert warm["autograd_cache_bypass"] == 0 and warm["autograd_cache_miss"] == 0, warm
+    assert warm["autograd_cache_hit"] == cold["autograd_cache_miss"] and warm["fxgraph_cache_miss"] == 0, warm
+
+
+def function_graph(cache: str, out: str) -> None:
+    import torch
+
+    from gpucert.finetune.train.compile_cache import cache_counters
+
+    use_cache_dir(Path(cache))
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(w)
+            return x @ w * 0.5
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            (w,) = ctx.saved_tensors
+            return grad @ w.t() * 0.5, None
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 16)
+    compiled = torch.compile(lambda x: torch.nn.functional.gelu(Scaled.apply(x, w)).sum())
+    compiled(torch.randn(4, 16, requires_grad=True)).backward()
+    Path(out).write_text(json.dumps(cache_counters()))
+
+
 if __name__ == "__main__":
-    rank_, world_, store_, cache_, out_ = sys.argv[1:]
-    worker(int(rank_), int(world_), store_, cache_, out_)
+    if sys.argv[1] == "function":
+        function_graph(*sys.argv[2:])
+    else:
+        rank_, world_, store_, cache_, out_ = sys.argv[1:]
+        worker(int(rank_), int(world_), store_, cache_, out_)

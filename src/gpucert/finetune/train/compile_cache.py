@@ -69,8 +69,9 @@ def resolve_cache_dir(setting: str | None, environ: dict[str, str] | os._Environ
 
 
 def use_cache_dir(path: Path) -> None:
-    """Point inductor's caches and Triton's at `path`. Before the first compile of the process: both read the
-    environment when they first look (inductor's compile workers inherit it when they start)."""
+    """Point inductor's caches and Triton's at `path`, and let AOTAutograd's cache keep graphs that call a custom
+    autograd.Function. Before the first compile of the process: both read the environment when they first look
+    (inductor's compile workers inherit it when they start)."""
     try:
         (path / "triton").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -80,6 +81,16 @@ def use_cache_dir(path: Path) -> None:
         ) from None
     os.environ[INDUCTOR_ENV] = str(path)
     os.environ[TRITON_ENV] = str(path / "triton")
+    # torch 2.11 bypasses AOTAutograd's cache for any graph that calls an autograd.Function, unless this flag is
+    # set: FP8's frozen projections and fused MLP are such Functions, so every warm FP8 start traced and partitioned
+    # the decoder layer's forward and backward again (2 bypasses a run; the 7B FP8 line's warm first step took
+    # 21.4 s on one H200, 2026-11-29). dynamo traces the Function's forward and backward into the graph (the
+    # autograd_function_apply operator), so the cache key covers both; torch's authors found that operator pure in
+    # its inputs and mean to turn the flag on by default (pytorch/pytorch#149751). Its environment variable,
+    # TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD, wins over this when set (0 turns it off).
+    import torch._functorch.config as functorch_config
+
+    functorch_config.autograd_cache_allow_custom_autograd_functions = True
 
 
 def signature(parts: dict[str, Any]) -> str:
