@@ -22,6 +22,7 @@ import pytest
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.train.compile_cache import (
+    CUSTOM_FUNCTIONS_FLAG,
     INDUCTOR_ENV,
     TRITON_ENV,
     default_cache_dir,
@@ -44,12 +45,16 @@ def test_cache_dir_setting_then_environment_then_per_user_default(tmp_path: Path
 
 
 def test_cache_dir_points_inductor_and_triton_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._functorch.config as functorch_config
+
     monkeypatch.delenv(INDUCTOR_ENV, raising=False)
     monkeypatch.delenv(TRITON_ENV, raising=False)
+    monkeypatch.setattr(functorch_config, CUSTOM_FUNCTIONS_FLAG, False)  # put back after the test
     use_cache_dir(tmp_path / "cache")
     assert os.environ[INDUCTOR_ENV] == str(tmp_path / "cache")
     assert os.environ[TRITON_ENV] == str(tmp_path / "cache/triton")
     assert (tmp_path / "cache/triton").is_dir()
+    assert getattr(functorch_config, CUSTOM_FUNCTIONS_FLAG) is True
 
 
 def test_unwritable_cache_dir_names_the_key_and_path(tmp_path: Path) -> None:

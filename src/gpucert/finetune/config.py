@@ -103,8 +103,8 @@ class ModelConfig:
     # With compile on a GPU: inductor tunes the block sizes of the compiled kernels by coordinate descent (its
     # coordinate_descent_tuning). "auto": off. In bf16 it bought at most about 1 % while it was most of a cold
     # compile (27 of 46 s for r16, 81 of 119 s for the speed recipe); in FP8, since the MLP's quantizing SwiGLU
-    # runs in kernels of our own, 0.0-0.4 % for 85-98 s more compile on an empty cache (docs/OPTIMIZATION.md,
-    # "The first step"). true turns it on, for a run of hours that may gain that 1 %.
+    # runs in kernels of our own, 0.0-0.4 % for 53-98 s more compile on an empty cache (docs/OPTIMIZATION.md,
+    # "FP8 without inductor's tuning"). true turns it on, for a run of hours that may gain that 1 %.
     compile_tuning: bool | Literal["auto"] = "auto"
     # "fp8": the frozen base weights of the decoder layers quantized once to float8 (per-row scales) and their
     # matmuls run on the FP8 tensor cores (finetune/model/fp8.py); needs dtype bf16 and a GPU of compute capability

@@ -190,7 +190,7 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
     )
     # "auto" tunes nowhere (docs/OPTIMIZATION.md): in bf16 it bought at most about 1 % for most of a cold compile;
     # in FP8 its +1.7 % (2026-11-23, an H100) came from inductor's quantizing SwiGLU kernels, which the fused MLP's
-    # own kernels replaced, and on one H200 it then bought 0.0-0.4 % for 85-98 s more compile on an empty cache.
+    # own kernels replaced, and on one H200 it then bought 0.0-0.4 % for 53-98 s more compile on an empty cache.
     tuning = _first_missing(
         [
             (model.compile, "nothing is compiled"),

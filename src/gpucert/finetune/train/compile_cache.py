@@ -43,6 +43,7 @@ from gpucert.config.loader import ConfigError
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MARKERS = "gpucert-warm"
+CUSTOM_FUNCTIONS_FLAG = "autograd_cache_allow_custom_autograd_functions"  # torch._functorch.config, torch >= 2.7
 # torch's counters that say whether a compile was done or loaded (torch._dynamo.utils.counters), and how many
 # kernel timings inductor's block-size tuning ran.
 CACHE_COUNTERS = {
@@ -69,9 +70,9 @@ def resolve_cache_dir(setting: str | None, environ: dict[str, str] | os._Environ
 
 
 def use_cache_dir(path: Path) -> None:
-    """Point inductor's caches and Triton's at `path`, and let AOTAutograd's cache keep graphs that call a custom
-    autograd.Function. Before the first compile of the process: both read the environment when they first look
-    (inductor's compile workers inherit it when they start)."""
+    """Point inductor's caches and Triton's at `path` (through the environment, which both read when they first
+    look and inductor's compile workers inherit), and let AOTAutograd's cache keep graphs that call a custom
+    autograd.Function (a setting of this process). Before the first compile of the process."""
     try:
         (path / "triton").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -87,10 +88,13 @@ def use_cache_dir(path: Path) -> None:
     # 21.4 s on one H200, 2026-11-29). dynamo traces the Function's forward and backward into the graph (the
     # autograd_function_apply operator), so the cache key covers both; torch's authors found that operator pure in
     # its inputs and mean to turn the flag on by default (pytorch/pytorch#149751). Its environment variable,
-    # TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD, wins over this when set (0 turns it off).
+    # TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD, wins over this when set (0 turns it off). The flag is part
+    # of the cache key: a cache filled without it misses once at this level (inductor's own graphs still load).
+    # torch < 2.7 has no such flag (a torch config module refuses unknown names), and caches no such graph.
     import torch._functorch.config as functorch_config
 
-    functorch_config.autograd_cache_allow_custom_autograd_functions = True
+    if hasattr(functorch_config, CUSTOM_FUNCTIONS_FLAG):
+        setattr(functorch_config, CUSTOM_FUNCTIONS_FLAG, True)
 
 
 def signature(parts: dict[str, Any]) -> str:
