@@ -278,6 +278,38 @@ def test_the_logits_gradient_is_quantized_with_its_exact_row_maximum() -> None:
     assert float(loss) == pytest.approx(float(F.cross_entropy(x, targets, reduction="sum")), rel=1e-5)
 
 
+def test_the_compiled_fp8_loss_functions_are_traced_once_with_eager_results() -> None:
+    """The FP8 head's compiled chunk and row quantizer (dynamic shapes, CUDA only in training) compiled here on the
+    CPU: dynamo once lifted their module-level float constants into symbolic inputs and restarted its analysis, so
+    each was traced and handed to AOTAutograd twice, cold and warm. Each frame now makes one AOTAutograd pass, over
+    two chunk lengths, and gives the eager functions' bits."""
+    from torch._dynamo.utils import counters
+
+    from gpucert.finetune.model.loss import (
+        _chunk_loss_and_fp8_grad,
+        _compiled_fp8_chunk,
+        _compiled_quantize_rows,
+    )
+
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(64, 1024, generator=g)).to(torch.bfloat16)
+    targets = torch.randint(0, 1024, (64,), generator=g)
+    with torch.no_grad():
+        for rows in (64, 40):  # a full chunk, then a batch's shorter last one: no second compile
+            chunk, chunk_targets = logits[:rows].clone(), targets[:rows].clone()  # its own tensor, as in training
+            got = _compiled_fp8_chunk(chunk, chunk_targets, torch.float32)
+            want = _chunk_loss_and_fp8_grad(chunk, chunk_targets, torch.float32)
+            assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) and torch.equal(got[2], want[2])
+            assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
+        hq, hs = _compiled_quantize_rows(logits)
+        want_q, want_s = quantize_rows(logits)
+        assert torch.equal(hq.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(hs, want_s)
+    assert counters["frames"]["ok"] == 2, dict(counters["frames"])
+    assert counters["aot_autograd"]["total"] == 2, dict(counters["aot_autograd"])  # 4 with the restarts
+
+
 @pytest.mark.parametrize("chunk", [7, 1024])
 def test_the_fp8_head_gives_the_loss_and_gradient_of_the_bf16_head(chunk: int) -> None:
     """The fused loss with the head's two matmuls in FP8 against the exact (fp32) head: loss within 0.5 %,
