@@ -15,4 +15,3 @@ if [ "${SKIP_RUNS:-0}" != 1 ]; then
   RUN_TIMEOUT=${RUN_TIMEOUT:-150} SKIP_INSTALL=1 bash tools/device_finetune.sh ${PLAN:-tools/plans/h200-fp8-mlp.txt}
 fi
 echo "done at $(( $(date +%s) - start )) s"
-cp "$OUT/summary.txt" $res/ 2>/dev/null; rm -f "$OUT/summary.txt" "$OUT/gpus.csv" "$OUT/versions.txt"
