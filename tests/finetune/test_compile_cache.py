@@ -111,11 +111,17 @@ def test_the_first_step_result_says_where_the_start_up_went() -> None:
 # --- Two ranks ------------------------------------------------------------------------------------------------
 
 
+def child_env() -> dict[str, str]:
+    """This environment without what would choose the child's caches for it (use_cache_dir sets them there)."""
+    chosen = (INDUCTOR_ENV, TRITON_ENV, "TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD")
+    return {k: v for k, v in os.environ.items() if k not in chosen}
+
+
 def run_job(tmp_path: Path, job: str, cache: Path) -> list[dict[str, Any]]:
     """Two gloo ranks through one warm-up each; what each reported."""
     store = tmp_path / f"{job}.store"
     outs = [tmp_path / f"{job}-{rank}.json" for rank in range(2)]
-    env = {k: v for k, v in os.environ.items() if k not in (INDUCTOR_ENV, TRITON_ENV)}
+    env = child_env()
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(rank), "2", str(store), str(cache), str(outs[rank])],
@@ -184,11 +190,9 @@ def worker(rank: int, world: int, store: str, cache: str, out: str) -> None:
 
 def run_function_graph(cache: Path, out: Path) -> dict[str, int]:
     """One process that compiles `function_graph` with its cache at `cache`; torch's counters after its backward."""
-    env = {k: v for k, v in os.environ.items() if k not in (INDUCTOR_ENV, TRITON_ENV)}
-    env.pop("TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD", None)
     proc = subprocess.run(
         [sys.executable, __file__, "function", str(cache), str(out)],
-        env=env,
+        env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
