@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucert.hardware import software
 from gpucert.hardware.software import (
     collect_software,
     format_cudnn_version,
@@ -97,6 +98,17 @@ def test_the_torch_probe_runs_in_a_child_and_leaves_this_process_without_torch()
     import torch
 
     assert versions[0] == torch.version.cuda and imported is False
+
+
+def test_a_process_that_has_torch_asks_it_without_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"started a child process {args}: torch is imported here already")
+
+    monkeypatch.setattr(software.subprocess, "run", no_child)
+    cuda, _, _ = software._torch_build_versions()
+    assert cuda == torch.version.cuda
 
 
 @pytest.mark.usefixtures("fake_metadata")
