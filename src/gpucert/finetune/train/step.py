@@ -239,16 +239,19 @@ def evaluate_loss(model: nn.Module, rows: Dataset, cfg: FinetuneConfig, rt: Runt
     # Every rank runs the same number of forwards (FSDP2 gathers parameters collectively in each one);
     # a rank out of rows repeats its first row with no labels, which adds nothing to the sums.
     batches = math.ceil(math.ceil(len(rows) / rt.world_size) / micro)
-    loss_sum, count = 0.0, 0
+    # As in the step: the rows' layout and counts from the host copy and the sum kept on the device, so the
+    # forwards queue one after another and the GPU is waited for once, at the end.
+    loss_sum, count = torch.zeros((), dtype=torch.float64, device=rt.device), 0
     for b in range(batches):
         chunk = [rows[i] for i in mine[b * micro : (b + 1) * micro]]
         if not chunk:
             first = rows[mine[0] if mine else 0]
             chunk = [{**first, "labels": [IGNORE_INDEX] * len(first["labels"])}]
-        batch = batch_to(chunk, pad_id, rt.device, forward_plan(model).pad_to)
-        s, n = forward_loss(model, batch, cfg.model.attn_implementation)
-        loss_sum += float(s)
-        count += int(n)
+        host = collate(chunk, pad_id, forward_plan(model).pad_to)
+        layout = row_layout(host).to(rt.device, non_blocking=True)
+        s, _ = forward_loss(model, to_device(host, rt.device), cfg.model.attn_implementation, layout)
+        loss_sum += s.double()
+        count += int(supervised_count(host["labels"]))
     model.train()
-    total_loss, total_count = all_reduce_sum([loss_sum, count], rt.device)
+    total_loss, total_count = all_reduce_sum([float(loss_sum), count], rt.device)
     return {"loss": total_loss / max(total_count, 1.0), "tokens": int(total_count)}
