@@ -2,8 +2,9 @@
 docs/results. `python tools/two_nodes_gpu.py PART --out DIR` with PART one of:
 
 - accept: `gpucert accept --nnodes 2 --node-rank R --master-addr 127.0.0.1` on each node, full default run;
-- finetune: the shipped speed recipe (`--config qwen2-7b-speed`) across the two nodes on an empty compile cache,
-  then on one GPU alone (the cache now warm), tokens/s per GPU of each and the share kept;
+- finetune: the shipped speed recipe (`--config qwen2-7b-speed`, with each `--set KEY=VALUE` given) across the two
+  nodes on an empty compile cache, then on one GPU alone (the cache now warm), tokens/s per GPU of each and the
+  share kept;
 - faults: node 0 alone (named within the rendezvous timeout), then a rank SIGKILLed and a rank SIGSTOPped
   mid-fine-tuning (named on both nodes within the heartbeat timeout), with the default heartbeats.
 
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,26 +124,28 @@ def metrics(run: Path) -> dict[str, Any]:
     return {k: m.get(k) for k in keep}
 
 
-def finetune_argv(run: Path, cache: Path, steps: int) -> list[str]:
+def finetune_argv(run: Path, cache: Path, steps: int, sets: Sequence[str] = ()) -> list[str]:
     return [*GPUCERT, "finetune", "--config", "qwen2-7b-speed", "--output", str(run),
-            "--set", f"train.max_steps={steps}", "--set", f"train.compile_cache_dir={cache}"]  # fmt: skip
+            "--set", f"train.max_steps={steps}", "--set", f"train.compile_cache_dir={cache}",
+            *(a for kv in sets for a in ("--set", kv))]  # fmt: skip
 
 
-def finetune(out: Path) -> dict[str, Any]:
+def finetune(out: Path, sets: list[str]) -> dict[str, Any]:
     cache = Path("/tmp/gpucert-compile-two-nodes")
     shutil.rmtree(cache, ignore_errors=True)
-    figures: dict[str, Any] = {"steps": STEPS, "compile_cache": "empty before the two-node run, shared by both nodes"}
+    figures: dict[str, Any] = {"steps": STEPS, "compile_cache": "empty before the two-node run, shared by both nodes",
+                               "sets": sets}  # fmt: skip
     run2, port = Path("/tmp/ft-two-nodes"), free_port()
     shutil.rmtree(run2, ignore_errors=True)
     t0 = time.monotonic()
-    procs = [start([*finetune_argv(run2, cache, STEPS), *node_flags(r, port)], r, out / f"finetune-2n-{r}.log")
+    procs = [start([*finetune_argv(run2, cache, STEPS, sets), *node_flags(r, port)], r, out / f"finetune-2n-{r}.log")
              for r in (0, 1)]  # fmt: skip
     codes = wait_all(procs, 400)
     figures["two_nodes"] = {"seconds": round(time.monotonic() - t0, 1), "exit_codes": codes, **metrics(run2)}
     run1 = Path("/tmp/ft-one-gpu")
     shutil.rmtree(run1, ignore_errors=True)
     t0 = time.monotonic()
-    codes = wait_all([start(finetune_argv(run1, cache, STEPS), 0, out / "finetune-1.log")], 300)
+    codes = wait_all([start(finetune_argv(run1, cache, STEPS, sets), 0, out / "finetune-1.log")], 300)
     figures["one_gpu"] = {"seconds": round(time.monotonic() - t0, 1), "exit_codes": codes, **metrics(run1)}
     try:
         two = figures["two_nodes"]["tokens_per_s_per_gpu"]["effective"]
@@ -200,9 +204,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=("accept", "finetune", "faults"))
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="finetune: a config override for both runs (model.precision=fp8), repeatable")  # fmt: skip
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    figures = {"accept": accept, "finetune": finetune, "faults": faults}[args.part](args.out)
+    if args.sets and args.part != "finetune":
+        parser.error("--set applies to the finetune part only")
+    parts = {"accept": accept, "finetune": lambda out: finetune(out, args.sets), "faults": faults}
+    figures = parts[args.part](args.out)
     text = json.dumps(figures, indent=1, default=str)
     print(text)
     (args.out / f"{args.part}.json").write_text(text + "\n")
