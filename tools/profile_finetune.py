@@ -20,7 +20,7 @@ generation) printed after it. HOST_LAYOUT=0: the step as before round eight (doc
 that lever in one call: each micro-batch's row layout read back from the GPU where it is needed (the fused
 loss's supervised positions after the forward, flash attention's documents before it), and the adapters in the
 frozen GEMMs copied by the forward's pre-hook at every forward, not right after the optimizer step.
-LOSS_KERNEL=compiled: the fused loss's chunks run the compiled function, not the Triton kernel (round nine).
+LOSS_KERNEL=compiled: the fused loss's chunks run the compiled function, not the Triton kernel (round nine; FP8's head too).
 LOSS_CHUNK=2048: the fused loss's chunk in tokens (1,024 in gpucert). ACT_BUDGET=0.9: torch's
 activation_memory_budget for the compiled layers' partitioner (1.0, its default, in gpucert); below 1 it recomputes
 cheap activations in the backward instead of keeping them (SwiGLU's output, 12 GiB at micro-batch 3 of the 7B).

@@ -51,6 +51,29 @@ CHILD = textwrap.dedent(
     empty_loss, empty_grad = ce_kernel.chunk_loss_and_grad(torch.empty(0, 64, dtype=torch.bfloat16),
                                                            torch.empty(0, dtype=torch.long), block=64)
     out["empty"] = [float(empty_loss), list(empty_grad.shape)]
+    # The FP8 variant against the function it replaces (loss.py's, eager here, compiled on a GPU) and against fp64.
+    for name, vocab, confident in (("fp8", 1000, False), ("fp8_narrow", 100, False), ("fp8_confident", 1000, True)):
+        logits = (3 * torch.randn(7, vocab, generator=g)).to(torch.bfloat16)
+        targets = torch.randint(0, vocab, (7,), generator=g)
+        targets[0], targets[1] = 0, vocab - 1
+        if confident:  # p_t within 1e-9 of 1 in some rows: 1 - p_t must come from the other entries' sum
+            logits[torch.arange(7), targets] = torch.tensor([40.0, 30.0, 25.0, 12.0, 8.0, 3.0, 0.0]).to(torch.bfloat16)
+        want_loss, want_q, want_scale = loss._chunk_loss_and_fp8_grad(logits, targets, torch.float32)
+        found_loss, found_q, found_scale = ce_kernel.chunk_loss_and_fp8_grad(logits, targets, block=256)
+        _, exact = reference(logits, targets)
+        deq = found_q.double() * found_scale.double()
+        # Half a step of e4m3 (3 mantissa bits) at each entry's size, or half its subnormal spacing (2^-9 scale).
+        off = (deq - exact).abs() - found_scale.double() * 2**-10
+        out[name] = {
+            "loss_rel": abs(float(found_loss) - float(reference(logits, targets)[0])) / float(want_loss),
+            "scales_equal": bool(torch.equal(found_scale, want_scale)),
+            "grad_max_rel": float((off / exact.abs()).max()),
+            "bits_differ": int((found_q.view(torch.uint8) != want_q.view(torch.uint8)).sum()),
+            "entries": found_q.numel(),
+            "dtypes": [str(found_q.dtype), str(found_scale.dtype), list(found_scale.shape)],
+            "same_bits": bool(torch.equal(ce_kernel.chunk_loss_and_fp8_grad(logits, targets, block=256)[1].view(
+                torch.uint8), found_q.view(torch.uint8))),
+        }
     # Never taken on a CPU: the loss keeps its eager function there.
     out["fits_cpu"] = ce_kernel.fits(torch.zeros(2, 8, dtype=torch.bfloat16), torch.float32)
     print(json.dumps(out))
@@ -82,3 +105,18 @@ def test_the_gradient_is_written_over_the_logits_and_repeats_bit_for_bit(interpr
 def test_an_empty_chunk_launches_nothing_and_a_cpu_chunk_keeps_the_other_path(interpreted: dict) -> None:
     assert interpreted["empty"] == [0.0, [0, 64]]
     assert interpreted["fits_cpu"] is False
+
+
+@pytest.mark.parametrize("case", ["fp8", "fp8_narrow", "fp8_confident"])
+def test_the_fp8_kernel_gives_the_compiled_functions_scales_and_gradient_within_half_a_step(
+    interpreted: dict, case: str
+) -> None:
+    found = interpreted[case]
+    assert found["loss_rel"] < 1e-6
+    assert found["scales_equal"]  # the same power of two a row as fp8.power_of_two_scale
+    # Rounded to nearest (torch's cast): half a step of e4m3 at each entry's size, 2^-4 of it.
+    assert found["grad_max_rel"] <= 2**-4
+    # fp32 rounding of exp and the sums in another order may move an entry across an e4m3 rounding boundary.
+    assert found["bits_differ"] <= found["entries"] // 1000
+    assert found["dtypes"] == ["torch.float8_e4m3fn", "torch.float32", [7, 1]]
+    assert found["same_bits"]

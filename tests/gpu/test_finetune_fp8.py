@@ -176,6 +176,41 @@ def test_the_fp8_head_follows_the_fp32_head(logit_std: float) -> None:
     assert loss_off < HEAD_LOSS_REL_MAX and grad_off < HEAD_GRAD_REL_MAX, found
 
 
+@pytest.mark.parametrize("logit_std", [0.3, 3.0])
+def test_the_fp8_loss_kernel_gives_the_compiled_functions_scales_and_gradient(logit_std: float) -> None:
+    """kernels/cross_entropy.py's FP8 chunk at the 7B's vocabulary against the compiled function it replaced
+    (loss.py's `_compiled_fp8_chunk`): each row's scale, the float8 gradient, the loss; with both timed (shown).
+    The rows' sums run in another order, so an entry may round to the next e4m3 value: a few per 10,000."""
+    from gpucert.finetune.model.kernels import cross_entropy as ce_kernel
+    from gpucert.finetune.model.loss import _compiled_fp8_chunk
+
+    torch.manual_seed(0)
+    logits = (torch.randn(1024, 152064, device="cuda") * logit_std).to(torch.bfloat16)
+    targets = torch.randint(0, 152064, (1024,), device="cuda")
+    logits[:8, :].zero_()  # rows with no preference: p_t = 1 / vocab
+    logits[8:16][torch.arange(8), targets[8:16]] = 60.0  # rows where p_t rounds to 1 in fp32
+    found = ce_kernel.chunk_loss_and_fp8_grad(logits, targets)
+    want = _compiled_fp8_chunk(logits, targets, torch.float32)
+    assert abs(float(found[0]) / float(want[0]) - 1) < 1e-5, (float(found[0]), float(want[0]))
+    assert float((found[2] != want[2]).float().mean()) <= 1e-3, "scales differ in more than 1 row of 1,000"
+    differ = float((found[1].view(torch.uint8) != want[1].view(torch.uint8)).float().mean())
+    deq = found[1].float() * found[2]
+    ref = want[1].float() * want[2]
+    assert differ <= 1e-3 and rel_error(deq, ref) < 1e-3, (differ, rel_error(deq, ref))
+    times = {}
+    for name, fn in (("triton", ce_kernel.chunk_loss_and_fp8_grad), ("compiled", _compiled_fp8_chunk)):
+        for _ in range(3):
+            fn(logits, targets, torch.float32)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn(logits, targets, torch.float32)
+        end.record()
+        torch.cuda.synchronize()
+        times[name] = round(start.elapsed_time(end) / 20, 3)
+    print(f"\nFP8 loss chunk, 1,024 x 152,064, logit std {logit_std}: ms {times}; entries differing {differ:.1e}")
+
+
 def test_fp8_head_time_against_bf16() -> None:
     """Shown, not judged: the fused head and loss, forward and backward, over 8,192 tokens of Qwen2-7B's head,
     bf16 against FP8, median of 10 after 3 warm-up calls."""
