@@ -19,6 +19,7 @@ from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.plan import Device, plan_model
 from gpucert.finetune.train.metrics import judge_run
 from gpucert.finetune.train.report import build_report
+from gpucert.finetune.train.summary import step_time_spread
 from gpucert.report.schema import Report, Result, RunMeta
 from gpucert.status import Status
 from tests.conftest import FIXTURES
@@ -129,6 +130,7 @@ def synthetic_metrics(
         "wall_time_s": 95.0,
         "train_time_s": sum(r["step_time_s"] for r in log),
         "data_time_share": 0.007,
+        "step_time_s": step_time_spread([r for r in log if not r["warmup"]]),
         "world_size": world,
         "parallel": "none",
         "device": "NVIDIA H100 80GB HBM3" if peak_gib is not None else "cpu",

@@ -15,6 +15,7 @@ from tests.training_runs import synthetic_metrics, training_report
 import gpucert.report
 from gpucert.finetune.train import report as run_report
 from gpucert.finetune.train.report import invocation, run_results, step_series, write_run_files
+from gpucert.finetune.train.summary import step_time_spread
 from gpucert.report.store import load_report
 from gpucert.status import Status
 
@@ -46,10 +47,29 @@ def test_a_gpu_run_report_validates_and_only_the_criteria_are_judged() -> None:
     assert results["hfu"].value == pytest.approx(18.7 * 1.44)
     assert results["peak_memory_gib"].value == 31.7 and "33.80 GiB reserved" in results["peak_memory_gib"].message
     assert results["tokens_per_s_per_gpu"].message.startswith("5,397 effective (non-pad) tokens/s per GPU over 38")
-    assert results["tokens_per_s_per_gpu"].message.endswith("the data's host work 0.70 % of the step time")
+    assert results["tokens_per_s_per_gpu"].message.endswith(
+        "the data's host work 0.70 % of the step time; step time median 1.517 s"
+    )
     assert results["eval_loss"].message.startswith("held-out loss at step 40 over 51,000 supervised tokens")
     assert report.meta.verb == "finetune" and report.meta.profile == "h100-sxm" and report.meta.nodes == ["vm"]
     assert report.meta.duration_s == 95.0
+
+
+def test_a_stalled_step_is_named_beside_the_mean_tokens_per_s() -> None:
+    metrics = synthetic_metrics()
+    steady = by_name(metrics)["tokens_per_s_per_gpu"].message
+    metrics["step_log"][9]["step_time_s"] = 2.6  # step 10: 1.7x the others, as one step of an H200 run was
+    metrics["step_time_s"] = step_time_spread([r for r in metrics["step_log"] if not r["warmup"]])
+    stalled = by_name(metrics)["tokens_per_s_per_gpu"]
+    assert "x the median" not in steady
+    assert stalled.message.endswith(
+        "step time median 1.517 s, step 10 2.600 s (1.7x the median: a stall, which lowers this mean; a run of more "
+        "steps, or the median, tells the speed)"
+    )
+    spread = stalled.details["step_time_s"]
+    assert spread == {"median": pytest.approx(1.517, abs=5e-4), "slowest": 2.6, "slowest_step": 10}
+    del metrics["step_time_s"]  # a run from before it was measured
+    assert by_name(metrics)["tokens_per_s_per_gpu"].message.endswith("0.70 % of the step time")
 
 
 def test_a_failed_criterion_fails_the_report_and_a_missing_threshold_is_info() -> None:

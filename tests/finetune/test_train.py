@@ -53,6 +53,7 @@ METRICS_KEYS = {
     "wall_time_s",
     "train_time_s",
     "data_time_share",
+    "step_time_s",
     "world_size",
     "parallel",
     "device",

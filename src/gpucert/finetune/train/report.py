@@ -43,6 +43,9 @@ DATA_SUBJECT = "prepared data"
 STEPS_RESULT = "steps"
 DATA_RESULT = "data.preparation"
 MEMORY_PLAN_RESULT = "train.memory_plan"
+# A timed step this many times the median is named beside the tokens/s: one stall (a garbage collection, another
+# process on the GPU or the host) lowers the mean a benchmark quotes, where the median does not move.
+SLOW_STEP_FACTOR = 1.25
 
 
 def invocation(argv: list[str]) -> list[str]:
@@ -128,19 +131,34 @@ def _eval_loss(metrics: dict[str, Any]) -> Result:
     )
 
 
+def _step_spread(spread: dict[str, float] | None) -> str:
+    """The timed steps' median, and the slowest step when it stands out enough to move the mean tokens/s."""
+    if not spread:
+        return ""  # runs before it was measured, or none timed
+    median, slowest = spread["median"], spread["slowest"]
+    text = f"; step time median {median:.3f} s"
+    if median > 0 and slowest > SLOW_STEP_FACTOR * median:
+        text += (
+            f", step {spread['slowest_step']} {slowest:.3f} s ({slowest / median:.1f}x the median: a stall, which "
+            "lowers this mean; a run of more steps, or the median, tells the speed)"
+        )
+    return text
+
+
 def _throughput(metrics: dict[str, Any]) -> Result:
     per_gpu, total = metrics["tokens_per_s_per_gpu"], metrics["tokens_per_s"]
     world, device = metrics["world_size"], metrics["device"]
     share = metrics.get("data_time_share")  # absent from runs before it was measured
     # The host's share says whether a faster input pipeline could pay: under 1 % on the lent H100.
     data = f"; the data's host work {100 * share:.2f} % of the step time" if share is not None else ""
+    spread = metrics.get("step_time_s")
     return _info(
         "tokens_per_s_per_gpu",
         per_gpu["effective"],
         "tokens/s",
         f"{per_gpu['effective']:,.0f} effective (non-pad) tokens/s per GPU over {metrics['timed_steps']} timed steps "
         f"on {world} x {device} (parallel {metrics['parallel']}); padded {per_gpu['padded']:,.0f}, supervised "
-        f"{per_gpu['supervised']:,.0f}; all ranks {total['effective']:,.0f}{data}",
+        f"{per_gpu['supervised']:,.0f}; all ranks {total['effective']:,.0f}{data}{_step_spread(spread)}",
         details={
             "per_gpu": per_gpu,
             "all_ranks": total,
@@ -149,6 +167,7 @@ def _throughput(metrics: dict[str, Any]) -> Result:
             "parallel": metrics["parallel"],
             "timed_steps": metrics["timed_steps"],
             "data_time_share": share,
+            "step_time_s": spread,
         },
     )
 
