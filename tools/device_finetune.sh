@@ -46,8 +46,11 @@ try:
 except OSError:
     sys.exit(0)
 t = m["tokens_per_s_per_gpu"]
+s = m.get("step_time_s") or {}
 print(f"  {name}: {m['world_size']} x {m['device']} | effective {t['effective']:,.0f} tok/s/GPU | MFU "
-      f"{(m['mfu'] or 0):.1%} | peak {m['peak_memory_gib'] or 0:.1f} GiB | T_eff {m['t_eff']:.0f} | oom {m['oom']}")
+      f"{(m['mfu'] or 0):.1%} | peak {m['peak_memory_gib'] or 0:.1f} GiB | T_eff {m['t_eff']:.0f} | oom {m['oom']} | "
+      f"step median {1000 * (s.get('median') or 0):.1f} ms, slowest {1000 * (s.get('slowest') or 0):.1f} "
+      f"(step {s.get('slowest_step')})")
 if m.get("time_to_first_step_s") is not None:
     c = m.get("compile") or {}
     w = ((c.get("ranks") or [{}])[0].get("warm_up") or {})
