@@ -88,6 +88,33 @@ def test_torch_build_versions_from_the_probe(answer: list, parsed: tuple) -> Non
     assert parse_torch_build(answer) == parsed
 
 
+def test_the_child_probe_needs_torch_alone_not_gpucert(tmp_path: Path) -> None:
+    # An interpreter that finds torch but not gpucert: no site processing (-S: the editable install's path file is
+    # not read), no environment (-I), torch's directory alone on the path; then the probe's script as it is.
+    import torch
+
+    script = software._TORCH_PROBE + "print(json.dumps(ask_torch()))\n"
+    site = str(Path(torch.__file__).parents[1])
+    setup = f"import sys, importlib.util; sys.path.insert(0, {site!r}); assert not importlib.util.find_spec('gpucert')"
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", f"{setup}\nexec({script!r})"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)[0] == torch.version.cuda
+
+
+def test_a_stand_in_for_torch_leaves_the_question_to_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    for stand_in in (None, object()):  # a blocked import; a stub without torch's attributes
+        monkeypatch.setitem(sys.modules, "torch", stand_in)
+        assert software._ask_torch_here() is None
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    answer = software._ask_torch_here()
+    assert answer is not None and answer[0] == torch.version.cuda
+
+
 def test_the_torch_probe_runs_in_a_child_and_leaves_this_process_without_torch() -> None:
     script = (
         "import json, sys\nfrom gpucert.hardware.software import _torch_build_versions\n"

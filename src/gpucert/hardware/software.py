@@ -94,21 +94,37 @@ def _gpucert_version() -> str | None:
     return str(__version__)
 
 
-def _ask_torch() -> list[Any]:
-    """[torch.version.cuda, cuDNN's version, NCCL's version] of the torch imported here; None for each torch
-    cannot tell."""
+# What torch was built with, as [torch.version.cuda, cuDNN's version, NCCL's version], None for each torch cannot
+# tell. Source text, so that a child needs torch alone (not gpucert, which a plain interpreter may not find), and a
+# process that has torch already runs the same lines.
+_TORCH_PROBE = """
+import json
+
+def ask_torch():
     import torch
 
-    def ask(fn: Any) -> Any:
+    def ask(fn):
         try:
             return fn()
         except Exception:
             return None
 
     return [torch.version.cuda, ask(torch.backends.cudnn.version), ask(torch.cuda.nccl.version)]
+"""
 
 
-_TORCH_PROBE = "import json\nfrom gpucert.hardware.software import _ask_torch\nprint(json.dumps(_ask_torch()))\n"
+def _ask_torch_here() -> list[Any] | None:
+    """The probe in this process when torch is imported here already; None when it is not, or is a stand-in
+    without torch's attributes (a test's stub, a blocked import), which leaves the question to a child."""
+    if sys.modules.get("torch") is None:
+        return None
+    namespace: dict[str, Any] = {}
+    try:
+        exec(_TORCH_PROBE, namespace)  # our own constant: the child's script
+        answer: list[Any] = namespace["ask_torch"]()
+    except Exception:
+        return None
+    return answer
 
 
 def _torch_build_versions(timeout_s: float = 120.0) -> tuple[str | None, str | None, str | None]:
@@ -119,13 +135,15 @@ def _torch_build_versions(timeout_s: float = 120.0) -> tuple[str | None, str | N
     writing its report, `gpucert evaluate`) asks it directly: the child's import took 1.7 s of every fine-tuning
     run's end on one H200.
     """
-    if "torch" in sys.modules:
-        return parse_torch_build(_ask_torch())
+    here = _ask_torch_here()
+    if here is not None:
+        return parse_torch_build(here)
     if importlib.util.find_spec("torch") is None:
         return None, None, None
+    script = _TORCH_PROBE + "print(json.dumps(ask_torch()))\n"
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s, check=False
         )
         return parse_torch_build(json.loads(done.stdout.strip().splitlines()[-1]))
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
