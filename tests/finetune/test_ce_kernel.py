@@ -74,6 +74,24 @@ CHILD = textwrap.dedent(
             "same_bits": bool(torch.equal(ce_kernel.chunk_loss_and_fp8_grad(logits, targets, block=256)[1].view(
                 torch.uint8), found_q.view(torch.uint8))),
         }
+    # A NaN among a row's logits: a NaN scale and gradient for that row, as the eager function gives (Triton's max
+    # and clamp would drop it), the other rows untouched.
+    logits = torch.randn(3, 300, generator=g).to(torch.bfloat16)
+    logits[1, 7] = float("nan")
+    targets = torch.tensor([0, 5, 299])
+    _, want_q, want_scale = loss._chunk_loss_and_fp8_grad(logits, targets, torch.float32)
+    _, found_q, found_scale = ce_kernel.chunk_loss_and_fp8_grad(logits, targets, block=128)
+    bf16_loss, bf16_grad = ce_kernel.chunk_loss_and_grad(logits.clone(), targets, block=128)
+    out["bf16_nan"] = {
+        "loss_nan": bool(bf16_loss.isnan()),
+        "grad_nan_rows": [bool(v) for v in bf16_grad.isnan().all(1)],
+    }
+    out["fp8_nan"] = {
+        "scale_nan": [bool(v) for v in found_scale.isnan().squeeze(1)],
+        "want_scale_nan": [bool(v) for v in want_scale.isnan().squeeze(1)],
+        "grad_nan_rows": [bool(v) for v in found_q.float().isnan().all(1)],
+        "same_bits_other_rows": bool(torch.equal(found_q[[0, 2]].view(torch.uint8), want_q[[0, 2]].view(torch.uint8))),
+    }
     # Never taken on a CPU: the loss keeps its eager function there.
     out["fits_cpu"] = ce_kernel.fits(torch.zeros(2, 8, dtype=torch.bfloat16), torch.float32)
     print(json.dumps(out))
@@ -120,3 +138,12 @@ def test_the_fp8_kernel_gives_the_compiled_functions_scales_and_gradient_within_
     assert found["bits_differ"] <= found["entries"] // 1000
     assert found["dtypes"] == ["torch.float8_e4m3fn", "torch.float32", [7, 1]]
     assert found["same_bits"]
+
+
+def test_a_nan_in_a_row_gives_that_row_a_nan_scale_gradient_and_loss_as_the_eager_function(interpreted: dict) -> None:
+    found = interpreted["fp8_nan"]
+    assert found["scale_nan"] == found["want_scale_nan"] == [False, True, False]
+    assert found["grad_nan_rows"] == [False, True, False]
+    assert found["same_bits_other_rows"]
+    # The bf16 kernel too: the loss NaN, as the eager function's (it was finite, the NaN dropped by the running max).
+    assert interpreted["bf16_nan"] == {"loss_nan": True, "grad_nan_rows": [False, True, False]}

@@ -13,7 +13,7 @@ scale a row (fp8.py's recipe). `_softmax_ce_rows_fp8` does that in the same two 
 row's exponentials without the target's, whose share of the total (1 - p_t, the row's largest |softmax - one_hot|)
 gives the row's scale; the second writes the quantized gradient. Inductor's kernel for the same expressions
 (loss.py's `_chunk_loss_and_fp8_grad`, compiled) split each row's reduction and took 0.83 ms a 1,024-token chunk,
-13.3 ms of the FP8 step at micro-batch 4 on one H200, where the bf16 kernel took 0.32.
+13.3 ms of the FP8 step at micro-batch 4 on one H200, where the bf16 kernel took 0.32 ms a chunk.
 
 Triton comes with torch's CUDA builds; without it (or on a CPU) the loss keeps the compiled or eager function.
 `TRITON_INTERPRET=1` runs the kernels on CPU tensors, for tests; there the FP8 kernel writes fp32, cast by torch
@@ -60,7 +60,8 @@ if triton is not None:
         total = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, BLOCK):
             x = tl.load(x_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
-            new_top = tl.maximum(top, x)
+            # A NaN logit kept (Triton's max drops a NaN operand by default): the row's loss is NaN, as torch's.
+            new_top = tl.maximum(top, x, propagate_nan=tl.PropagateNan.ALL)
             total = total * tl.exp(top - new_top) + tl.exp(x - new_top)
             # A lane that has seen only the mask's -inf would hold exp(-inf - -inf) = nan.
             total = tl.where(new_top == float("-inf"), 0.0, total)
@@ -102,7 +103,7 @@ if triton is not None:
         others = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, BLOCK):
             x = tl.load(x_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
-            new_top = tl.maximum(top, x)
+            new_top = tl.maximum(top, x, propagate_nan=tl.PropagateNan.ALL)
             shrink = tl.exp(top - new_top)
             e = tl.exp(x - new_top)
             total = total * shrink + e
@@ -120,19 +121,23 @@ if triton is not None:
         # fp8.power_of_two_scale: 2^ceil(log2(ideal)), from the bits of ideal (a normal fp32 number: at least
         # AMAX_FLOOR / 448). Exact, where torch's log2 may round a value a few ulps above a power of two down to it
         # (a scale half as large, whose largest entry the clamp below saturates); the same in the interpreter.
-        ideal = tl.div_rn(tl.maximum(rest, AMAX_FLOOR_C), FP8_MAX_C)
+        # NaN propagated as torch propagates it (Triton's max and clamp drop a NaN operand by default): logits with a
+        # NaN give a NaN scale and gradient, not a finite one.
+        ideal = tl.div_rn(tl.maximum(rest, AMAX_FLOOR_C, propagate_nan=tl.PropagateNan.ALL), FP8_MAX_C)
         bits = ideal.to(tl.int32, bitcast=True)
         up = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # the biased exponent of the scale
-        scale = (up << 23).to(tl.float32, bitcast=True)
+        scale = tl.where(ideal == ideal, (up << 23).to(tl.float32, bitcast=True), ideal)
         tl.store(scale_ptr + row, scale)
-        # Pass 2: the gradient over the scale (a power of two: exact), saturated as fp8.quantize_rows saturates.
+        # 1 / scale, exact (a power of two, from its exponent's bits), so no division's rounding enters.
+        inverse = tl.where(ideal == ideal, ((254 - up) << 23).to(tl.float32, bitcast=True), ideal)
+        # Pass 2: the gradient over the scale, saturated as fp8.quantize_rows saturates.
         g_row = grad_ptr + row * vocab
         for start in range(0, vocab, BLOCK):
             mask = start + cols < vocab
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
             p = tl.div_rn(tl.exp(x - row_top), row_total)
-            g = tl.where(start + cols == target, -rest, p) / scale
-            g = tl.clamp(g, -FP8_MAX_C, FP8_MAX_C)
+            g = tl.where(start + cols == target, -rest, p) * inverse
+            g = tl.clamp(g, -FP8_MAX_C, FP8_MAX_C, propagate_nan=tl.PropagateNan.ALL)
             tl.store(g_row + start + cols, g.to(grad_ptr.dtype.element_ty), mask=mask)
 
     # Module-level constants reach a jitted function only as tl.constexpr globals.
@@ -141,8 +146,9 @@ if triton is not None:
 
 
 def fits(logits: torch.Tensor, accumulate: torch.dtype) -> bool:
-    """Whether the kernel computes what `loss._chunk_loss_and_grad(logits, targets, accumulate)` would: a CUDA
-    chunk of half-precision logits, rows contiguous, softmax in fp32 (float64 tests keep the other path)."""
+    """Whether the kernels compute what `loss._chunk_loss_and_grad(logits, targets, accumulate)` (and its FP8
+    variant `_chunk_loss_and_fp8_grad`) would: a CUDA chunk of half-precision logits, rows contiguous, softmax in
+    fp32 (float64 tests keep the other path)."""
     return (
         triton is not None
         and logits.is_cuda
