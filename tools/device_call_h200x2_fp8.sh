@@ -7,7 +7,7 @@
 . tools/device_call_setup.sh
 nvidia-smi --query-gpu=name,uuid,power.limit --format=csv,noheader | tee $res/summary.txt
 start=$(date +%s)
-timeout -k 20 420 python3 tools/two_nodes_gpu.py finetune --out $res/two-nodes --set model.precision=fp8 \
+timeout -k 20 560 python3 tools/two_nodes_gpu.py finetune --out $res/two-nodes --set model.precision=fp8 \
   > $res/two-nodes-stdout.txt 2>&1
 echo "two nodes exit $? at $(( $(date +%s) - start )) s" | tee -a $res/summary.txt
 # finetune.json (under two-nodes/) holds each run's figures with every rank's warm-up order and cache counters.

@@ -16,6 +16,7 @@ Needs a machine of two GPUs; writes PART.json (and the run's reports) under --ou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -47,9 +48,24 @@ def node_flags(rank: int, port: int) -> list[str]:
             "--node-name", NAMES[rank]]  # fmt: skip
 
 
+# Every node this script started, killed (with its ranks) when the script ends however it ends: a time limit
+# around the script (SIGTERM) must not leave ranks holding the GPUs.
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
 def start(argv: list[str], gpu: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen(argv, env=node_env(gpu), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env=node_env(gpu), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+def stop_started() -> None:
+    for proc in STARTED:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the node's launcher and the ranks it started
+            proc.wait()
 
 
 def last_line(log: Path) -> str:
@@ -211,7 +227,11 @@ def main(argv: list[str]) -> int:
     if args.sets and args.part != "finetune":
         parser.error("--set applies to the finetune part only")
     parts = {"accept": accept, "finetune": lambda out: finetune(out, args.sets), "faults": faults}
-    figures = parts[args.part](args.out)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally below runs
+    try:
+        figures = parts[args.part](args.out)
+    finally:
+        stop_started()
     text = json.dumps(figures, indent=1, default=str)
     print(text)
     (args.out / f"{args.part}.json").write_text(text + "\n")
