@@ -203,7 +203,7 @@ def data_time_share(records: list[dict[str, Any]]) -> float | None:
 def step_time_spread(records: list[dict[str, Any]]) -> dict[str, float] | None:
     """The timed steps' median time and their slowest, with its step number. The run's tokens/s is a mean over
     those steps, so one stall moves it: on one H200 (2026-11-29) a single step of 1.09 s among steps of 0.63 s took
-    4 % off a 12-step run's figure. The report names such a step (report.SLOW_STEP_FACTOR)."""
+    5.5 % off a 12-step run's figure. The report names such a step (report.SLOW_STEP_FACTOR)."""
     if not records:
         return None
     slowest = max(records, key=lambda r: r["step_time_s"])
