@@ -40,6 +40,31 @@ WARPS = 8
 if triton is not None:
 
     @triton.jit
+    def _row_exp_sums(x_row, target, vocab: tl.constexpr, BLOCK: tl.constexpr, OTHERS: tl.constexpr):
+        """Pass 1 over a row of logits, both kernels': (its maximum m, Σ exp(x - m), and with OTHERS the same sum
+        without the target's entry, else 0), from each lane's running maximum and its sum of exponentials below it,
+        rescaled as the maximum grows."""
+        cols = tl.arange(0, BLOCK)
+        top = tl.full([BLOCK], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK], tl.float32)
+        others = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            x = tl.load(x_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
+            # A NaN logit kept (Triton's max drops a NaN operand by default): the row's loss is NaN, as torch's.
+            new_top = tl.maximum(top, x, propagate_nan=tl.PropagateNan.ALL)
+            shrink = tl.exp(top - new_top)
+            e = tl.exp(x - new_top)
+            # A lane that has seen only the mask's -inf would hold exp(-inf - -inf) = nan.
+            seen = new_top != float("-inf")
+            total = tl.where(seen, total * shrink + e, 0.0)
+            if OTHERS:
+                others = tl.where(seen, others * shrink + tl.where(start + cols == target, 0.0, e), 0.0)
+            top = new_top
+        row_top = tl.max(top, 0)
+        lane = tl.exp(top - row_top)
+        return row_top, tl.sum(total * lane, 0), tl.sum(others * lane, 0)
+
+    @triton.jit
     def _softmax_ce_rows(
         logits_ptr,
         targets_ptr,
@@ -55,19 +80,8 @@ if triton is not None:
         x_row = logits_ptr + row * stride_logits
         target = tl.load(targets_ptr + row)
         cols = tl.arange(0, BLOCK)
-        # Pass 1: the running maximum and the sum of exponentials below it, rescaled as the maximum grows.
-        top = tl.full([BLOCK], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, vocab, BLOCK):
-            x = tl.load(x_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
-            # A NaN logit kept (Triton's max drops a NaN operand by default): the row's loss is NaN, as torch's.
-            new_top = tl.maximum(top, x, propagate_nan=tl.PropagateNan.ALL)
-            total = total * tl.exp(top - new_top) + tl.exp(x - new_top)
-            # A lane that has seen only the mask's -inf would hold exp(-inf - -inf) = nan.
-            total = tl.where(new_top == float("-inf"), 0.0, total)
-            top = new_top
-        row_top = tl.max(top, 0)
-        lse = row_top + tl.log(tl.sum(total * tl.exp(top - row_top), 0))
+        row_top, row_total, _ = _row_exp_sums(x_row, target, vocab, BLOCK, False)
+        lse = row_top + tl.log(row_total)
         x_t = tl.load(x_row + target).to(tl.float32)
         tl.store(loss_ptr + row, lse - x_t)
         # Pass 2: the gradient (the row is read again, mostly from L2), over the logits when grad is logits: each
@@ -96,26 +110,10 @@ if triton is not None:
         x_row = logits_ptr + row * stride_logits
         target = tl.load(targets_ptr + row)
         cols = tl.arange(0, BLOCK)
-        # Pass 1: as _softmax_ce_rows's, with the sum of the other entries' exponentials beside the total's: 1 - p_t
-        # from that sum, not from p_t, which would round to 0 once p_t nears 1.
-        top = tl.full([BLOCK], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK], tl.float32)
-        others = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, vocab, BLOCK):
-            x = tl.load(x_row + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
-            new_top = tl.maximum(top, x, propagate_nan=tl.PropagateNan.ALL)
-            shrink = tl.exp(top - new_top)
-            e = tl.exp(x - new_top)
-            total = total * shrink + e
-            others = others * shrink + tl.where(start + cols == target, 0.0, e)
-            seen = new_top != float("-inf")
-            total = tl.where(seen, total, 0.0)
-            others = tl.where(seen, others, 0.0)
-            top = new_top
-        row_top = tl.max(top, 0)
-        lane = tl.exp(top - row_top)
-        row_total = tl.sum(total * lane, 0)
-        rest = tl.div_rn(tl.sum(others * lane, 0), row_total)
+        # With the sum of the other entries' exponentials beside the total's: 1 - p_t from that sum, not from p_t,
+        # which would round to 0 once p_t nears 1.
+        row_top, row_total, row_others = _row_exp_sums(x_row, target, vocab, BLOCK, True)
+        rest = tl.div_rn(row_others, row_total)
         x_t = tl.load(x_row + target).to(tl.float32)
         tl.store(loss_ptr + row, row_top + tl.log(row_total) - x_t)
         # fp8.power_of_two_scale: 2^ceil(log2(ideal)), from the bits of ideal (a normal fp32 number: at least
