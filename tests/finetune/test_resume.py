@@ -141,7 +141,8 @@ def test_a_run_falls_back_past_a_truncated_checkpoint_and_continues_exactly(
 def test_same_data_resumes_silently_another_is_refused_with_both_fingerprints() -> None:
     path = Path("run/checkpoints/step-8")
     assert judge_data_change(FP_OLD, FP_OLD, path, allow_change=False) is None
-    with pytest.raises(ValueError) as refused:
+    # A CheckpointError: the command line says it in one line, without a traceback.
+    with pytest.raises(CheckpointError) as refused:
         judge_data_change(FP_OLD, FP_NEW, path, allow_change=False)
     message = str(refused.value)
     assert str(path) in message and FP_OLD[:12] in message and FP_NEW[:12] in message

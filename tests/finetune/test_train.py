@@ -340,6 +340,21 @@ def test_an_error_names_the_rank_and_phase_then_exits_3(
     assert rest == [] and "Traceback (most recent call last)" in err
 
 
+def test_bad_data_is_one_line_without_a_traceback(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Data that cannot be prepared is bad input, like a bad key: the rank's line says which lines and what to
+    change, and nothing more (a traceback once repeated the message in 20 lines)."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("{not json\n" * 3)
+    argv = [str(write_tiny_config(tmp_path)), "--output-dir", str(tmp_path / "run"), "--set", f"data.source={data}"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("gpucert:")]
+    assert len(lines) == 1 and "failed during data preparation" in lines[0] and "rows.jsonl:1" in lines[0], err
+    assert "Traceback" not in err, err[-3000:]
+
+
 def test_ctrl_c_prints_one_line_and_exits_130(
     tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

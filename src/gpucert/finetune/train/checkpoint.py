@@ -229,7 +229,7 @@ def judge_data_change(saved: str | None, current: str, path: Path, allow_change:
             f"{path} trained on data {saved[:12]}, this run prepares {current[:12]}: continuing on the new data "
             "(resume_allow_data_change: true)"
         )
-    raise ValueError(
+    raise CheckpointError(
         f"{path}: expected the prepared data the checkpoint trained on (fingerprint {saved[:12]}), found "
         f"{current[:12]}: data.source, its file, the template, tokenizer or data.* settings changed. Resume with "
         "the same data, start a new output_dir, or set resume_allow_data_change: true to continue on the new data"

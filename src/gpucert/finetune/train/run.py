@@ -44,6 +44,7 @@ import torch
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.data.formats import DataError
 from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.train import metrics as flops
@@ -146,15 +147,15 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
 
 def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
     """Record this rank's failure for the job and say it: one line naming the rank and phase, then the
-    traceback (none for bad input, a full disk or an unusable checkpoint, whose messages say what to change). An
-    error that only followed a peer's failure (a broken collective) names that peer instead."""
+    traceback (none for bad config or data, a full disk or an unusable checkpoint, whose messages say what to
+    change). An error that only followed a peer's failure (a broken collective) names that peer instead."""
     record = fail(rt, exc)
     if isinstance(exc, KeyboardInterrupt):
         say(f"{rt.me.describe()} interrupted during {rt.phase}")
         return record, INTERRUPTED_EXIT
     if record.rank in (None, rt.rank):
         say(record.message())
-        if not isinstance(exc, (ConfigError, NoSpaceError, CheckpointError)):
+        if not isinstance(exc, (ConfigError, DataError, NoSpaceError, CheckpointError)):
             traceback.print_exception(exc)
     else:
         say(f"{rt.me.describe()} stops: {record.message()}")
