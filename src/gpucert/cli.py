@@ -561,7 +561,9 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         if getattr(args, "list_recipes", False):
             print("\n".join(recipe_lines()))
             return 0
-        args.config = resolve_recipe(args.config)  # a recipe name or a path; refused here if neither
+        # A recipe name or a path; refused here if neither. evaluate keeps None: it means the adapter's run config.
+        if args.config is not None or args.verb == "finetune":
+            args.config = resolve_recipe(args.config)
         return commands.finetune(args) if args.verb == "finetune" else commands.evaluate(args)
     if args.verb == "report":
         return run_report(args, console)

@@ -47,6 +47,39 @@ def test_offline_default_trains_saves_and_evaluates(tmp_path: Path, monkeypatch,
     assert json.loads((run / "report.json").read_text())["meta"]["verb"] == "finetune"
 
 
+def test_evaluate_takes_the_runs_own_config_and_refuses_another_model(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Without --config, `gpucert evaluate --adapter RUN` evaluates with RUN/config.yaml: the default recipe's
+    other split once scored 19 of 39 "held-out" turns the adapter had trained on, and a run on another base model
+    ended in a PEFT size-mismatch traceback."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    split = ["--set", "data.eval_fraction=0.2", "--set", "train.max_steps=2", "--set", "train.save_every=2"]
+    # Two steps leave the loss criterion unmet (FAIL, 2); the adapter is written all the same.
+    assert main(["finetune", "--output", str(run), *split]) in (0, 2)
+    trained_on = json.loads((run / "metrics.json").read_text())["dataset"]
+    capsys.readouterr()
+
+    assert main(["evaluate", "--adapter", str(run), "--set", "eval.max_examples=2"]) == 0
+    err = capsys.readouterr().err
+    assert f"evaluating with {run / 'config.yaml'}" in err and "warning" not in err, err
+    evaluated = load_report(run / "evaluation").meta.config["evaluate"]
+    assert evaluated["prepared_data"] == trained_on["path"]
+    assert evaluated["trained_on_data"] == trained_on["fingerprint"]
+
+    # Another config on the same model: allowed, with a warning that the split is not the run's.
+    out = ["--output", str(tmp_path / "other-split"), "--set", "eval.max_examples=2"]
+    assert main(["evaluate", "--adapter", str(run), "--config", "tiny", *out]) == 0
+    assert f"warning: {run} trained on prepared data {trained_on['fingerprint'][:12]}" in capsys.readouterr().err
+
+    # Another model: refused before any model is loaded, naming both.
+    other = tmp_path / "other.yaml"
+    other.write_text((run / "config.yaml").read_text().replace("name: tiny", "name: Qwen/Qwen2-7B-Instruct", 1))
+    assert main(["evaluate", "--adapter", str(run), "--config", str(other)]) == 3
+    err = capsys.readouterr().err
+    assert "model.name 'Qwen/Qwen2-7B-Instruct', but the adapter was trained on 'tiny'" in err, err
+    assert not (tmp_path / "other" / "evaluation").exists()
+
+
 def test_prepare_alone_then_reuse(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["finetune", "prepare"]) == 0

@@ -268,15 +268,16 @@ def test_evaluate_refuses_a_training_run_directory_as_output_before_loading(
 def test_threshold_source_names_the_file_or_the_override_that_set_each_key() -> None:
     """Each key where it came from: a --set names only the key it set (before 2026-11-29 every result named the
     file and the --set together, even a key the file set)."""
-    args = argparse.Namespace(config=Path("configs/finetune/qwen2-7b-glaive.yaml"), overrides=["eval.max_examples=8"])
+    recipe = Path("configs/finetune/qwen2-7b-glaive.yaml")
+    args = argparse.Namespace(overrides=["eval.max_examples=8"])
     overall, loss = "eval.thresholds.overall_min_pct", "eval.thresholds.loss_max"
-    assert threshold_source(args).of(overall) == f"{overall} in configs/finetune/qwen2-7b-glaive.yaml"
+    assert threshold_source(args, recipe).of(overall) == f"{overall} in configs/finetune/qwen2-7b-glaive.yaml"
     args.overrides += [f"{overall}=70", f"{overall}=80"]
-    sources = threshold_source(args)
+    sources = threshold_source(args, recipe)
     assert sources.of(overall) == f"--set {overall}=80"  # the last one wins, as the config loader applies them
     assert sources.of(loss) == f"{loss} in configs/finetune/qwen2-7b-glaive.yaml"
     args.overrides.append("eval.thresholds={loss_max: 2}")  # the whole mapping
-    assert threshold_source(args).of(loss) == "--set eval.thresholds={loss_max: 2}"
+    assert threshold_source(args, recipe).of(loss) == "--set eval.thresholds={loss_max: 2}"
 
 
 @pytest.mark.parametrize(

@@ -137,18 +137,22 @@ def evaluate(args: argparse.Namespace) -> int:
     if getattr(args, "suite", "held-out") != "bfcl" and bfcl_only:
         flags = ", ".join("--" + f.replace("_", "-") for f in bfcl_only)
         raise ConfigError(f"{flags}: for --suite bfcl only (this evaluation is the held-out suite)")
-    cfg = load(args, [f"data.source={json.dumps(args.data)}"] if args.data else [])
+    # A bad --set, --config or --data first, against the config given (or the default recipe), as for finetune.
+    cfg = load(args, evaluation_overrides(args))
     check_data_source(cfg.data)  # a missing --data file is named before torch is imported
     # A run directory means its final adapter; a missing path is refused here, never tried as a hub id.
     adapter, note = resolve_adapter(args.adapter)
     if note:
         print(note, file=sys.stderr)
+    run = run_of(adapter)
+    cfg, config_path = evaluation_config(args, run, cfg)
+    check_data_source(cfg.data)  # the run's data file, where it has moved since training
     if getattr(args, "suite", "held-out") == "bfcl":
         from gpucert.finetune.eval.bfcl import evaluate_bfcl
 
         out = Path(args.output) if args.output else adapter.parent / "evaluation-bfcl"
         check_evaluation_output(out)
-        return evaluate_bfcl(args, cfg, adapter, out, threshold_source(args))
+        return evaluate_bfcl(args, cfg, adapter, out, threshold_source(args, config_path))
     out = Path(args.output) if args.output else adapter.parent / "evaluation"
     check_evaluation_output(out)
     started = datetime.now(timezone.utc)
@@ -168,6 +172,14 @@ def evaluate(args: argparse.Namespace) -> int:
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
+    trained_on = run_data_fingerprint(run)
+    if trained_on and trained_on != prepared.fingerprint:
+        print(
+            f"warning: {run} trained on prepared data {trained_on[:12]}; this held-out split comes from "
+            f"{prepared.fingerprint[:12]} and may hold rows the adapter trained on. Evaluate with the run's config "
+            "(no --config), or --data a file it never saw",
+            file=sys.stderr,
+        )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, attn = adapter_for_generation(cfg.model, tokenizer, adapter, device)
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]
@@ -179,13 +191,18 @@ def evaluate(args: argparse.Namespace) -> int:
     ]
     with torch.no_grad():
         scores, loss = run_eval(model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=attn)
-    results = evaluation_results(scores, loss, cfg.eval.thresholds, threshold_source(args))
+    results = evaluation_results(scores, loss, cfg.eval.thresholds, threshold_source(args, config_path))
     report = evaluation_report(
         results,
         command=["gpucert", *sys.argv[1:]],
         config={
             **dataclasses.asdict(cfg),
-            "evaluate": {"adapter": str(adapter), "prepared_data": str(prepared.path), "output": str(out)},
+            "evaluate": {
+                "adapter": str(adapter),
+                "prepared_data": str(prepared.path),
+                "trained_on_data": trained_on,
+                "output": str(out),
+            },
         },
         started_at=started,
         finished_at=datetime.now(timezone.utc),
@@ -194,6 +211,49 @@ def evaluate(args: argparse.Namespace) -> int:
     path = write_report(report, out)
     print_report(report, Console(highlight=False, markup=False), show_inventory=False, report_path=str(path))
     return report.status.exit_code
+
+
+def run_of(adapter: Path) -> Path | None:
+    """The run directory that wrote this adapter (RUN/adapter/, beside RUN/config.yaml), or None for an adapter
+    from elsewhere."""
+    return adapter.parent if (adapter.parent / "config.yaml").is_file() else None
+
+
+def evaluation_overrides(args: argparse.Namespace) -> list[str]:
+    """--set, then --data as data.source (json.dumps: YAML reads a path like 2026-01-01 as a string)."""
+    return [*args.overrides, *([f"data.source={json.dumps(args.data)}"] if args.data else [])]
+
+
+def evaluation_config(args: argparse.Namespace, run: Path | None, given: FinetuneConfig) -> tuple[FinetuneConfig, Path]:
+    """The config to evaluate with, and its file: the run's own config.yaml unless --config names another (the
+    default recipe would load the tiny model and another data split: a 7B adapter would fail to load, and a tiny
+    one be scored on turns it trained on). A --config whose model is not the one the adapter was trained on is
+    refused before any model is loaded. --set and --data apply on top of either."""
+    path = Path(args.config or default_config_path())
+    if run is None:
+        return given, path
+    trained = run / "config.yaml"
+    if args.config is None:
+        print(
+            f"evaluating with {trained}, the config the adapter was trained with (--config: another)", file=sys.stderr
+        )
+        return load_finetune_config(trained, evaluation_overrides(args)), trained
+    base = load_finetune_config(trained, []).model.name
+    if given.model.name != base:
+        raise ConfigError(
+            f"--config {args.config}: model.name {given.model.name!r}, but the adapter was trained on {base!r} "
+            f"({trained}); drop --config to use the run's, or set model.name={base}"
+        )
+    return given, path
+
+
+def run_data_fingerprint(run: Path | None) -> str | None:
+    """The fingerprint of the prepared data the run trained on (its metrics.json), None where not recorded."""
+    try:
+        found = json.loads((run / "metrics.json").read_text())["dataset"]["fingerprint"] if run else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 def check_evaluation_output(out: Path) -> None:
@@ -220,10 +280,10 @@ def check_evaluation_output(out: Path) -> None:
         raise ConfigError(f"--output {out}: cannot write in {nearest}: {problem}")
 
 
-def threshold_source(args: argparse.Namespace) -> ThresholdSources:
-    """Where each eval.thresholds key came from, for each judged result's threshold_source."""
+def threshold_source(args: argparse.Namespace, config_path: Path) -> ThresholdSources:
+    """Where each eval.thresholds key came from (the config file, or a --set), for each judged result."""
     from gpucert.finetune.eval.report import ThresholdSources
 
-    source = str(args.config or default_config_path())
+    source = str(config_path)
     overridden = [o for o in args.overrides if o.split("=", 1)[0].strip().startswith("eval.thresholds")]
     return ThresholdSources(source, tuple(overridden))
