@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from tools.sample_data import generate_rows
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig, ModelConfig
+from gpucert.finetune.data import prepare as prepare_module
 from gpucert.finetune.data.formats import DataError
 from gpucert.finetune.data.glaive import parse_rows
 from gpucert.finetune.data.prepare import (
@@ -192,6 +195,49 @@ def test_concurrent_processes_prepare_exactly_once(tmp_path: Path) -> None:
     assert sum(built for built, _ in outcomes) == 1
     assert len({d for _, d in outcomes}) == 1
     assert [p.name for p in cache.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_wait_on_another_preparation_is_said_and_ends_naming_the_holder(
+    tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A preparation hung on another node once kept every rank waiting silently, without end."""
+    cfg = config(tmp_path, lock_timeout_s=1.0)
+    fingerprint = data_fingerprint(cfg, tokenizer)
+    lock = tmp_path / f"{fingerprint}.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        (tmp_path / f"{fingerprint}.holder.json").write_text(
+            json.dumps({"pid": holder.pid, "host": "node-b", "since": 0, "source": "glaive.jsonl"})
+        )
+        monkeypatch.setattr(prepare_module, "LOCK_NOTICE_S", 0.2)
+        with pytest.raises(DataError) as stopped:
+            prepare_dataset(cfg, tokenizer)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    said = f"pid {holder.pid} on node-b since 00:00:00 UTC, preparing glaive.jsonl"
+    assert f"waiting up to 1 s (data.lock_timeout_s) for {lock}: {said}" in caplog.text
+    assert str(stopped.value).startswith(
+        f"data.cache_dir: {lock} is still held after 1 s (data.lock_timeout_s) by {said}"
+    )
+    assert not (tmp_path / fingerprint).exists()
+    # The holder gone, its lock goes with it: the next run prepares, and leaves no note behind.
+    assert prepare_dataset(cfg, tokenizer).built
+    assert not (tmp_path / f"{fingerprint}.holder.json").exists()
+
+
+# Holds a preparation lock (as another process preparing would) until killed.
+HOLD_LOCK = """
+import sys
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+sys.stdin.read()
+"""
 
 
 def test_synthetic_rows_are_full_length_single_documents(tmp_path: Path, tokenizer) -> None:

@@ -187,6 +187,9 @@ class DataConfig:
     # Prepared datasets are cached here by fingerprint; put it on the shared filesystem for multi-node runs.
     cache_dir: str = ".gpucert-cache/data"
     seed: int = 1234
+    # How long a process waits for another that is preparing the same data (its lock in cache_dir) before it
+    # stops, naming that process (exit 3). A 7B recipe's Glaive preparation takes minutes; a hung one never ends.
+    lock_timeout_s: float = 1800.0
 
     def problems(self) -> list[str]:
         found = [
@@ -205,6 +208,7 @@ class DataConfig:
             *_rule(0 <= self.max_bad_row_share <= 1, "data.max_bad_row_share", "in [0, 1]", self.max_bad_row_share),
             *_named("data.cache_dir", self.cache_dir, "a directory"),
             *_seed("data.seed", self.seed),
+            *_rule(self.lock_timeout_s > 0, "data.lock_timeout_s", "> 0 (seconds)", self.lock_timeout_s),
         ]
         if self.source == "synthetic" and 0 < self.eval_fraction < 1 and (self.max_rows is None or self.max_rows >= 1):
             # Synthetic rows are split by count: both splits need at least one row.

@@ -30,6 +30,8 @@ import logging
 import os
 import random
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ import pyarrow as pa
 import torch
 from datasets import Dataset, DatasetInfo, Features, List, Value, load_from_disk
 from datasets.table import InMemoryTable
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig
 from gpucert.finetune.data.formats import DataError, load_conversations, source_path
@@ -354,6 +356,55 @@ def _load(path: Path, fingerprint: str, built: bool) -> Prepared:
     return Prepared(train=train, eval=evals, stats=stats, fingerprint=fingerprint, path=path, built=built)
 
 
+# A wait for another process's preparation longer than this is said, naming that process.
+LOCK_NOTICE_S = 10.0
+
+
+def _holder(path: Path) -> str:
+    """Who holds a preparation lock, from the note it wrote beside it ("pid 123 on node-a since 10:02:11 UTC,
+    preparing SOURCE"), or why that is unknown."""
+    try:
+        note = json.loads(path.read_text(encoding="utf-8"))
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(note["since"]))
+        return f"pid {note['pid']} on {note['host']} since {since}, preparing {note['source']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that left no note (an older gpucert, or one just starting)"
+
+
+class _PreparationLock:
+    """The lock of one fingerprint's preparation in cache_dir, held by one process (ranks, nodes and
+    `finetune prepare` alike), with a note of who holds it. Waiting is said after LOCK_NOTICE_S and ends with a
+    DataError naming the holder after data.lock_timeout_s: a preparation hung on another node never ends."""
+
+    def __init__(self, root: Path, fingerprint: str, data: DataConfig) -> None:
+        self.path = root / f"{fingerprint}.lock"
+        self.note = root / f"{fingerprint}.holder.json"
+        self.lock = FileLock(str(self.path))
+        self.data = data
+
+    def __enter__(self) -> _PreparationLock:
+        limit = self.data.lock_timeout_s
+        try:
+            self.lock.acquire(timeout=min(LOCK_NOTICE_S, limit))
+        except Timeout:
+            log.warning("waiting up to %g s (data.lock_timeout_s) for %s: %s", limit, self.path, _holder(self.note))
+            try:
+                self.lock.acquire(timeout=max(limit - LOCK_NOTICE_S, 0.0))
+            except Timeout:
+                raise DataError(
+                    f"data.cache_dir: {self.path} is still held after {limit:g} s (data.lock_timeout_s) by "
+                    f"{_holder(self.note)}. If that process is hung, stop it and run again (its lock goes with "
+                    "it); if its preparation just takes longer, raise data.lock_timeout_s"
+                ) from None
+        note = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "source": self.data.source}
+        self.note.write_text(json.dumps(note) + "\n", encoding="utf-8")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.note.unlink(missing_ok=True)
+        self.lock.release()
+
+
 def prepare_dataset(cfg: FinetuneConfig, tokenizer: Any) -> Prepared:
     """The prepared train/eval rows of cfg.data, built once per fingerprint and shared by every process."""
     fingerprint = data_fingerprint(cfg, tokenizer)
@@ -362,7 +413,7 @@ def prepare_dataset(cfg: FinetuneConfig, tokenizer: Any) -> Prepared:
     target = root / fingerprint
     if (target / READY).exists():
         return _load(target, fingerprint, built=False)
-    with FileLock(str(root / f"{fingerprint}.lock")):
+    with _PreparationLock(root, fingerprint, cfg.data):
         if (target / READY).exists():
             return _load(target, fingerprint, built=False)
         # Temporary directories of a preparation that died; we hold the lock, so none is in use.
