@@ -145,6 +145,65 @@ def test_the_7b_recipe_without_network_exits_3_in_seconds_with_one_message(
     assert took < 30, f"{took:.1f} s"
 
 
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"), ({"HF_ENDPOINT": CLOSED_PORT}, "did not answer")],
+    ids=["HF_HUB_OFFLINE", "unreachable endpoint"],
+)
+def test_a_hub_dataset_without_network_exits_3_in_seconds_saying_what_to_do(
+    tmp_path: Path, env: dict[str, str], why: str
+) -> None:
+    """The 7B recipe's dataset with no hub: ~27 s of retries once, then an error without a word on what to do."""
+    done, took = train_cli(tmp_path, env, "tiny", "--set", "data.source=glaiveai/glaive-function-calling-v2")
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Retrying" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "data.source: glaiveai/glaive-function-calling-v2 is no local file" in last and why in last
+    assert "hf download glaiveai/glaive-function-calling-v2 --repo-type dataset --local-dir DIR" in last
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    assert took < 30, f"{took:.1f} s"
+
+
+def test_a_hub_dataset_in_the_datasets_cache_is_loaded_offline(hub_state: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Classification only: with the hub unreachable, a dataset `datasets` holds (its cache's namespace___name/
+    config/version/hash layout) is loaded with HF_HUB_OFFLINE for that call; one it does not hold is refused."""
+    from datasets import config
+
+    hub_state.setattr(config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    hub_state.setattr(constants, "HF_HUB_OFFLINE", True)
+    (tmp_path / "datasets" / "glaiveai___glaive-function-calling-v2" / "default" / "0.0.0" / "abc").mkdir(parents=True)
+    assert hub.dataset_offline(DataConfig(source="glaiveai/glaive-function-calling-v2")) is True
+    with pytest.raises(ModelSourceError, match="not in the local cache"):
+        hub.dataset_offline(DataConfig(source="yahma/alpaca-cleaned"))
+    assert hub.dataset_offline(DataConfig(source="sample")) is False
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("missing.csv", "data.source missing.csv: no such file"),
+        ("data/train/part-0", "data.source data/train/part-0: no such file"),
+        ("./rows", "data.source ./rows: no such file"),
+    ],
+)
+def test_a_data_source_that_is_a_path_is_never_tried_on_the_hub(
+    source: str, message: str, hub_state: pytest.MonkeyPatch
+) -> None:
+    hub_state.setattr(constants, "ENDPOINT", CLOSED_PORT)  # a probe would show as "did not answer"
+    with pytest.raises(ModelSourceError, match=message):
+        hub.dataset_offline(DataConfig(source=source))
+
+
+def test_a_data_file_of_a_format_not_read_is_refused_naming_the_suffix(tmp_path: Path) -> None:
+    from gpucert.finetune.config import local_data_problem
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text("instruction,output\n")
+    assert local_data_problem(DataConfig(source=str(rows))) == (
+        f"data.source {rows}: .csv files are not read; convert it to JSON Lines (.jsonl) or Parquet"
+    )
+
+
 def test_a_missing_local_model_path_exits_3_naming_it(tmp_path: Path) -> None:
     done, _ = train_cli(tmp_path, {"HF_HUB_OFFLINE": "1"}, "/models/qwen2-7b-instruct")
     assert done.returncode == 3

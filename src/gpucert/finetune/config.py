@@ -428,6 +428,8 @@ def _source(message: str, path: Path | None, overrides: Sequence[str]) -> str:
 DEFAULT_RECIPE = "tiny"
 # data.source suffixes read as a local file (formats.LOCAL_BUILDERS holds the same keys).
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
+# Suffixes of data files gpucert does not read: such a name is a local file (named when missing), not a hub id.
+OTHER_DATA_SUFFIXES = (".csv", ".tsv", ".txt", ".arrow", ".gz", ".bz2", ".xz", ".zst", ".zip", ".xlsx", ".yaml", ".yml")
 
 
 def recipe_dir() -> Path:
@@ -482,23 +484,31 @@ def resolve_recipe(given: str | os.PathLike[str] | None) -> Path:
     )
 
 
+def looks_like_path(name: str) -> bool:
+    """A name no hub id can be: absolute, relative to . or ~, or with more than one '/'."""
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
+
+
 def local_data_problem(data: DataConfig) -> str | None:
-    """Why data.source, a local file (a path or a .json/.jsonl/.parquet name), cannot be read, or None: a hub
+    """Why data.source, a local file (a path, or a name with a file suffix), cannot be read, or None: a hub
     dataset id, "sample" and "synthetic" are left to preparation."""
     if data.source in ("sample", "synthetic"):
         return None
     path = Path(data.source).expanduser()
-    if path.is_file():
-        return None
+    suffix = path.suffix.lower()
+    expected = 'expected a local .json/.jsonl/.parquet file, "sample", "synthetic" or a hub dataset id'
     if path.is_dir():
         return f"data.source {data.source}: is a directory; expected a .json, .jsonl or .parquet file"
-    if path.suffix.lower() not in LOCAL_DATA_SUFFIXES:
+    if path.is_file():
+        if suffix in OTHER_DATA_SUFFIXES:
+            return (
+                f"data.source {data.source}: {suffix} files are not read; convert it to JSON Lines (.jsonl) or Parquet"
+            )
+        return None
+    if suffix not in LOCAL_DATA_SUFFIXES and suffix not in OTHER_DATA_SUFFIXES and not looks_like_path(data.source):
         return None  # a hub dataset id (namespace/name)
     relative = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
-    return (
-        f"data.source {data.source}: no such file{relative}; expected a local .json/.jsonl/.parquet file, "
-        '"sample", "synthetic" or a hub dataset id'
-    )
+    return f"data.source {data.source}: no such file{relative}; {expected}"
 
 
 def check_data_source(data: DataConfig) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.config import ModelConfig
+from gpucert.finetune.config import DataConfig, ModelConfig, local_data_problem, looks_like_path
 
 # One connection attempt, no retries: long enough for a slow proxy, short next to transformers' ~50 s of retries.
 PROBE_TIMEOUT_S = 5.0
@@ -33,11 +33,6 @@ ADAPTER_MARKER = "adapter_config.json"
 
 class ModelSourceError(ConfigError):
     """A model or adapter name that can be neither found locally nor fetched from the hub."""
-
-
-def looks_like_path(name: str) -> bool:
-    """A name no hub id can be: absolute, relative to . or ~, or with more than one '/'."""
-    return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
 
 
 @functools.cache
@@ -146,3 +141,42 @@ def check_model_source(model_cfg: ModelConfig) -> None:
     """Refuse, before a run directory or a cache entry exists, a model.name that cannot be loaded from here."""
     if model_cfg.name != "tiny":
         pretrained_source(model_cfg.name)
+
+
+def hub_dataset_cached(name: str) -> bool:
+    """Whether `datasets` holds a prepared copy of the hub dataset `name` (what it loads offline: its cache's
+    namespace___name/<config>/<version>/<hash> directories)."""
+    from datasets import config
+    from datasets.naming import camelcase_to_snakecase
+
+    parts = name.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    root = Path(config.HF_DATASETS_CACHE).expanduser() / "___".join(parts)
+    return any(p.is_dir() for p in root.glob("*/*/*"))
+
+
+def dataset_offline(data_cfg: DataConfig) -> bool:
+    """For a hub dataset id in data.source: False while the hub answers, True where it does not but `datasets`
+    has the dataset cached (load it offline: no retries), else a ModelSourceError saying what to do. Without
+    this, an unreachable hub cost ~27 s of retries, then an error with no advice. Local files, "sample" and
+    "synthetic" are False (config.local_data_problem names a missing file)."""
+    name = data_cfg.source
+    if name in ("sample", "synthetic") or Path(name).expanduser().exists():
+        return False
+    problem = local_data_problem(data_cfg)  # a missing local file
+    if problem:
+        raise ModelSourceError(problem)
+    _hub_id(name, "data.source")
+    why = hub_unreachable()
+    if why is None:
+        return False
+    if hub_dataset_cached(name):
+        return True
+    from datasets import config
+
+    raise ModelSourceError(
+        f"data.source: {name} is no local file, and as a hub dataset it is not in the local cache "
+        f"({config.HF_DATASETS_CACHE}) and the hub cannot be used: {why}. Download it where there is network "
+        f"(hf download {name} --repo-type dataset --local-dir DIR) and set data.source to its .json/.jsonl/"
+        ".parquet file in DIR, or copy a datasets cache that holds it here (HF_HOME)"
+    )

@@ -45,7 +45,7 @@ import torch
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig, load_finetune_config
 from gpucert.finetune.data.formats import DataError
-from gpucert.finetune.data.hub import check_model_source
+from gpucert.finetune.data.hub import check_model_source, dataset_offline
 from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.train import metrics as flops
 from gpucert.finetune.train.checkpoint import CheckpointError
@@ -124,8 +124,9 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
     try:  # the watch goes whatever ends this (a test's in-process run included)
         try:
             rt.set_phase("setup")
-            # Before anything is created: a wrong model path or an unreachable hub is refused in seconds.
+            # Before anything is created: a wrong model or data path, or an unreachable hub, is refused in seconds.
             check_model_source(cfg.model)
+            dataset_offline(cfg.data)
             run = open_run_dir(cfg, rt)
             result = train(cfg, rt, run, resolve_peak(cfg, profile_peak), marks)
         except (Exception, KeyboardInterrupt) as exc:
