@@ -178,7 +178,7 @@ def test_both_ranks_of_a_job_open_one_run_directory_and_only_rank_0_locks_it(tmp
 def test_a_run_that_fails_before_its_first_step_leaves_no_run_directory(tmp_path: Path, single_process: None) -> None:
     missing = tmp_path / "not-there.jsonl"
     cfg = tiny(tmp_path, data=DataConfig(source=str(missing), cache_dir=str(tmp_path / "cache")))
-    with pytest.raises(FinetuneFailed, match="not found"):
+    with pytest.raises(FinetuneFailed, match="no such file"):
         run_finetune(cfg)
     assert not (tmp_path / "run").exists()
 
@@ -199,6 +199,8 @@ def test_a_failed_run_keeps_a_directory_that_held_something_and_one_that_trained
     with pytest.raises(FinetuneFailed):
         run_finetune(cfg)
     assert (used / "notes.txt").read_text() == "mine\n"
+    # Only what was there: no config.yaml or TensorBoard file of the failed run.
+    assert sorted(p.name for p in used.iterdir() if p.name != LOCK_FILE) == ["notes.txt"]
 
     # A failure after the first step: the run directory holds a checkpoint and the curves, and stays.
     def broken_save(*args: object) -> None:
@@ -209,3 +211,25 @@ def test_a_failed_run_keeps_a_directory_that_held_something_and_one_that_trained
         run_finetune(tiny(tmp_path, output_dir=str(tmp_path / "trained")))
     assert (tmp_path / "trained" / "config.yaml").is_file()
     assert (tmp_path / "trained" / "checkpoints" / "step-2").is_dir()
+
+
+def test_a_resume_that_fails_before_its_first_step_leaves_the_run_as_it_was(
+    tmp_path: Path, single_process: None
+) -> None:
+    """A resume onto bad data once rewrote the finished run's config.yaml (its data and steps, not the result's)
+    and added a TensorBoard file; it now changes nothing, and a resume that trains writes its own config."""
+    cfg = tiny(tmp_path, train=replace(tiny(tmp_path).train, max_steps=2, save_every=1))
+    run_finetune(cfg)
+    run = tmp_path / "run"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n" * 3)
+    more = replace(cfg, resume="auto", train=replace(cfg.train, max_steps=4))
+    with pytest.raises(FinetuneFailed, match=r"bad\.jsonl"):
+        run_finetune(replace(more, data=replace(cfg.data, source=str(bad))))
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    assert after == before
+
+    run_finetune(more)
+    assert "max_steps: 4" in (run / "config.yaml").read_text()

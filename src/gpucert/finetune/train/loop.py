@@ -263,7 +263,7 @@ def train(
             stats, host = train_step(
                 model, optimizer, scheduler, host, micro_ids, data.train, cfg, rt, pad_id, read_ahead
             )
-            run.trained = True  # from now on a failure leaves the run directory in place
+            run.mark_trained()  # from now on a failure leaves the run directory in place
             state.step += 1
             state.index += global_batch
             steps_this_process += 1

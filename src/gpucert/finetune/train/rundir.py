@@ -10,6 +10,7 @@ directory and the holder; a lock file left by a killed run blocks nothing.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
 import time
@@ -21,7 +22,7 @@ import yaml
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig
-from gpucert.runtime.dirlock import lock_dir, unlock_dir
+from gpucert.runtime.dirlock import LOCK_FILE, lock_dir, unlock_dir
 from gpucert.runtime.group import Runtime
 
 CONFIG_FILE = "config.yaml"
@@ -40,16 +41,30 @@ class RunDir:
     # Rank 0 found no directory (made) or an empty one (fresh): what is in it then is this run's alone.
     made: bool = False
     fresh: bool = False
-    # Set by the training loop after its first optimizer step: from then on the directory holds a result.
+    # Set by the training loop after its first optimizer step (mark_trained): from then on the directory holds a
+    # result.
     trained: bool = False
+    # In a directory that held something (a run resumed, or files of the user's), the files found there when it
+    # was claimed, and this run's config.yaml until its first step: a run that fails before it leaves that
+    # directory as it found it (its config.yaml once said the failed run's data and steps, not the result's).
+    found: frozenset[Path] = frozenset()
+    pending_config: str | None = None
+
+    def mark_trained(self) -> None:
+        """The first optimizer step is done: this run's config.yaml replaces the one it found."""
+        if not self.trained and self.pending_config is not None:
+            (self.path / CONFIG_FILE).write_text(self.pending_config)
+            self.pending_config = None
+        self.trained = True
 
     def close(self, failed: bool) -> None:
-        """Release the lock. After a failure before the first step, also take back what this run put into a
-        directory it found missing or empty (config.yaml, the TensorBoard file, the lock file): no half-made run
-        directory is left behind. Idempotent, and one caller at a time (the watchdog's or SIGTERM's thread may call
-        it while the main thread unwinds: the lock file must be closed once)."""
+        """Release the lock. After a failure before the first step, also take back what this run put into the
+        directory (config.yaml, the TensorBoard file, the lock file): all of it in one it found missing or empty,
+        what was not there before in one that held something. No half-made run directory is left behind.
+        Idempotent, and one caller at a time (the watchdog's or SIGTERM's thread may call it while the main thread
+        unwinds: the lock file must be closed once)."""
         with _CLOSING:
-            if failed and self.fresh and not self.trained:
+            if failed and not self.trained and self.fresh:
                 for entry in list(self.path.iterdir()) if self.path.is_dir() else []:
                     if entry.is_dir() and not entry.is_symlink():
                         shutil.rmtree(entry, ignore_errors=True)
@@ -58,9 +73,30 @@ class RunDir:
                 if self.made:
                     with contextlib.suppress(OSError):  # something appeared in it meanwhile: leave it
                         self.path.rmdir()
+            elif failed and not self.trained and self.lock_fd is not None:  # rank 0, in a directory that held files
+                self._remove_new_entries()
             fd, self.lock_fd = self.lock_fd, None
             unlock_dir(self.path, fd)
             self.fresh = False
+
+    def _remove_new_entries(self) -> None:
+        """What appeared under the directory since it was claimed (deepest first), the lock file aside."""
+        for entry in sorted(listing(self.path) - self.found, key=lambda p: len(p.parts), reverse=True):
+            if entry.name == LOCK_FILE:
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir() and not entry.is_symlink():
+                    entry.rmdir()  # emptied above; one that is not was there in part: left
+                else:
+                    entry.unlink()
+
+
+def listing(path: Path) -> frozenset[Path]:
+    """Every file and directory under path (not following links)."""
+    found: set[Path] = set()
+    for root, dirs, files in os.walk(path):
+        found.update(Path(root) / name for name in (*dirs, *files))
+    return frozenset(found)
 
 
 def claim_run_dir(path: Path) -> RunDir:
@@ -72,7 +108,8 @@ def claim_run_dir(path: Path) -> RunDir:
     except OSError as exc:
         raise ConfigError(f"output_dir {path}: cannot create it: {exc.strerror or exc}") from None
     try:
-        return RunDir(path, lock_dir(path, "output_dir"), made, fresh)
+        fd = lock_dir(path, "output_dir")
+        return RunDir(path, fd, made, fresh, found=frozenset() if fresh else listing(path))
     except BaseException:
         # Refused or failed: a directory made just now for this run goes again (never one that was there).
         if made:
@@ -90,8 +127,12 @@ def open_run_dir(config: FinetuneConfig, rt: Runtime) -> RunDir:
     if not rt.is_main:
         return RunDir(path)
     run = claim_run_dir(path)
+    text = yaml.safe_dump(asdict(config), sort_keys=False)
     try:
-        (path / CONFIG_FILE).write_text(yaml.safe_dump(asdict(config), sort_keys=False))
+        if run.fresh:
+            (path / CONFIG_FILE).write_text(text)
+        else:  # the config.yaml found there stays until this run's first step (RunDir.found says why)
+            run.pending_config = text
     except BaseException:
         run.close(failed=True)
         raise
