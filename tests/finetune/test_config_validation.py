@@ -130,7 +130,8 @@ def test_a_missing_resume_directory_is_refused_before_the_run_directory(
     empty_cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["finetune", "--resume", "atuo", "--output", str(empty_cwd / "run")]) == 3
-    assert "resume must be none, auto or a checkpoint directory, found 'atuo' (no such directory)" in (
+    # Named as typed: --resume, not the --set it becomes inside.
+    assert "gpucert: error: --resume atuo: resume must be none, auto or a checkpoint directory, found 'atuo' (no " in (
         capsys.readouterr().err
     )
     assert list(empty_cwd.iterdir()) == []

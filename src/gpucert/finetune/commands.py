@@ -46,16 +46,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load(args: argparse.Namespace, extra: list[str] | None = None, training: bool = False) -> FinetuneConfig:
-    """The checked config: a bad value is a ConfigError (exit 3) before any directory, cache entry or model."""
-    return load_finetune_config(args.config or default_config_path(), [*args.overrides, *(extra or [])], training)
+def load(
+    args: argparse.Namespace,
+    extra: list[str] | None = None,
+    training: bool = False,
+    flags: dict[str, str] | None = None,
+) -> FinetuneConfig:
+    """The checked config: a bad value is a ConfigError (exit 3) before any directory, cache entry or model;
+    `flags` names the command-line flag behind an override of `extra`, for the message."""
+    path = args.config or default_config_path()
+    return load_finetune_config(path, [*args.overrides, *(extra or [])], training, flags)
+
+
+def flag_overrides(pairs: list[tuple[str, str, object]]) -> tuple[list[str], dict[str, str]]:
+    """(overrides, the flag each came from) for the flags given: (flag, key, value) with value None when absent.
+    json.dumps quotes the value, so YAML reads a path like 2026-01-01 or a word like "on" as a string."""
+    overrides = {f"{key}={json.dumps(str(value))}": f"{flag} {value}" for flag, key, value in pairs if value}
+    return list(overrides), overrides
 
 
 def finetune(args: argparse.Namespace) -> int:
-    # json.dumps quotes the value, so YAML reads a path like 2026-01-01 or a word like "on" as a string.
-    extra = [f"resume={json.dumps(args.resume)}"] if args.resume else []
-    extra += [f"output_dir={json.dumps(str(args.output))}"] if args.output else []
-    cfg = load(args, extra, training=args.stage != "prepare")
+    extra, flags = flag_overrides([("--resume", "resume", args.resume), ("--output", "output_dir", args.output)])
+    cfg = load(args, extra, training=args.stage != "prepare", flags=flags)
     if args.stage == "prepare":
         check_data_source(cfg.data)  # a missing data file is named before torch and the tokenizer load
         return prepare(cfg)
@@ -138,7 +150,8 @@ def evaluate(args: argparse.Namespace) -> int:
         flags = ", ".join("--" + f.replace("_", "-") for f in bfcl_only)
         raise ConfigError(f"{flags}: for --suite bfcl only (this evaluation is the held-out suite)")
     # A bad --set, --config or --data first, against the config given (or the default recipe), as for finetune.
-    cfg = load(args, evaluation_overrides(args))
+    extra, flags = flag_overrides([("--data", "data.source", args.data)])
+    cfg = load(args, extra, flags=flags)
     check_data_source(cfg.data)  # a missing --data file is named before torch is imported
     # A run directory means its final adapter; a missing path is refused here, never tried as a hub id.
     adapter, note = resolve_adapter(args.adapter)
@@ -219,11 +232,6 @@ def run_of(adapter: Path) -> Path | None:
     return adapter.parent if (adapter.parent / "config.yaml").is_file() else None
 
 
-def evaluation_overrides(args: argparse.Namespace) -> list[str]:
-    """--set, then --data as data.source (json.dumps: YAML reads a path like 2026-01-01 as a string)."""
-    return [*args.overrides, *([f"data.source={json.dumps(args.data)}"] if args.data else [])]
-
-
 def evaluation_config(args: argparse.Namespace, run: Path | None, given: FinetuneConfig) -> tuple[FinetuneConfig, Path]:
     """The config to evaluate with, and its file: the run's own config.yaml unless --config names another (the
     default recipe would load the tiny model and another data split: a 7B adapter would fail to load, and a tiny
@@ -237,7 +245,8 @@ def evaluation_config(args: argparse.Namespace, run: Path | None, given: Finetun
         print(
             f"evaluating with {trained}, the config the adapter was trained with (--config: another)", file=sys.stderr
         )
-        return load_finetune_config(trained, evaluation_overrides(args)), trained
+        extra, flags = flag_overrides([("--data", "data.source", args.data)])
+        return load_finetune_config(trained, [*args.overrides, *extra], flags=flags), trained
     base = load_finetune_config(trained, []).model.name
     if given.model.name != base:
         raise ConfigError(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -403,24 +403,28 @@ class FinetuneConfig:
         return found
 
 
-def load_finetune_config(path: Path | None, overrides: Sequence[str] = (), training: bool = False) -> FinetuneConfig:
+def load_finetune_config(
+    path: Path | None, overrides: Sequence[str] = (), training: bool = False, flags: Mapping[str, str] | None = None
+) -> FinetuneConfig:
     """The config of path (None: the defaults) < overrides, refused as a whole (ConfigError) when any value is bad.
 
-    Each message names where its value came from: the last `--set` of that key, else the file. `training` adds
-    the checks of output_dir and resume against the filesystem.
+    Each message names where its value came from: the last `--set` of that key, or the command-line flag that
+    overrides gave it (`flags`: an override -> what the user typed, e.g. "resume=\"x\"" -> "--resume x"), else
+    the file. `training` adds the checks of output_dir and resume against the filesystem.
     """
     cfg = load_config(FinetuneConfig, path, overrides)
     found = cfg.problems() + (cfg.path_problems() if training else [])
     if found:
-        raise ConfigError("; ".join(f"{_source(message, path, overrides)}: {message}" for message in found))
+        where = [_source(message, path, overrides, flags or {}) for message in found]
+        raise ConfigError("; ".join(f"{source}: {message}" for source, message in zip(where, found, strict=True)))
     return cfg
 
 
-def _source(message: str, path: Path | None, overrides: Sequence[str]) -> str:
+def _source(message: str, path: Path | None, overrides: Sequence[str], flags: Mapping[str, str]) -> str:
     key = message.split(" ", 1)[0]
     for item in reversed(overrides):
         if item.split("=", 1)[0].strip() == key:
-            return f"--set {item}"
+            return flags.get(item) or f"--set {item}"
     return str(path) if path else "defaults"
 
 
