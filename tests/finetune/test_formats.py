@@ -18,6 +18,7 @@ from gpucert.finetune.data.formats import (
     messages_to_conversation,
     parse_alpaca_rows,
     parse_messages_rows,
+    read_json_rows,
 )
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "finetune"
@@ -284,3 +285,11 @@ def test_an_alpaca_output_holding_a_call_is_dropped() -> None:
     ]
     conversations, report = parse_alpaca_rows(rows)
     assert len(conversations) == 1 and report.dropped["foreign_call_syntax"].count == 2
+
+
+def test_a_line_that_is_not_json_is_described_in_plain_words(tmp_path: Path) -> None:
+    """json's message for a control character ends in "at": it once read "Invalid control character at at"."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"instruction": "ok"}\n{"instruction": "a\x01b"}\n')  # a raw control character
+    bad = read_json_rows(rows, None).bad_line_examples
+    assert len(bad) == 1 and bad[0].startswith("rows.jsonl:2: Invalid control character at column "), bad

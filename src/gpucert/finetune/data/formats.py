@@ -219,7 +219,8 @@ class SourceRows:
 
 
 def _bad_json(exc: json.JSONDecodeError, line: str) -> str:
-    return f"{exc.msg} at column {exc.colno}: {line[:60]!r}"
+    # json's own message for a control character ends in " at" ("Invalid control character at").
+    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}: {line[:60]!r}"
 
 
 def _not_utf8(path: Path, exc: UnicodeDecodeError) -> DataError:
