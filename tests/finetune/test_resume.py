@@ -239,3 +239,22 @@ def test_a_checkpoint_from_before_fingerprints_resumes_with_a_warning(
     resumed = run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, max_steps=4)))
     assert resumed["resumed_from"] == str(state_file.parent)
     assert "does not record which data it trained on" in capsys.readouterr().err
+
+
+def test_a_checkpoint_past_the_runs_last_step_is_said_not_passed_over(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resume whose config asks for fewer steps than the checkpoint has trains nothing; it once re-reported the
+    checkpoint's run without a word."""
+    cfg = replace(tiny(tmp_path), train=replace(tiny(tmp_path).train, max_steps=4, save_every=2))
+    first = run_finetune(cfg)
+    capsys.readouterr()
+    again = run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, max_steps=2)))
+    err = capsys.readouterr().err
+    assert "warning: the checkpoint is at step 4, past this run's last step 2" in err, err[-2000:]
+    assert "raise train.max_steps to train on" in err
+    assert again["loss_history"] == first["loss_history"]
+    # The same steps (a requeued job that had finished): a note, no warning.
+    run_finetune(replace(cfg, resume="auto"))
+    err = capsys.readouterr().err
+    assert "note: the checkpoint is at step 4, at this run's last step 4" in err and "warning" not in err, err[-2000:]

@@ -225,6 +225,16 @@ def train(
         # What the next checkpoints trained on (differs from the loaded one only under resume_allow_data_change).
         state.data_fingerprint = data.fingerprint
         log(f"resumed from {resume_from} at step {state.step}")
+        if state.step >= total_steps:
+            # Nothing is trained: the metrics and report below are the checkpoint's run. Expected of a requeued job
+            # that had finished; a config asking for fewer steps than the checkpoint has is said, not passed over.
+            past = state.step > total_steps
+            log(
+                f"{'warning' if past else 'note'}: the checkpoint is at step {state.step}, "
+                f"{'past' if past else 'at'} this run's last step {total_steps} (train.max_steps, train.epochs): "
+                "nothing is trained and the report is the checkpoint's run"
+                + ("; raise train.max_steps to train on" if past else "")
+            )
     elif cfg.resume == "auto":
         log(f"resume auto: no complete checkpoint under {run_dir}, starting at step 0")
     log(
