@@ -244,6 +244,18 @@ def test_corrupt_report_names_the_path(tmp_path: Path) -> None:
     )
 
 
+def test_an_unfinished_fine_tuning_run_is_named_with_how_to_finish_it(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-20").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: {name: tiny}\n")
+    with pytest.raises(ValueError) as info:
+        load_report(run)
+    assert str(info.value) == (
+        f"{run}: a fine-tuning run that has not finished (no report.json yet; checkpoints in {run / 'checkpoints'}): "
+        f"finish it with gpucert finetune --config {run / 'config.yaml'} --output {run} --resume auto"
+    )
+
+
 def test_report_missing_a_section_names_the_path(tmp_path: Path) -> None:
     data = make_report().to_dict()
     del data["meta"]

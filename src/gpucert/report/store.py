@@ -148,8 +148,15 @@ def write_html(report: Report, directory: Path) -> Path:
 
 
 def load_report(path: Path) -> Report:
-    """A report from its JSON file or its run directory; errors name the file."""
+    """A report from its JSON file or its run directory; errors name the file (and, for a fine-tuning run that has
+    not finished, how to finish it)."""
     if path.is_dir():
+        if not (path / "report.json").exists() and (path / "checkpoints").is_dir():
+            raise ValueError(
+                f"{path}: a fine-tuning run that has not finished (no report.json yet; checkpoints in "
+                f"{path / 'checkpoints'}): finish it with gpucert finetune --config {path / 'config.yaml'} "
+                f"--output {path} --resume auto"
+            )
         path = path / "report.json"
     try:
         return Report.from_dict(json.loads(path.read_text()))
