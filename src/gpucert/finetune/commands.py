@@ -147,8 +147,8 @@ def evaluate(args: argparse.Namespace) -> int:
     model is loaded."""
     bfcl_only = [f for f in ("compare_base", "bfcl_data", "bfcl_categories", "bfcl_limit") if getattr(args, f, None)]
     if getattr(args, "suite", "held-out") != "bfcl" and bfcl_only:
-        flags = ", ".join("--" + f.replace("_", "-") for f in bfcl_only)
-        raise ConfigError(f"{flags}: for --suite bfcl only (this evaluation is the held-out suite)")
+        given = ", ".join("--" + f.replace("_", "-") for f in bfcl_only)
+        raise ConfigError(f"{given}: for --suite bfcl only (this evaluation is the held-out suite)")
     # A bad --set, --config or --data first, against the config given (or the default recipe), as for finetune.
     extra, flags = flag_overrides([("--data", "data.source", args.data)])
     cfg = load(args, extra, flags=flags)
