@@ -153,6 +153,32 @@ def test_cluster_slurm_passes_on_a_working_cluster(slurm_cluster: SlurmCluster, 
     assert {name for name, _ in found} >= {"slurm.srun", "slurm.job.cpus", "slurm.job.gpus", "slurm.job.memory"}
 
 
+def test_cluster_slurm_refuses_a_partition_it_lacks_and_names_gpus_slurm_cannot_give(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """docs/cluster.md's command on this cluster (one partition, debug; no GRES): a command-line mistake, exit 3,
+    said as what it is, before Slurm refuses the jobs with messages of its own."""
+
+    def smoke(name: str, *argv: str) -> tuple[int, dict[tuple[str, str], dict[str, str]]]:
+        argv = ("cluster", "slurm", *argv, "--timeout", "60", "--json", "-o", str(tmp_path / name))
+        done = subprocess.run([*GPUCERT, *argv], env=slurm_cluster.env, capture_output=True, text=True, timeout=180)
+        report = json.loads(done.stdout)
+        return done.returncode, {(r["name"], r["subject"]): r for r in report["results"]}
+
+    code, found = smoke("gpu", "--partition", "gpu", "--gpus", "8", "--cpus", "16", "--mem", "64000")
+    assert code == 3, found
+    unknown = found[("slurm.partition", "gpu")]
+    assert unknown["status"] == "ERROR" and "found only: debug (default, UP)" in unknown["message"], unknown
+    assert {name for name, _ in found} == {"slurm.controller", "slurm.partition"}, found
+    code, found = smoke("gpus", "--partition", "debug", "--gpus", "8", "--mem", "64")
+    assert code == 3, found
+    request = found[("slurm.request", "debug")]
+    assert request["status"] == "ERROR" and "no GPU is configured in Slurm" in request["message"], request
+    assert found[("slurm.sbatch", "sbatch --wait")]["status"] == "PASS"
+    assert "slurm.srun" not in {name for name, _ in found}
+    assert not [r["message"] for r in found.values() if "None" in r["message"]]
+
+
 def test_localize_dry_run_script_runs_one_srun_step_per_pair_and_names_both_nodes(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

@@ -3,9 +3,9 @@ same paths in test_slurm_cluster.py)."""
 
 from __future__ import annotations
 
-from gpucert.cluster.slurm_checks import REASON_CHARS, apply_drain, drain_reason
+from gpucert.cluster.slurm_checks import REASON_CHARS, apply_drain, drain_reason, parse_gres_gpus, run_checks
 from gpucert.report.schema import Result
-from gpucert.status import Status
+from gpucert.status import Status, worst
 
 
 def result(name: str, status: Status, message: str = "m") -> Result:
@@ -56,3 +56,115 @@ def test_a_fail_drains_a_pass_resumes_only_a_drain_of_gpucerts_own() -> None:
 def test_a_drain_scontrol_refuses_is_reported_as_not_done() -> None:
     said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, Scontrol(fail="Invalid node name"))
     assert not ok and said == "could not drain gpu07: Invalid node name"
+
+
+# `scontrol show partition -o` and `scontrol show node -o` from Slurm 22.05.8 on the harness's cluster (cut).
+PARTITIONS = (
+    "PartitionName=debug AllowGroups=ALL Default=YES QoS=N/A Nodes=node[1-2] OverSubscribe=YES:4 State=UP "
+    "TotalCPUs=4 TotalNodes=2 TRES=cpu=4,mem=36156M,node=2,billing=4\n"
+)
+NODES = "".join(
+    f"NodeName={name} Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.93 "
+    f"AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=127.0.0.1 NodeHostName=vm Port=31232 "
+    f"RealMemory=18078 AllocMem=0 FreeMem=21950 State=IDLE Partitions=debug  CfgTRES=cpu=2,mem=18078M,billing=2\n"
+    for name in ("node1", "node2")
+)
+PROBE = '{"node": "node1", "cpus": 2, "cuda_visible_devices": null, "gpus": 0, "memory_limit_bytes": null}'
+
+
+class Slurm:
+    """The answers of a cluster's clients, by command; records every command asked."""
+
+    def __init__(self, partitions: str = PARTITIONS, nodes: str = NODES, sbatch: str | None = "17\n") -> None:
+        self.partitions, self.nodes, self.sbatch, self.asked = partitions, nodes, sbatch, []
+
+    def __call__(self, argv: list[str], timeout_s: float) -> tuple[str | None, str | None]:
+        self.asked.append(argv)
+        if argv[:2] == ["scontrol", "ping"]:
+            return "Slurmctld(primary) at vm is UP\n", None
+        if argv[:3] == ["scontrol", "show", "partition"]:
+            return self.partitions, None
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return self.nodes, None
+        if argv[0] == "srun":
+            return PROBE + "\n", None
+        if self.sbatch is None:
+            return None, "`sbatch --wait --parsable` exited 1: sbatch: error: Batch job submission failed: x"
+        return self.sbatch, None
+
+    def submitted(self) -> list[str]:
+        return [argv[0] for argv in self.asked if argv[0] in ("srun", "sbatch")]
+
+
+def checks(ask: Slurm, partition: str | None = None, cpus: int = 1, gpus: int = 0, mem_mb: int = 64) -> list[Result]:
+    return run_checks(partition, cpus, gpus, mem_mb, 5.0, ["gpucert"], ask)
+
+
+def by_name(results: list[Result]) -> dict[tuple[str, str], Result]:
+    return {(r.name, r.subject): r for r in results}
+
+
+def test_a_partition_the_cluster_does_not_have_is_an_error_listing_those_it_has_and_nothing_is_submitted() -> None:
+    ask = Slurm()
+    results = checks(ask, partition="gpu", cpus=16, gpus=8, mem_mb=64000)
+    unknown = by_name(results)[("slurm.partition", "gpu")]
+    assert unknown.status is Status.ERROR and worst(r.status for r in results) is Status.ERROR
+    assert "--partition gpu" in unknown.message and "found only: debug (default, UP)" in unknown.message
+    assert unknown.remediation is not None and "--partition debug" in unknown.remediation
+    # The partitions that do exist are not judged in its place: the run was about gpu.
+    assert ("slurm.partition", "debug") not in by_name(results)
+    assert ask.submitted() == []
+
+
+def test_a_named_partition_is_the_one_judged_with_its_nodes_only() -> None:
+    two = PARTITIONS + PARTITIONS.replace("debug", "gpu").replace("Default=YES", "Default=NO").replace(
+        "node[1-2]", "node3"
+    )
+    three = NODES + NODES.splitlines()[0].replace("node1", "node3").replace("Partitions=debug", "Partitions=gpu")
+    ask = Slurm(two, three)
+    found = by_name(checks(ask, partition="gpu"))
+    assert {key for key in found if key[0] in ("slurm.partition", "slurm.node")} == {
+        ("slurm.partition", "gpu"),
+        ("slurm.node", "node3"),
+    }
+    assert ask.asked[3][5:7] == ["--partition", "gpu"] and ask.submitted() == ["srun", "sbatch"]
+
+
+def test_a_partition_that_is_not_up_fails_and_gets_no_job_that_would_wait_in_its_queue() -> None:
+    ask = Slurm(PARTITIONS.replace("State=UP", "State=DOWN"))
+    found = by_name(checks(ask, partition="debug"))
+    assert found[("slurm.partition", "debug")].status is Status.FAIL
+    assert ask.submitted() == []
+
+
+def test_gpus_no_node_is_configured_with_are_said_as_such_and_the_step_is_not_run() -> None:
+    ask = Slurm()
+    results = checks(ask, gpus=8, cpus=16, mem_mb=64000)
+    request = by_name(results)[("slurm.request", "debug")]
+    assert request.status is Status.ERROR
+    assert "--gpus 8: no GPU is configured in Slurm on any of its nodes" in request.message
+    assert "--cpus 16: its nodes have at most 2 CPUs" in request.message
+    assert "--mem 64000: its nodes have at most 18078 MB" in request.message
+    assert request.remediation is not None and "--cpus 2 --mem 18078 --gpus 0" in request.remediation
+    # The batch job asks for none of it: it still says whether sbatch works.
+    assert ask.submitted() == ["sbatch"] and by_name(results)[("slurm.sbatch", "sbatch --wait")].status is Status.PASS
+
+
+def test_gpus_in_gres_are_counted_and_a_request_within_them_is_run() -> None:
+    assert parse_gres_gpus("gpu:h100:8(S:0-1)") == 8
+    assert parse_gres_gpus("gpu:a100:4(S:0),gpu:v100:2,shard:8") == 6
+    assert parse_gres_gpus("(null)") == parse_gres_gpus(None) == 0
+    ask = Slurm(nodes=NODES.replace("Gres=(null)", "Gres=gpu:2"))
+    assert ("slurm.request", "debug") not in by_name(checks(ask, gpus=2))
+    assert ask.submitted() == ["srun", "sbatch"] and "--gpus-per-node=2" in ask.asked[3]
+    too_many = by_name(checks(Slurm(nodes=NODES.replace("Gres=(null)", "Gres=gpu:2")), gpus=8))
+    assert "--gpus 8: its nodes give at most 2 GPUs" in too_many[("slurm.request", "debug")].message
+
+
+def test_no_message_says_none() -> None:
+    results = checks(Slurm(sbatch=None))
+    sbatch = by_name(results)[("slurm.sbatch", "sbatch --wait")]
+    assert sbatch.status is Status.FAIL and sbatch.message.startswith("a one-line batch job did not run: `sbatch")
+    bare = "NodeName=node1 State=IDLE Partitions=debug\n"
+    results = checks(Slurm(PARTITIONS.replace(" State=UP", ""), bare))
+    assert not [r.message for r in results if "None" in r.message]

@@ -2,7 +2,11 @@
 
 Collect (scontrol, sinfo, srun, sbatch), parse (pure: the text those print), judge (pure):
 - the controller answers `scontrol ping`;
-- every partition is UP, every node is usable (a drained, down or failing node FAILs with its reason);
+- the partition the jobs go to (`--partition`, else every partition) is UP and every node of it is usable (a
+  drained, down or failing node FAILs with its reason); a `--partition` the cluster does not have is an ERROR
+  naming the partitions it has, and nothing is submitted to it;
+- what the probe asks for (CPUs, GPUs, memory) is what some node of the partition is configured with; a request
+  no node can give is an ERROR saying which (no GPUs in Slurm at all is named as such) and the step is not run;
 - a one-node step with `--cpus-per-task`, `--mem` and `--gpus-per-node` gets them: the probe it runs
   (`gpucert cluster slurm --probe`) reports its CPU affinity, CUDA_VISIBLE_DEVICES and cgroup memory limit;
 - `sbatch --wait` runs a batch job to completion.
@@ -33,6 +37,11 @@ class SlurmNode:
     partitions: str | None
     cpus: int | None
     memory_mb: int | None
+    # GPUs Slurm can give on this node (its Gres= line); 0 where none are configured (`Gres=(null)`).
+    gpus: int = 0
+
+    def in_partition(self, partition: str) -> bool:
+        return partition in (self.partitions or "").split(",")
 
 
 def _fields(line: str) -> dict[str, str]:
@@ -52,6 +61,15 @@ def _int(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+# One gpu entry of a Gres= line: `gpu:2`, `gpu:h100:8(S:0-1)`; the count is the last field before any socket list.
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[\w.-]+)?:(\d+)")
+
+
+def parse_gres_gpus(gres: str | None) -> int:
+    """The GPUs a node's Gres= field gives (`gpu:a100:4(S:0),gpu:v100:2` gives 6); 0 for `(null)` or none."""
+    return sum(int(n) for n in _GPU_GRES.findall(gres or ""))
+
+
 def parse_nodes(text: str) -> list[SlurmNode]:
     nodes = []
     for line in text.splitlines():
@@ -65,6 +83,7 @@ def parse_nodes(text: str) -> list[SlurmNode]:
                     partitions=f.get("Partitions"),
                     cpus=_int(f.get("CPUTot")),
                     memory_mb=_int(f.get("RealMemory")),
+                    gpus=parse_gres_gpus(f.get("Gres")),
                 )
             )
     return nodes
@@ -92,21 +111,113 @@ def judge_controller(ping: str | None, error: str | None) -> Result:
 def judge_partitions(partitions: list[dict[str, str]]) -> list[Result]:
     results = []
     for p in partitions:
-        up = p.get("State") == "UP"
+        state = p.get("State", "of unknown state")
+        up = state == "UP"
         results.append(
             Result(
                 name="slurm.partition",
                 subject=p["PartitionName"],
                 category="cluster",
                 status=Status.PASS if up else Status.FAIL,
-                value=p.get("State"),
+                value=state,
                 expected="UP",
                 threshold_source="fixed: a partition takes jobs",
-                message=f"partition {p['PartitionName']} is {p.get('State')} (nodes {p.get('Nodes')})",
+                message=f"partition {p['PartitionName']} is {state} (nodes {p.get('Nodes', 'none')})",
                 remediation=None if up else f"scontrol update PartitionName={p['PartitionName']} State=UP",
             )
         )
     return results
+
+
+def _partition_list(partitions: list[dict[str, str]]) -> str:
+    """`debug (default, UP), gpu (DOWN)`: what a user can pass to --partition."""
+    said = []
+    for p in partitions:
+        notes = (["default"] if p.get("Default") == "YES" else []) + [p.get("State", "state unknown")]
+        said.append(f"{p['PartitionName']} ({', '.join(notes)})")
+    return ", ".join(said) or "none"
+
+
+def judge_unknown_partition(name: str, partitions: list[dict[str, str]]) -> Result:
+    """--partition names no partition of this cluster: a command-line mistake (ERROR), said before any job."""
+    names = [p["PartitionName"] for p in partitions]
+    return Result(
+        name="slurm.partition",
+        subject=name,
+        category="cluster",
+        status=Status.ERROR,
+        expected="a partition of this cluster",
+        threshold_source="--partition",
+        message=f"expected --partition {name} to be a partition of this cluster, found only: "
+        f"{_partition_list(partitions)}; no job was submitted",
+        remediation=(f"pass --partition {' or '.join(names)}" if names else "define a partition in slurm.conf")
+        + ", or leave --partition out for the default partition",
+    )
+
+
+def choose_partition(partitions: list[dict[str, str]], name: str | None) -> dict[str, str] | None:
+    """The partition the test jobs go to: the one named, else the default (Default=YES); None if there is none."""
+    for p in partitions:
+        if (p["PartitionName"] == name) if name is not None else p.get("Default") == "YES":
+            return p
+    return None
+
+
+def judge_request(partition: str, nodes: list[SlurmNode], cpus: int, gpus: int, mem_mb: int) -> Result | None:
+    """What the probe step asks for against what the partition's nodes are configured with: None when some node
+    has each, else an ERROR naming what no node can give. Slurm would refuse the step (`Invalid generic resource
+    (gres) specification`, `Requested node configuration is not available`), which says the request is wrong but
+    not that the cluster has no GPUs in Slurm at all, nor which figure is too big."""
+    if not nodes:
+        return Result(
+            name="slurm.request",
+            subject=partition,
+            category="cluster",
+            status=Status.ERROR,
+            expected="a node in the partition",
+            message=f"partition {partition} has no nodes: no job can run there",
+            remediation=f"add nodes to partition {partition} (its Nodes= in slurm.conf) or pass another --partition",
+        )
+    most_cpus = max(n.cpus or 0 for n in nodes)
+    most_mem = max(n.memory_mb or 0 for n in nodes)
+    most_gpus = max(n.gpus for n in nodes)
+    short, fix = [], []
+    if most_cpus < cpus:
+        short.append(f"--cpus {cpus}: its nodes have at most {most_cpus} CPUs")
+        fix.append(f"--cpus {max(most_cpus, 1)}")
+    if most_mem < mem_mb:
+        short.append(f"--mem {mem_mb}: its nodes have at most {most_mem} MB (RealMemory)")
+        fix.append(f"--mem {max(most_mem, 1)}")
+    if most_gpus < gpus:
+        short.append(
+            f"--gpus {gpus}: no GPU is configured in Slurm on any of its nodes (Gres=(null): no GresTypes=gpu and "
+            "Gres=gpu:N), so Slurm cannot schedule GPUs there"
+            if most_gpus == 0
+            else f"--gpus {gpus}: its nodes give at most {most_gpus} GPUs (Gres=gpu:{most_gpus})"
+        )
+        fix.append(f"--gpus {most_gpus}")
+    if not short:
+        return None
+    names = ", ".join(n.name for n in nodes)
+    return Result(
+        name="slurm.request",
+        subject=partition,
+        category="cluster",
+        status=Status.ERROR,
+        value=f"{most_cpus} CPUs, {most_gpus} GPUs, {most_mem} MB",
+        expected=f"{cpus} CPUs, {gpus} GPUs, {mem_mb} MB on one node",
+        threshold_source="--cpus, --gpus, --mem",
+        message=f"no node of partition {partition} ({names}) can give what the probe step asks for: "
+        + "; ".join(short)
+        + "; the step was not submitted",
+        remediation=f"ask for what a node has ({' '.join(fix)}), or, if the nodes have more, declare it in "
+        "slurm.conf (the node's CPUs=, RealMemory=, Gres=gpu:N with GresTypes=gpu, and gres.conf) and "
+        "`scontrol reconfigure`",
+    )
+
+
+def _count(value: int | None, unit: str) -> str:
+    return f"{value} {unit}" if value is not None else f"{unit} unknown"
 
 
 def judge_nodes(nodes: list[SlurmNode]) -> list[Result]:
@@ -127,7 +238,8 @@ def judge_nodes(nodes: list[SlurmNode]) -> list[Result]:
                 threshold_source="fixed: a node takes jobs",
                 message=f"expected a usable node, found {n.name} {n.state}{reason}"
                 if bad
-                else f"{n.name} {n.state}, {n.cpus} CPUs, {n.memory_mb} MB, partitions {n.partitions}",
+                else f"{n.name} {n.state}, {_count(n.cpus, 'CPUs')}, {_count(n.memory_mb, 'MB')}, "
+                f"{n.gpus} GPUs in Slurm, partitions {n.partitions or 'none'}",
                 remediation=f"fix what the reason says, then scontrol update NodeName={n.name} State=RESUME"
                 if bad
                 else None,
@@ -209,7 +321,7 @@ def judge_probe(seen: dict[str, Any] | None, error: str | None, cpus: int, gpus:
             expected=f"{gpus}",
             threshold_source="the probe's --gpus-per-node",
             message=f"expected {gpus} GPUs in CUDA_VISIBLE_DEVICES, found {seen['gpus']} "
-            f"({seen['cuda_visible_devices']!r})",
+            + (f"({seen['cuda_visible_devices']!r})" if seen["cuda_visible_devices"] is not None else "(unset)"),
             remediation=None if seen["gpus"] == gpus else "check GresTypes, gres.conf and the node's Gres= line",
         )
     )
@@ -252,7 +364,10 @@ def judge_sbatch(state: str | None, error: str | None) -> Result:
         value=state,
         expected="COMPLETED",
         threshold_source="fixed: a one-line batch job completes",
-        message="a one-line batch job completed" if ok else f"a one-line batch job ended {state}: {error or ''}",
+        message="a one-line batch job completed"
+        if ok
+        else (f"a one-line batch job ended {state}" if state else "a one-line batch job did not run")
+        + (f": {error}" if error else ""),
     )
 
 
@@ -267,34 +382,73 @@ def _ask(argv: list[str], timeout_s: float) -> tuple[str | None, str | None]:
     except subprocess.TimeoutExpired:
         return None, f"`{' '.join(argv)}` gave no answer within {timeout_s:g} s"
     if done.returncode != 0:
-        return None, f"`{' '.join(argv[:3])}` exited {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}"
+        # One line: Slurm's clients say one error over several (`error: ...` then `submission failed: ...`).
+        said = "; ".join(line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip())
+        return None, f"`{' '.join(argv[:3])}` exited {done.returncode}: {said[:300]}"
     return done.stdout, None
 
 
 def run_checks(
-    partition: str | None, cpus: int, gpus: int, mem_mb: int, timeout_s: float, gpucert_argv: list[str]
+    partition: str | None,
+    cpus: int,
+    gpus: int,
+    mem_mb: int,
+    timeout_s: float,
+    gpucert_argv: list[str],
+    ask: Any = None,
 ) -> list[Result]:
-    ping, error = _ask(["scontrol", "ping"], timeout_s)
+    """The checks in order; each job check runs only where its failure would say something new: nothing is
+    submitted to a partition that does not exist or is not UP, and no step asks for what no node has."""
+    ask = ask or _ask
+    ping, error = ask(["scontrol", "ping"], timeout_s)
     results = [judge_controller(ping, error)]
     if ping is None:
         return results
-    parts, error = _ask(["scontrol", "show", "partition", "-o"], timeout_s)
-    results += judge_partitions(parse_partitions(parts or ""))
-    nodes, error = _ask(["scontrol", "show", "node", "-o"], timeout_s)
-    results += judge_nodes(parse_nodes(nodes or ""))
+    parts_text, error = ask(["scontrol", "show", "partition", "-o"], timeout_s)
+    nodes_text, nodes_error = ask(["scontrol", "show", "node", "-o"], timeout_s)
+    for text, what, said in ((parts_text, "partition", error), (nodes_text, "node", nodes_error)):
+        if text is None:
+            unread = Result(
+                name=f"slurm.{what}",
+                subject="scontrol",
+                category="cluster",
+                status=Status.ERROR,
+                message=f"could not read the cluster's {what}s: {said}",
+                remediation="check that this host's slurm.conf (SLURM_CONF) is the cluster's and slurmctld answers",
+            )
+            return [*results, unread]
+    assert parts_text is not None and nodes_text is not None
+    partitions, nodes = parse_partitions(parts_text), parse_nodes(nodes_text)
+    chosen = choose_partition(partitions, partition)
+    if partition is not None and chosen is None:
+        return [*results, judge_unknown_partition(partition, partitions)]
+    if partition is not None and chosen is not None:
+        partitions, nodes = [chosen], [n for n in nodes if n.in_partition(partition)]
+    results += judge_partitions(partitions)
+    results += judge_nodes(nodes)
+    if chosen is not None and chosen.get("State") != "UP":
+        # A job there would wait in the queue until --timeout and stay queued after: the FAIL above says why.
+        return results
     where = ["--partition", partition] if partition else []
-    step = ["srun", "-N1", "-n1", f"--cpus-per-task={cpus}", f"--mem={mem_mb}M", *where]
-    step += [f"--gpus-per-node={gpus}"] if gpus else []
-    out, error = _ask([*step, *gpucert_argv, "cluster", "slurm", "--probe"], timeout_s)
-    seen = None
-    if out is not None:
-        try:
-            seen = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            error = f"the probe printed no JSON: {out[-300:]!r}"
-    results += judge_probe(seen, error, cpus, gpus, mem_mb)
+    request = None
+    if chosen is not None:
+        name = chosen["PartitionName"]
+        request = judge_request(name, [n for n in nodes if n.in_partition(name)], cpus, gpus, mem_mb)
+    if request is not None:
+        results.append(request)
+    else:
+        step = ["srun", "-N1", "-n1", f"--cpus-per-task={cpus}", f"--mem={mem_mb}M", *where]
+        step += [f"--gpus-per-node={gpus}"] if gpus else []
+        out, error = ask([*step, *gpucert_argv, "cluster", "slurm", "--probe"], timeout_s)
+        seen = None
+        if out is not None:
+            try:
+                seen = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                error = f"the probe printed no JSON: {out[-300:]!r}"
+        results += judge_probe(seen, error, cpus, gpus, mem_mb)
     wait = ["sbatch", "--wait", "--parsable", "-N1", "-n1", *where, "--output=/dev/null", "--wrap", "true"]
-    out, error = _ask(wait, timeout_s)
+    out, error = ask(wait, timeout_s)
     results.append(judge_sbatch("COMPLETED" if out is not None else None, error))
     return results
 
