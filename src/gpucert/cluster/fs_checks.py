@@ -10,7 +10,7 @@ Run once per node, like accept: `gpucert cluster fs /shared/x --nnodes 2 --node-
 
 Everything lives under `PATH/.gpucert-fs-<random>/`; each node removes its own files and node 0 the directory,
 whatever happened. Rates are judged against the profile's floors where it has them; without one a rate is
-shown as SKIP ("not judged"), never PASS.
+INFO (shown, not judged), never PASS, and never SKIP: it was measured, and monitoring reads SKIP as "did not apply".
 
 Collect (touch the filesystem, on every node), judge (pure, on node 0).
 """
@@ -334,7 +334,7 @@ def _judged(
     if floor is None:
         return Result(
             **base,
-            status=Status.SKIP,
+            status=Status.INFO,
             message=f"{subject}: {value:g} {unit}; not judged: profile {profile} sets no {floor_name}",
             details=details,
         )
