@@ -33,7 +33,15 @@ from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
-from gpucert.report.store import NOT_A_DIRECTORY, RunDir, claim_run_dir, default_run_dir, write_problem, write_report
+from gpucert.report.store import (
+    NOT_A_DIRECTORY,
+    RunDir,
+    check_reuse,
+    claim_run_dir,
+    default_run_dir,
+    write_problem,
+    write_report,
+)
 from gpucert.runtime.errors import JobFailed, RendezvousError
 from gpucert.status import Status
 
@@ -201,7 +209,7 @@ def build_report(
 def claim_output(request: RunRequest, head: NodeWork, started: datetime) -> RunDir:
     """The run directory of the node that writes the report: --output or a new one under runs_dir, locked
     until released (a second run pointed at it is refused, exit 3, naming the run that holds it)."""
-    return claim_run_dir(request.output, Path(head.config.runs_dir), head.inventory.hostname, started)
+    return claim_run_dir(request.output, Path(head.config.runs_dir), head.inventory.hostname, started, request.verb)
 
 
 def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
@@ -224,10 +232,12 @@ def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
 
 
 def check_output_writable(request: RunRequest, config: RunConfig) -> None:
-    """Refuse an output directory the report could not be written to, before anything runs; creates nothing
-    (store.write_problem probes it)."""
+    """Refuse an output directory the report could not be written to, or one holding another verb's report
+    (store.check_reuse), before anything runs; creates nothing (store.write_problem probes it)."""
     target = (request.output or Path(config.runs_dir)).absolute()
     what = "--output" if request.output else "runs_dir"
+    if request.output is not None and request.output.is_dir():
+        check_reuse(request.output, request.verb)
     existing, problem = write_problem(target)
     if problem == NOT_A_DIRECTORY:
         raise ConfigError(f"{what} {target}: {existing} is not a directory")
@@ -289,7 +299,7 @@ def run_on_nodes(
         env["GPUCERT_NODE_LABEL"] = plan.node_name
     runs_dir = Path(config.runs_dir)
     with (
-        claim_run_dir(request.output, runs_dir, host, started)
+        claim_run_dir(request.output, runs_dir, host, started, request.verb)
         if plan.node_rank == 0
         else _unclaimed(request.output or default_run_dir(runs_dir, host, started)) as run_dir
     ):

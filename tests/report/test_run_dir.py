@@ -146,3 +146,47 @@ def test_two_cli_runs_in_the_same_second_write_two_reports(tmp_path: Path, monke
     assert [r.name for r in runs] == [f"20261122T192527Z-{host}", f"20261122T192527Z-{host}-2"]
     for run in runs:
         assert sorted(p.name for p in run.iterdir()) == ["report.json", "report.md"]  # the lock is gone
+
+
+def test_the_same_verb_rerun_in_an_output_replaces_the_earlier_runs_files_and_keeps_the_rest(
+    tmp_path: Path, capsys
+) -> None:
+    """`health --drain --output /var/lib/gpucert/last` every 300 s: each run's directory holds that run alone."""
+    out = tmp_path / "last"
+    assert main(["health", "--profile", "cpu", "-o", str(out)]) == 0
+    # What an earlier run of the verb left that this one would not write, and what no gpucert run writes.
+    (out / "report.html").write_text("<title>gpucert health: an earlier run</title>")
+    (out / "logs").mkdir()
+    for name in ("rank-1.log", "error-rank-1.json", "node-0-gpu01.log"):
+        (out / "logs" / name).write_text("earlier")
+    (out / "job.sbatch").write_text("#!/bin/bash\n")
+    assert main(["health", "--profile", "cpu", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "job.sbatch",  # a launch's script and its node logs belong to whoever made them
+        "logs",
+        "logs/node-0-gpu01.log",
+        "report.json",
+        "report.md",
+    ]
+
+
+def test_another_verb_in_an_output_holding_a_report_is_refused_before_any_work(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["discover", "--profile", "cpu", "-o", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["health", "--profile", "cpu", "-o", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert f"--output {out} holds the report of an earlier `gpucert discover` run" in err
+    assert "this `gpucert health` would mix its files with that run's" in err and f"remove {out} first" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_an_output_with_a_report_gpucert_cannot_read_is_refused_not_cleared(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "report.json").write_text("{not json")
+    assert main(["health", "--profile", "cpu", "-o", str(out)]) == 3
+    assert "a report.json gpucert cannot read" in capsys.readouterr().err
+    assert (out / "report.json").read_text() == "{not json"

@@ -5,6 +5,11 @@ mkdir's exclusive create, so two runs started in the same second get `...-<host>
 directory is locked (runtime/dirlock.py, the lock fine-tuning takes too) while the run writes into it, so a
 second run pointed at the same `--output` is refused and told who holds it; a lock file left by a killed run
 blocks nobody.
+
+An `--output` that holds an earlier run's report is re-run in place only by the same verb (the HealthCheckProgram's
+`health --drain --output /var/lib/gpucert/last` every 300 s), and that run first removes what the earlier one
+wrote (`RUN_ARTEFACTS`, its ranks' logs), so the directory never mixes two runs; another verb is refused before
+any work (check_reuse), as HF Trainer refuses a non-empty output_dir: gpucert will not guess whose files to drop.
 """
 
 from __future__ import annotations
@@ -57,8 +62,50 @@ class RunDir:
         self.release()
 
 
-def claim_run_dir(output: Path | None, runs_dir: Path, host: str, started: datetime) -> RunDir:
-    """The run's directory, created if need be and locked: `output` as named, or a new one under runs_dir.
+# What a judged run writes in its directory, and a later run of the same verb there removes first. The ranks'
+# logs are runtime/launcher.py's names. Anything else (a launch's job.sbatch and node logs, the user's files) stays.
+RUN_ARTEFACTS = ("report.json", "report.md", "report.html")
+RANK_LOGS = ("rank-*.log", "error-rank-*.json")
+
+
+def earlier_verb(directory: Path) -> str | None:
+    """The verb of the report an earlier run left in `directory` (`accept`, `bench matmul`); None where there is
+    none. A report.json gpucert cannot read is said as such, so it is refused rather than deleted."""
+    path = directory / "report.json"
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text())["meta"]["verb"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown (a report.json gpucert cannot read)"
+
+
+def check_reuse(output: Path, verb: str) -> None:
+    """Refuse an --output holding another verb's report (exit 3), before any work: the run would leave that
+    report's other files (report.html, logs/) beside its own."""
+    found = earlier_verb(output)
+    if found is None or found == verb:
+        return
+    raise ConfigError(
+        f"--output {output} holds the report of an earlier `gpucert {found}` run; this `gpucert {verb}` would "
+        f"mix its files with that run's: choose another --output, or remove {output} first "
+        "(the same verb re-run there replaces its own report and logs)"
+    )
+
+
+def clear_earlier_run(directory: Path) -> list[Path]:
+    """Remove what an earlier run wrote in `directory` (its report files, its ranks' logs); the paths removed."""
+    removed = [directory / name for name in RUN_ARTEFACTS if (directory / name).is_file()]
+    removed += [p for pattern in RANK_LOGS for p in (directory / "logs").glob(pattern) if p.is_file()]
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
+
+
+def claim_run_dir(output: Path | None, runs_dir: Path, host: str, started: datetime, verb: str | None = None) -> RunDir:
+    """The run's directory, created if need be and locked: `output` as named, or a new one under runs_dir. With
+    `verb`, an --output holding another verb's report is refused and one of the same verb's is cleared of it
+    (check_reuse, clear_earlier_run), under the lock, so no running run loses its files.
 
     A ConfigError (exit 3) names the directory and the run holding it when another run has it locked."""
     if output is not None:
@@ -68,10 +115,18 @@ def claim_run_dir(output: Path | None, runs_dir: Path, host: str, started: datet
         except OSError as exc:
             raise ConfigError(f"--output {output}: cannot create it: {exc.strerror or exc}") from None
         try:
-            return RunDir(output, missing, lock_dir(output, "--output"))
+            run = RunDir(output, missing, lock_dir(output, "--output"))
         except ConfigError:
             RunDir(output, missing, None).release()  # refused: leave no directory made for it
             raise
+        if verb is not None:
+            try:
+                check_reuse(output, verb)
+                clear_earlier_run(output)
+            except BaseException:
+                run.release()
+                raise
+        return run
     base = default_run_dir(runs_dir, host, started)
     for n in itertools.count(1):
         path = base if n == 1 else base.with_name(f"{base.name}-{n}")
