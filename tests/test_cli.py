@@ -188,3 +188,23 @@ def test_node_labels_with_brackets_print_as_they_are(capsys) -> None:
     assert main(["report", str(report)]) == 2
     out = capsys.readouterr().out
     assert "node vm[n0]" in out and "node vm[n1]" in out
+
+
+def test_capture_into_a_directory_that_holds_anything_is_refused_and_the_bundle_there_kept(
+    tmp_path: Path, capsys
+) -> None:
+    bundle = tmp_path / "bundle"
+    assert main(["capture", "--output", str(bundle)]) == 0
+    first = sorted(p.relative_to(bundle) for p in bundle.rglob("*"))
+    hostname = (bundle / "hostname.txt").read_text()
+    capsys.readouterr()
+    assert main(["capture", "--output", str(bundle)]) == 3
+    err = capsys.readouterr().err
+    assert f"--output {bundle} is not empty (dmesg.txt, environment.json" in err and "choose a new directory" in err
+    assert sorted(p.relative_to(bundle) for p in bundle.rglob("*")) == first
+    assert (bundle / "hostname.txt").read_text() == hostname
+    # Written whole beside it, then renamed: no partial bundle, and an empty directory is fine.
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]
+    (tmp_path / "empty").mkdir()
+    assert main(["capture", "--output", str(tmp_path / "empty")]) == 0
+    assert (tmp_path / "empty" / "software.json").exists()

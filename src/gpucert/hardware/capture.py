@@ -3,6 +3,10 @@
 The bundle holds exactly what the parsers read (the NVML snapshot, nvidia-smi text, the /proc and /sys files
 behind the host inventory, the kernel log's NVIDIA lines), so `gpucert discover --replay DIR` and the tests
 can re-read the node anywhere. Our test fixtures are bundles captured this way on the lent H100 and H200s.
+
+A bundle is written whole or not at all: into a hidden directory beside DIR, renamed to DIR at the end. DIR must
+not exist or be empty; a non-empty one (an earlier bundle, or anything else) is refused before anything is read,
+as `git clone` refuses one: two captures mixed in one bundle would replay as a node that never existed.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ import dataclasses
 import errno
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
+from gpucert.config.loader import ConfigError
 from gpucert.hardware.nvml import collect_nvml_snapshot, load_pynvml
 from gpucert.hardware.software import collect_software
 
@@ -58,8 +65,37 @@ HOST_PATHS = (
 
 
 def capture_node(out_dir: Path, timeout_s: float = 60.0) -> list[str]:
-    """Write the bundle into out_dir; returns what could not be captured (never raises for one item)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write the bundle as out_dir (refused where out_dir holds anything); returns what could not be captured
+    (never raises for one item)."""
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        raise ConfigError(
+            f"--output {out_dir} is not empty ({', '.join(sorted(p.name for p in out_dir.iterdir())[:5])}"
+            f"{', ...' if len(list(out_dir.iterdir())) > 5 else ''}): a capture writes a new bundle; choose a new "
+            f"directory, or remove {out_dir} first"
+        )
+    if out_dir.parent.exists() and not out_dir.parent.is_dir():  # mkdir would say "File exists" of the parent
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.capturing-"))
+    try:
+        problems = _capture_into(partial, timeout_s)
+        partial.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; a bundle is shared like any directory
+        if out_dir.is_dir():
+            out_dir.rmdir()  # empty (checked above); a file put there meanwhile makes this fail, naming it
+        partial.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return problems
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _capture_into(out_dir: Path, timeout_s: float) -> list[str]:
     problems: list[str] = []
     try:
         snapshot = collect_nvml_snapshot(load_pynvml())
