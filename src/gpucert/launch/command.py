@@ -265,18 +265,57 @@ def _slurm_minutes(spec: str) -> float:
     return parts[0] * 60 + parts[1] + parts[2] / 60
 
 
-def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: Callable[[str], None]) -> int:
-    run_dir = Path(job.run_dir)
+def _write_job(run_dir: Path, script: str) -> Callable[[], None]:
+    """job.sbatch and logs/ (sbatch's --chdir) in the run directory; returns what undoes it: a launch whose job
+    was never submitted leaves no directory it made and no script of its own behind (a job.sbatch an earlier
+    launch wrote there is put back)."""
+    made = [d for d in (run_dir / "logs", run_dir, *run_dir.parents) if not d.exists()]
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     path = run_dir / "job.sbatch"
+    before = path.read_text() if path.is_file() else None
     path.write_text(script)
-    job_id = slurm.submit(path)
+
+    def undo() -> None:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(before)
+        for directory in made:  # deepest first; one that holds anything now is someone else's: stop
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+
+    return undo
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file `path` is now (inode, mtime): an --output re-used from an earlier run holds that run's report
+    until the job's gpucert claims the directory (report/store.py), and a job that died before then must not pass
+    for it. Compared, not timed: a shared filesystem's server clock need not agree with this host's."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: Callable[[str], None]) -> int:
+    run_dir = Path(job.run_dir)
+    undo = _write_job(run_dir, script)
+    path = run_dir / "job.sbatch"
+    earlier = {name: _identity(run_dir / name) for name in ("report.json", "metrics.json")}
+    try:
+        job_id = slurm.submit(path)
+    except BaseException:
+        undo()
+        raise
     say(f"submitted job {job_id} ({path}); logs in {run_dir / 'logs'}")
     record = slurm.follow(job_id, timeout_s, say)
     state, exit_code = record.get("JobState", "?"), record.get("ExitCode", "?")
     if job.verb in slurm.JUDGED_VERBS:
         report = run_dir / "report.json"
-        if report.exists():
+        if report.exists() and _identity(report) != earlier["report.json"]:
             from gpucert.report.store import load_report
 
             verdict = load_report(report).status
@@ -284,7 +323,7 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
             return verdict.exit_code
     else:
         metrics = run_dir / "metrics.json"
-        if metrics.exists():
+        if metrics.exists() and _identity(metrics) != earlier["metrics.json"]:
             status = Status(json.loads(metrics.read_text())["status"])
             say(f"job {job_id} {state} (exit {exit_code}); fine-tuning {status.value}: {metrics}")
             return status.exit_code

@@ -1,0 +1,57 @@
+"""`gpucert launch slurm` without --dry-run, against stand-in `sbatch` and `scontrol` on PATH (the real two-node
+cluster runs the same paths in tests/cluster/test_launch_slurm.py): what it leaves in the run directory when
+Slurm refuses the job, and which report it takes the verdict from."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpucert.cli import main
+
+
+def stand_in(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
+
+
+LAUNCH = ["launch", "slurm", "health", "--nodes", "1", "--gpus-per-node", "0", "--profile", "cpu"]
+
+
+def test_a_job_sbatch_refuses_leaves_no_directory_and_no_script(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    stand_in(slurm_bin, "sbatch", "echo 'sbatch: error: invalid partition specified: gpu' >&2; exit 1")
+    out = tmp_path / "runs" / "launch-health"
+    assert main([*LAUNCH, "--output", str(out)]) == 3
+    assert "invalid partition specified: gpu" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    # An --output that existed keeps what it held, an earlier launch's script included.
+    out.mkdir(parents=True)
+    (out / "job.sbatch").write_text("the earlier launch's\n")
+    assert main([*LAUNCH, "--output", str(out)]) == 3
+    assert sorted(p.name for p in out.iterdir()) == ["job.sbatch"]
+    assert (out / "job.sbatch").read_text() == "the earlier launch's\n"
+
+
+def test_the_verdict_is_never_taken_from_an_earlier_runs_report(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    """The job died before its gpucert claimed the --output: the PASS report there is the earlier run's."""
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", "echo 'JobId=17 JobState=FAILED ExitCode=1:0 NodeList=node1'")
+    out = tmp_path / "run"
+    assert main(["health", "--profile", "cpu", "-o", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["meta"]["verb"] == "health"
+    capsys.readouterr()
+    assert main([*LAUNCH, "--output", str(out)]) == 3
+    assert "job 17 ended FAILED (exit 1:0) without a result" in capsys.readouterr().err
