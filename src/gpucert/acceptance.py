@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import gpucert
-from gpucert.config.loader import ConfigError, load_config
+from gpucert.config.loader import ConfigError, blame_sources, load_config
 from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
@@ -129,7 +129,8 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> 
     # once collect_node has read the hardware and loads again; only the timeouts are judged now.
     problems = config.problems() if base is not None else config.runtime.problems() + config.localize.problems()
     if problems:
-        raise ConfigError("; ".join(problems))
+        said = blame_sources(problems, request.config_path, request.overrides, f"profile {config.profile}", base)
+        raise ConfigError("; ".join(said))
     return config
 
 

@@ -337,3 +337,36 @@ def test_apply_overrides_leaves_the_input_unchanged() -> None:
     merged = apply_overrides(data, RunConfig, ["health.expected_gpus=8", "profile=h200"])
     assert merged == {"health": {"expected_gpus": 8}, "profile": "h200"}
     assert data == {"health": {"expected_gpus": 4}}
+
+
+# Range errors: judged on the resolved config, said with the file or --set argument that set the value.
+
+
+def run_config_error(tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    from gpucert.cli import main
+
+    assert main(["health", "--profile", "cpu", "-o", str(tmp_path / "out"), *argv]) == 3
+    assert not (tmp_path / "out").exists()
+    return capsys.readouterr().err
+
+
+def test_a_range_error_from_a_file_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "site.yaml"
+    config.write_text("bench: {memory: {size_mib: 0}}\n")
+    err = run_config_error(tmp_path, ["--config", str(config)], capsys)
+    assert f"gpucert: error: {config}: bench.memory.size_mib must be in 1..32768, found 0" in err
+
+
+def test_a_range_error_from_a_set_names_the_set_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = run_config_error(tmp_path, ["--set", "bench.memory={size_mib: 0}"], capsys)
+    assert "error: --set bench.memory={size_mib: 0}: bench.memory.size_mib must be in 1..32768, found 0" in err
+
+
+def test_two_keys_from_two_places_name_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "site.yaml"
+    config.write_text("bench: {collectives: {min_bytes: 4096}}\n")
+    argv = ["--config", str(config), "--set", "bench.collectives.max_bytes=1024"]
+    err = run_config_error(tmp_path, argv, capsys)
+    assert "bench.collectives.max_bytes must be >= bench.collectives.min_bytes (4096), found 1024" in err
+    said = "bench.collectives.max_bytes from --set bench.collectives.max_bytes=1024, bench.collectives.min_bytes from "
+    assert said + str(config) in err

@@ -8,6 +8,7 @@ config is found in one read.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -184,6 +185,57 @@ def load_config(
         data = apply_overrides(data, cls, [item])
         config = build(cls, data, f"--set {item}")
     return config
+
+
+# A dotted key as range messages name it (`bench.memory.size_mib must be in ...`).
+_DOTTED_KEY = re.compile(r"\b[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+\b")
+
+
+def _sets(data: Mapping[str, Any], key: str) -> bool:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def blame_sources(
+    problems: Sequence[str],
+    path: Path | None,
+    overrides: Sequence[str],
+    base_source: str = "the profile's run defaults",
+    base: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Each range problem (checked on the resolved config, which no longer says where a value came from) with the
+    place that set the keys it names: the last of base < file < --set arguments to set each. `cfg.yaml:
+    bench.memory.size_mib must be ...`; a problem of two keys set in two places names both."""
+    # Each layer: a mapping as read, or the dotted key a --set names (`--set bench.memory={size_mib: 0}` sets
+    # the keys under it too).
+    layers: list[tuple[str, Mapping[str, Any] | str]] = [(base_source, base)] if base else []
+    if path is not None:
+        layers.append((str(path), load_yaml(path)))
+    layers += [(f"--set {item}", item.split("=", 1)[0].strip()) for item in overrides]
+
+    def sets(layer: Mapping[str, Any] | str, key: str) -> bool:
+        return key == layer or key.startswith(f"{layer}.") if isinstance(layer, str) else _sets(layer, key)
+
+    blamed = []
+    for problem in problems:
+        where: dict[str, str] = {}
+        for key in dict.fromkeys(_DOTTED_KEY.findall(problem)):
+            for source, layer in reversed(layers):
+                if sets(layer, key):
+                    where[key] = source
+                    break
+        places = list(dict.fromkeys(where.values()))
+        if len(places) == 1:
+            blamed.append(f"{places[0]}: {problem}")
+        elif places:
+            blamed.append(f"{problem} ({', '.join(f'{key} from {source}' for key, source in where.items())})")
+        else:
+            blamed.append(problem)
+    return blamed
 
 
 def merge_mappings(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
