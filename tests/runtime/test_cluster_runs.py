@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,94 @@ def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_nod
     )
     assert other.returncode == 3
     assert f"could not reach the job's store at 127.0.0.1:{port} within 5 s" in other.stderr
+
+
+class TimedLines:
+    """A process's stderr, each line with the monotonic time it came, read on a thread as it is written."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[tuple[float, str]] = []
+        assert proc.stderr is not None
+        self._reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, text: str, timeout_s: float) -> tuple[float, str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [(t, line) for t, line in self.lines if text in line]
+            if found:
+                return found[0]
+            time.sleep(0.1)
+        raise AssertionError(f"no line with {text!r} within {timeout_s:g} s; said: {[x for _, x in self.lines]}")
+
+    def text(self) -> str:
+        self._reader.join(timeout=10)
+        return "\n".join(line for _, line in self.lines)
+
+
+def test_node_1_alone_says_what_it_waits_for_and_stops_at_the_limit(tmp_path: Path) -> None:
+    """Node 0 never comes: node 1 says after 10 s whom it waits for, and stops at the limit, by its own clock
+    (TCPStore's connect timeout took 1.5-2.5x the limit, silently)."""
+    port = free_port()
+    argv = [*GPUCERT, "health", "-o", str(tmp_path / "run"), *node_flags(1, port)]
+    argv += ["--set", "runtime.rendezvous_timeout_s=12"]
+    proc = subprocess.Popen(
+        argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    said = TimedLines(proc)
+    try:
+        waiting_at, waiting = said.wait_for("waiting for the job's store", within(60))
+        proc.wait(timeout=within(30))
+    finally:
+        kill_process_tree(proc.pid)
+    host = socket.gethostname()
+    assert waiting == (
+        f"gpucert: node rank 1 (host {host}): waiting for the job's store at 127.0.0.1:{port} (served by node rank "
+        "0's gpucert): connection refused; waited 10 s, gives up after 12 s (runtime.rendezvous_timeout_s)"
+    )
+    stopped_at, stopped = said.wait_for("could not reach the job's store", 10)
+    assert proc.returncode == 3
+    assert f"at 127.0.0.1:{port} within 12 s (runtime.rendezvous_timeout_s): connection refused" in stopped
+    # Said at 10 s of the wait, stopped at 12 s: 2 s apart, give or take a retry (0.5 s) and the line's way out.
+    assert 1.5 < stopped_at - waiting_at < 2 + within(1.5), f"{stopped_at - waiting_at:.1f} s from 10 s to the end"
+    assert "Traceback" not in said.text()
+
+
+def test_node_1_started_first_joins_node_0_when_it_comes(tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_env(TMPDIR=str(tmp_path))
+    out = tmp_path / "run"
+    late = subprocess.Popen(
+        [*GPUCERT, "health", "-o", str(out), *node_flags(1, port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said = TimedLines(late)
+    try:
+        said.wait_for("waiting for the job's store", within(60))  # node 1 is in its wait: node 0 is late
+        head = subprocess.run(
+            [*GPUCERT, "health", "-o", str(out), *node_flags(0, port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=within(120),
+        )
+        late.wait(timeout=within(60))
+    finally:
+        kill_process_tree(late.pid)
+    assert head.returncode == 0, head.stderr[-3000:]
+    assert late.returncode == 0, said.text()[-3000:]
+    assert "the report is written by node 0" in late.stdout.read()  # type: ignore[union-attr]
+    assert {r["node"] for r in load(out)["results"] if r["name"] == "node.xid"} == {
+        f"{socket.gethostname()}[n0]",
+        f"{socket.gethostname()}[n1]",
+    }
 
 
 def test_a_hung_benchmark_times_out_as_error_and_leaves_no_worker(tmp_path: Path) -> None:

@@ -84,29 +84,115 @@ def read_abort(store: Any) -> AbortRecord | None:
     return AbortRecord(**json.loads(store.get("abort")))
 
 
-def connect_store(addr: str, port: int, serve: bool, timeout_s: float, who: str) -> dist.TCPStore:
-    """A client of the job's store (or its server, on the rank or agent that serves it), errors named."""
+# A wait for the job's store or its peers says what it waits for once it has lasted SAY_AFTER_S (a node started
+# a little before node 0 is normal; two silent minutes look hung), then every PROGRESS_EVERY_S.
+SAY_AFTER_S = 10.0
+PROGRESS_EVERY_S = 30.0
+# How often a client tries node rank 0's port while nothing answers there: a node started first joins within
+# this of the store coming up.
+RETRY_S = 0.5
+
+
+class Waiting:
+    """One bounded wait, timed by our own monotonic deadline (TCPStore's connect timeout ran 1.5-2.5x past
+    its limit), that says what it waits for: once after say_after_s, then every every_s."""
+
+    def __init__(self, timeout_s: float, say_after_s: float = SAY_AFTER_S, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.timeout_s = timeout_s
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout_s
+        self.every_s = every_s
+        self._next_say = self.started + say_after_s
+        self.told = 0  # lines said so far: the first says what it waits for, later ones "still"
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def tell(self, line: Callable[[], str], now: bool = False) -> None:
+        """say(line()) if it is time to (or `now`, the first time only)."""
+        if now or time.monotonic() >= self._next_say:
+            say(line())
+            self.told += 1
+            self._next_say = time.monotonic() + self.every_s
+
+
+def _try_port(addr: str, port: int, limit_s: float) -> str | None:
+    """None if something accepts connections at addr:port, else why not, in words."""
     try:
-        return dist.TCPStore(
-            addr,
-            port,
-            None,
-            serve,
-            timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-            multi_tenant=serve,
-        )
-    except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError are RuntimeErrors
-        if serve:
+        with socket.create_connection((addr, port), timeout=max(limit_s, 0.05)):
+            return None
+    except socket.gaierror as exc:
+        return f"{addr!r} does not resolve on this host ({exc.strerror or exc})"
+    except OSError as exc:
+        return (exc.strerror or str(exc) or type(exc).__name__).lower()
+
+
+def connect_store(
+    addr: str,
+    port: int,
+    serve: bool,
+    timeout_s: float,
+    who: str,
+    setting: str = "runtime.rendezvous_timeout_s",
+    tell: bool = True,
+    say_after_s: float = SAY_AFTER_S,
+    every_s: float = PROGRESS_EVERY_S,
+) -> dist.TCPStore:
+    """A client of the job's store (or its server, on the rank or agent that serves it), errors named.
+
+    A client tries node rank 0's port every RETRY_S until timeout_s, by our own deadline, saying what it waits
+    for after say_after_s and then every every_s. A name that does not resolve is retried too, and said at
+    once: a Kubernetes Service name resolves only once its pod is up, but on a cluster it is most often a typo.
+    `setting` names where timeout_s comes from; a watcher's short reconnect passes tell=False (its caller names
+    a store gone quiet)."""
+    if serve:
+        try:
+            return dist.TCPStore(
+                addr, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=True
+            )
+        except (RuntimeError, OSError) as exc:  # DistNetworkError / DistStoreError are RuntimeErrors
             raise RendezvousError(
                 f"{who}: cannot serve the job's store on port {port}: {str(exc).splitlines()[0]}; "
                 "is another job using that port? choose another (--master-port / MASTER_PORT)"
             ) from None
-        raise RendezvousError(
-            f"{who}: could not reach the job's store at {addr}:{port} within {timeout_s:g} s "
-            "(runtime.rendezvous_timeout_s): is node rank 0 running gpucert, and is that address reachable "
-            "from this host?"
-        ) from None
+    wait = Waiting(timeout_s, say_after_s, every_s)
+    limit = f"{timeout_s:g} s ({setting})"
+    said_unresolved = False
+    while True:
+        why = _try_port(addr, port, min(wait.left(), 2 * RETRY_S))
+        if why is None:
+            try:
+                # Up: the connection is made at once. Its timeout is then every request's default (get, wait).
+                store = dist.TCPStore(addr, port, None, False, timedelta(seconds=max(wait.left(), 1.0)), False)
+                store.set_timeout(timedelta(seconds=timeout_s))
+                return store
+            except (RuntimeError, OSError) as exc:
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        unresolved = "does not resolve" in why
+        if wait.left() <= 0:
+            hint = (
+                "check --master-addr / MASTER_ADDR (node rank 0's hostname as this host knows it, or its IP address)"
+                if unresolved
+                else "is node rank 0 running gpucert, and is that address reachable from this host?"
+            )
+            raise RendezvousError(
+                f"{who}: could not reach the job's store at {addr}:{port} within {limit}: {why}; {hint}"
+            )
+        if tell:
+            wait.tell(
+                lambda why=why, unresolved=unresolved: (  # type: ignore[misc]
+                    f"{who}: {'still ' if wait.told else ''}waiting for the job's store at {addr}:{port} (served by "
+                    f"node rank 0's gpucert): {why}"
+                    + ("; a typo in --master-addr / MASTER_ADDR?" if unresolved else "")
+                    + f"; waited {wait.elapsed():.0f} s, gives up after {limit}"
+                ),
+                now=unresolved and not said_unresolved,
+            )
+            said_unresolved = said_unresolved or unresolved
+        time.sleep(max(0.0, min(RETRY_S, wait.left())))
 
 
 @dataclass

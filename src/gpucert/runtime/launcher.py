@@ -49,7 +49,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.errors import JobFailed, RendezvousError
-from gpucert.runtime.group import POLL_S, connect_store, read_abort
+from gpucert.runtime.group import POLL_S, Waiting, connect_store, read_abort
 from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
 from gpucert.runtime.open_files import fit_open_files
 from gpucert.runtime.sigterm import restore_handlers
@@ -64,6 +64,8 @@ LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 NODES_PREFIX = "gpucert/nodes/"
 # What outlives a round of workers (group.Runtime.run_store); `over` there ends the job instead of a new round.
 RUN_PREFIX = "gpucert/run/"
+# The agent's own short connections to the store, to read the abort record: quiet, bounded by this.
+WATCH_SETTING = "runtime.heartbeat_interval_s"
 
 
 def worker_prefix(round_: int) -> str:
@@ -149,26 +151,39 @@ class NodeRendezvous(RendezvousHandler):
         store, timeout_s = dist.PrefixStore(prefix, self.store), self.config.rendezvous_timeout_s
         store.set(str(self.node_rank), json.dumps({"name": self.name, "host": self.host}))
         store.add("count", 1)
+        wait = Waiting(timeout_s)
+
+        def waiting_line() -> str:
+            joined = store.add("count", 0)
+            return (
+                f"{self.who}: {'still ' if wait.told else ''}waiting at {self.addr}:{self.port} for every node to "
+                f"join: {joined} of {self.num_nodes} so far; waited {wait.elapsed():.0f} s, gives up after "
+                f"{timeout_s:g} s (runtime.rendezvous_timeout_s)"
+            )
+
         if self.serves:
-            deadline = time.monotonic() + timeout_s
             while store.add("count", 0) < self.num_nodes:
-                if time.monotonic() > deadline:
+                if wait.left() <= 0:
                     message = self._missing_nodes_message(store)
                     store.set("roster", json.dumps({"error": message}))
                     raise RendezvousError(message)
+                wait.tell(waiting_line)
                 time.sleep(POLL_S)
             from gpucert.runtime.identity import node_labels
 
             names = {r: json.loads(store.get(str(r)))["name"] for r in range(self.num_nodes)}
             store.set("roster", json.dumps({"labels": node_labels(names)}))
         else:
-            try:
-                store.wait(["roster"], timedelta(seconds=timeout_s))
-            except RuntimeError:
-                raise RendezvousError(
-                    f"{self.who}: node rank 0 at {self.addr}:{self.port} did not finish the rendezvous within "
-                    f"{timeout_s:g} s (runtime.rendezvous_timeout_s)"
-                ) from None
+            # In short waits, not one: the line above is said meanwhile, and Ctrl-C is acted on between them.
+            while not store.check(["roster"]):
+                if wait.left() <= 0:
+                    raise RendezvousError(
+                        f"{self.who}: node rank 0 at {self.addr}:{self.port} did not finish the rendezvous within "
+                        f"{timeout_s:g} s (runtime.rendezvous_timeout_s)"
+                    )
+                wait.tell(waiting_line)
+                with contextlib.suppress(dist.DistStoreError):  # the short wait's timeout; the store's own errors
+                    store.wait(["roster"], timedelta(seconds=max(min(1.0, wait.left()), 0.01)))
         roster = json.loads(store.get("roster"))
         if "error" in roster:
             raise RendezvousError(roster["error"])
@@ -213,7 +228,9 @@ class NodeRendezvous(RendezvousHandler):
         try:
             if self._watch is None:
                 # Its own connection with a short timeout: a stopped store must not hold the agent's loop.
-                self._watch = connect_store(self.addr, self.port, False, self.config.heartbeat_interval_s, self.who)
+                self._watch = connect_store(
+                    self.addr, self.port, False, self.config.heartbeat_interval_s, self.who, WATCH_SETTING, tell=False
+                )
             record = read_abort(dist.PrefixStore(worker_prefix(self.round), self._watch))
             self._last_ok = now
         except RuntimeError:
@@ -237,7 +254,9 @@ class NodeRendezvous(RendezvousHandler):
         if self.cause is not None or self.store is None:
             return self.cause
         with contextlib.suppress(RuntimeError):
-            watch = self._watch or connect_store(self.addr, self.port, False, self.config.heartbeat_interval_s, "")
+            watch = self._watch or connect_store(
+                self.addr, self.port, False, self.config.heartbeat_interval_s, self.who, WATCH_SETTING, tell=False
+            )
             run = dist.PrefixStore(RUN_PREFIX, watch)
             if run.check(["over"]):
                 return str(run.get("over").decode())

@@ -117,7 +117,14 @@ class Watchdog:
         # Not under the lock: a connect to a stopped server can hang, and must not hang every other caller.
         assert self.rt.endpoint is not None
         try:
-            base = connect_store(*self.rt.endpoint, False, self.rt.config.heartbeat_timeout_s, self.rt.me.describe())
+            base = connect_store(
+                *self.rt.endpoint,
+                False,
+                self.rt.config.heartbeat_timeout_s,
+                self.rt.me.describe(),
+                "runtime.heartbeat_timeout_s",
+                tell=False,
+            )
         except RuntimeError:
             return None
         with self._spare_lock:
@@ -176,7 +183,7 @@ class Watchdog:
         rt, cfg = self.rt, self.rt.config
         assert rt.endpoint is not None
         try:
-            base = connect_store(*rt.endpoint, False, cfg.rendezvous_timeout_s, rt.me.describe())
+            base = connect_store(*rt.endpoint, False, cfg.rendezvous_timeout_s, rt.me.describe(), tell=False)
             store = dist.PrefixStore(self.prefix, base)
             unseen = self._plan(store)
             # Waiting needs the keeper seen from here too: a pid that only looks like it (another namespace) would

@@ -1,0 +1,78 @@
+"""A node's wait for the job's store (group.connect_store), with a real TCPStore on localhost: it ends at its
+limit by our own deadline (TCPStore's own connect timeout ran 1.5-2.5x past it), says what it waits for along the
+way, says an address that does not resolve at once, and joins a store that comes up late within a retry."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+from tests.conftest import free_port
+
+from gpucert.runtime.errors import RendezvousError
+from gpucert.runtime.group import RETRY_S, connect_store
+
+WHO = "node rank 1 (host h)"
+
+
+def test_the_wait_ends_at_its_limit_and_says_what_it_waits_for_meanwhile(capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError) as raised:
+        connect_store("127.0.0.1", port, False, 3.0, WHO, say_after_s=1.0, every_s=1.0)
+    took = time.monotonic() - t0
+    assert 3.0 <= took < 3.0 + 2 * RETRY_S + 0.5, f"waited {took:.2f} s for a 3 s limit"
+    assert str(raised.value) == (
+        f"{WHO}: could not reach the job's store at 127.0.0.1:{port} within 3 s (runtime.rendezvous_timeout_s): "
+        "connection refused; is node rank 0 running gpucert, and is that address reachable from this host?"
+    )
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (
+        f"gpucert: {WHO}: waiting for the job's store at 127.0.0.1:{port} (served by node rank 0's gpucert): "
+        "connection refused; waited 1 s, gives up after 3 s (runtime.rendezvous_timeout_s)"
+    )
+    assert lines[1].startswith(f"gpucert: {WHO}: still waiting for the job's store at 127.0.0.1:{port}"), lines
+    assert len(lines) == 2, lines  # one a second, from the first second on: none after the limit
+
+
+def test_an_address_that_does_not_resolve_is_said_at_once_and_named_at_the_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError) as raised:
+        # .invalid never resolves (RFC 2606). Retried all the same: a Kubernetes Service name resolves only once
+        # its pod is up.
+        connect_store("node-a.invalid", free_port(), False, 1.5, WHO)
+    assert time.monotonic() - t0 < 1.5 + 2 * RETRY_S + 0.5
+    message = str(raised.value)
+    assert "'node-a.invalid' does not resolve on this host" in message
+    assert "check --master-addr / MASTER_ADDR" in message and "within 1.5 s (runtime.rendezvous_timeout_s)" in message
+    [line] = capsys.readouterr().err.splitlines()  # said at once, not after the usual 10 s, and once
+    assert "'node-a.invalid' does not resolve on this host" in line and "a typo in --master-addr" in line
+
+
+def test_a_node_started_before_the_store_joins_once_it_comes_up() -> None:
+    port = free_port()
+    up: list[float] = []
+    served: list[dist.TCPStore] = []
+
+    def serve_late() -> None:
+        time.sleep(1.5)
+        served.append(dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False))
+        up.append(time.monotonic())
+
+    server = threading.Thread(target=serve_late)
+    server.start()
+    try:
+        store = connect_store("127.0.0.1", port, False, 30.0, WHO)
+        joined = time.monotonic()
+    finally:
+        server.join()
+    assert joined - up[0] < 2 * RETRY_S + 0.5, f"joined {joined - up[0]:.2f} s after the store came up"
+    store.set("said", "by the late joiner")
+    assert served[0].get("said") == b"by the late joiner"
+    # The connect's short timeout is not left as every request's default: the configured one is.
+    assert store.timeout == timedelta(seconds=30)
