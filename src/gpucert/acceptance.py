@@ -42,7 +42,7 @@ from gpucert.report.store import (
     write_problem,
     write_report,
 )
-from gpucert.runtime.errors import JobFailed, RendezvousError
+from gpucert.runtime.errors import Interrupted, JobFailed, RendezvousError
 from gpucert.status import Status
 
 
@@ -315,6 +315,10 @@ def run_on_nodes(
             outcome = LaunchOutcome(False, None, str(exc))
         except JobFailed as exc:  # the ranks ended the run (a failure outside a benchmark, or the last one)
             outcome = LaunchOutcome(False, None, str(exc))
+        except Interrupted as exc:  # Ctrl-C or SIGTERM here: the one line the CLI prints names what rank 0 wrote
+            written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
+            exc.report = str(written) if written else None
+            raise
     if not outcome.ok:
         written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
         if written is None:
@@ -369,6 +373,15 @@ def failure_result(record: Any, logs: Path | None, stopped: bool = False) -> Res
     `run.aborted` that says the run stopped and why."""
     where = f" (each rank's log is in {logs} on its node)" if logs else ""
     details = {"traceback": record.traceback} if record.traceback else {}
+    if record.operator:  # stopped on purpose: no benchmark failed, and no rank is to blame
+        return Result(
+            name="run.aborted",
+            subject=record.node or "run",
+            node=record.node,
+            status=Status.ERROR,
+            message=f"the run stopped: {record.message()}",
+            remediation="run it again for a full report; nothing after this point was run or judged",
+        )
     if record.phase.startswith("bench ") and not stopped:
         name = record.phase.split(" ", 1)[1]
         return Result(
@@ -409,6 +422,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         deadline,
         fail,
         leave_failed,
+        say_stop,
         start_runtime,
         stop_runtime,
         watch_run_store,
@@ -443,7 +457,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             return
         run_dir = holder["run_dir"]
         failed = failure_result(record, run_dir.path / "logs")
-        name = record.phase.split(" ", 1)[1] if record.phase.startswith("bench ") else None
+        # An operator's stop fails no benchmark: the run ends, saying where it was.
+        name = record.phase.split(" ", 1)[1] if record.phase.startswith("bench ") and not record.operator else None
         left = [b for b in request.benchmarks if b != name and not run.check([f"done/{b}"])]
         # A new round only where one is left and there are benchmarks for it: the last one's failure is the end.
         going_on = not final and restarts_left > 0 and name is not None and bool(left)
@@ -463,7 +478,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             return
         run_dir.release()
         run.set("over", f"the run stopped: {record.message()}; partial report {path}")
-        say(f"partial report written to {path}")
+        if not record.operator:  # the gpucert process that was signalled says it, with this path
+            say(f"partial report written to {path}")
 
     def finished(run: Any) -> list[Result]:
         """Every benchmark's judged results so far, in the run store (this round's and earlier rounds')."""
@@ -478,9 +494,9 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     def terminated() -> None:
         record = stopped_by_launcher(rt)
         if rt.is_main:
-            # Nobody else named: the job itself was stopped (cancelled), not a round ended by a failure.
-            write_partial(record, final=record.rank == rt.rank)
-        say(f"{rt.me.describe()} stops (SIGTERM): {record.message()}")
+            # Nobody else named, or the operator: the job itself was stopped, not a round ended by a failure.
+            write_partial(record, final=record.rank == rt.rank or record.operator)
+        say_stop(rt, f"{rt.me.describe()} stops (SIGTERM): {record.message()}", record)
 
     watch = TermWatch(terminated, Status.ERROR.exit_code).start()
     try:
@@ -509,6 +525,10 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         for name in request.benchmarks:
             if run.check([f"done/{name}"]):
                 continue  # judged in an earlier round, or failed there
+            # Once stopping (SIGTERM here, or the run ended elsewhere), no further benchmark starts.
+            watch.hold_if_stopping()
+            if run.check(["over"]):
+                raise JobFailed(run.get("over").decode())
             rt.set_phase(f"bench {name}")
             dist.barrier()
             if rt.is_main:
@@ -551,7 +571,9 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         record = fail(rt, exc)
         if rt.is_main:  # also when the record names a peer: its watchdog may have stopped before reading it
             write_partial(record)
-        say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
+        say_stop(
+            rt, record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}", record
+        )
         if holder.get("run_dir") is not None:
             holder["run_dir"].release()
         leave_failed(rt, Status.ERROR.exit_code)

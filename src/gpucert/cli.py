@@ -598,8 +598,13 @@ def main(argv: list[str] | None = None) -> int:
         code = _dispatch(args, console)
         sys.stdout.flush()  # here, not at exit: a reader that left is then the BrokenPipeError below
         return code
-    except KeyboardInterrupt:
-        # The ranks were stopped on the way out (runtime/launcher.py); one line, the shell's code for SIGINT.
+    except KeyboardInterrupt as exc:
+        # The ranks were stopped on the way out (runtime/launcher.py); one line, the shell's code for the signal.
+        from gpucert.runtime.errors import Interrupted
+
+        if isinstance(exc, Interrupted):
+            print(f"gpucert: {exc.line()}", file=sys.stderr)
+            return exc.exit_code
         print("gpucert: interrupted", file=sys.stderr)
         return 130
     except (ConfigError, ValueError) as exc:

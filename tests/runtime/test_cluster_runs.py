@@ -383,30 +383,47 @@ AS_FROM_A_SHELL = [
 ]
 
 
-def test_ctrl_c_stops_every_worker_and_exits_130(tmp_path: Path) -> None:
-    argv = [*AS_FROM_A_SHELL, *GPUCERT, "bench", "matmul", "--profile", "cpu", "--nproc", "2"]
-    argv += ["-o", str(tmp_path / "run"), "--set", "bench.matmul.warmup_s=120"]
-    # PYTHONFAULTHANDLER: a SIGABRT makes it print every thread's stack (below, if Ctrl-C did not stop it).
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [
+        (signal.SIGINT, 130, "interrupted by Ctrl-C (SIGINT to gpucert, pid {pid} on {host})"),
+        (signal.SIGTERM, 143, "stopped by SIGTERM sent to gpucert (pid {pid} on {host}; a kill, or scancel)"),
+    ],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_the_operators_stop_is_one_line_and_recorded_as_such(
+    tmp_path: Path, sig: signal.Signals, code: int, said: str
+) -> None:
+    """Ctrl-C, or SIGTERM to gpucert itself (scancel): every worker stopped, exit 128 + the signal, one line naming
+    the signal and where the run was, with the partial report, which says the same. It was recorded as rank 0
+    failing ("look for the rank that ended first"), in three lines, with torch's "Received 15 death signal"."""
+    out = tmp_path / "run"
+    argv = [*AS_FROM_A_SHELL, *GPUCERT, "accept", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
+    argv += ["--set", "bench.matmul.warmup_s=120"]
+    # PYTHONFAULTHANDLER: a SIGABRT makes it print every thread's stack (below, if the signal did not stop it).
     env = clean_env(TMPDIR=str(tmp_path), PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _worker_of_rank(psutil.Process(proc.pid), 1, 60)
-    proc.send_signal(signal.SIGINT)
-    interrupted = time.monotonic()
-    # If Ctrl-C does not stop it, the failure says how the run ended, or what its threads were doing.
+    wait_until_joined(tmp_path, 1)
+    time.sleep(1)  # rank 0 is in matmul's warm-up
+    proc.send_signal(sig)
+    sent = time.monotonic()
+    # If the signal does not stop it, the failure says how the run ended, or what its threads were doing.
     try:
-        out, err = proc.communicate(timeout=within(60))
+        _, err = proc.communicate(timeout=within(60))
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
         for worker in worker_processes(tmp_path):  # left without their agent
             worker.kill()
-        raise AssertionError(f"still running {within(60):.0f} s after Ctrl-C; its threads:\n{err[-8000:]}") from None
-    took = time.monotonic() - interrupted
-    assert proc.returncode == 130, (
-        f"exit {proc.returncode} {took:.1f} s after Ctrl-C\nstderr: {err[-3000:]}\nstdout: {out}"
-    )
-    assert err.strip().splitlines()[-1] == "gpucert: interrupted"
-    assert "Traceback" not in err
+        threads = err[-8000:]
+        raise AssertionError(f"still running {within(60):.0f} s after {sig.name}; its threads:\n{threads}") from None
+    took = time.monotonic() - sent
+    assert proc.returncode == code, f"exit {proc.returncode} {took:.1f} s after {sig.name}\nstderr: {err[-3000:]}"
+    cause = said.format(pid=proc.pid, host=socket.gethostname())
+    assert err.splitlines() == [f"gpucert: {cause} during bench matmul; partial report written to {out}/report.json"]
+    (aborted,) = [r for r in load(out)["results"] if r["status"] == "ERROR"]
+    assert aborted["name"] == "run.aborted", aborted
+    assert aborted["message"].startswith(f"the run stopped: {cause}") and "during bench matmul" in aborted["message"]
     assert worker_processes(tmp_path) == []
 
 

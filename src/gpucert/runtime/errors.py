@@ -9,3 +9,18 @@ class RendezvousError(RuntimeError):
 
 class JobFailed(RuntimeError):
     """A rank failed, a node was lost or the job was stopped: the message names who and why, in one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The operator stopped gpucert: Ctrl-C (SIGINT) or SIGTERM sent to its own process (a `kill`, scancel). A
+    KeyboardInterrupt, so every `except KeyboardInterrupt` on the way out treats it as Ctrl-C; the CLI prints
+    `line()` and exits with `exit_code` (128 + the signal, as a shell reports it)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.report: str | None = None  # the partial report rank 0 wrote, where one was
+
+    def line(self) -> str:
+        return self.message + (f"; partial report written to {self.report}" if self.report else "")

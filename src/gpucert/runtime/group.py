@@ -50,8 +50,13 @@ class AbortRecord:
     # A rank's own exception: `file:line in function` where it was raised, and the traceback's last lines.
     where: str | None = None
     traceback: list[str] = field(default_factory=list)
+    # The operator stopped the run (Ctrl-C or SIGTERM to a node's gpucert, recorded by its launcher): nobody
+    # failed, and no rank is to be looked for.
+    operator: bool = False
 
     def message(self) -> str:
+        if self.operator:
+            return f"{self.cause} during {self.phase}"
         where = f" (raised at {self.where})" if self.where else ""
         return f"{self.who} failed during {self.phase}: {self.cause}{where}"
 
@@ -630,6 +635,13 @@ def gather_to_main(rt: Runtime, payload: Any) -> list[Any] | None:
 def say(line: str) -> None:
     """One line on stderr, flushed: what an operator reads when the job ends."""
     print(f"gpucert: {line}", file=sys.stderr, flush=True)
+
+
+def say_stop(rt: Runtime, line: str, record: AbortRecord) -> None:
+    """say(line) as a rank leaves on `record`, unless the operator stopped the run and this is rank 0 under
+    gpucert's launcher: it shares the terminal with the gpucert process that was signalled, which says it once."""
+    if not (record.operator and rt.is_main and os.environ.get("GPUCERT_AGENT_PID")):
+        say(line)
 
 
 def rank_row(rt: Runtime) -> dict[str, Any]:

@@ -35,7 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
@@ -48,8 +49,16 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from gpucert.runtime.config import RuntimeConfig
-from gpucert.runtime.errors import JobFailed, RendezvousError
-from gpucert.runtime.group import POLL_S, Waiting, connect_store, read_abort
+from gpucert.runtime.errors import Interrupted, JobFailed, RendezvousError
+from gpucert.runtime.group import (
+    POLL_S,
+    AbortRecord,
+    Waiting,
+    connect_store,
+    read_abort,
+    read_phase,
+    record_abort,
+)
 from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
 from gpucert.runtime.open_files import fit_open_files
 from gpucert.runtime.sigterm import restore_handlers
@@ -58,9 +67,12 @@ from gpucert.runtime.spawn import exit_cause
 BACKEND = "gpucert"
 # One job per store: node rank 0's gpucert serves it for this run alone, so a fixed id is unique where it counts.
 RUN_ID = "gpucert"
-# The signals torch's agent handles for us (it stops the ranks and raises SignalException); Ctrl-C is not among
-# them (launch below).
-LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# The signals torch's agent handles for us (it stops the ranks and raises SignalException).
+LAUNCH_SIGNALS = (signal.SIGHUP, signal.SIGQUIT)
+# The operator's: Ctrl-C, and SIGTERM to this process (a `kill`, scancel). Handled here (operator_stop), not by
+# torch: the stop is recorded in the job's store before any worker is signalled, or each would take its SIGTERM for
+# a peer's failure, and torch's handler logs its own line ("Received 15 death signal").
+OPERATOR_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 NODES_PREFIX = "gpucert/nodes/"
 # What outlives a round of workers (group.Runtime.run_store); `over` there ends the job instead of a new round.
 RUN_PREFIX = "gpucert/run/"
@@ -264,6 +276,23 @@ class NodeRendezvous(RendezvousHandler):
             return record.message() if record is not None else None
         return None
 
+    def record_stop(self, cause: str) -> AbortRecord:
+        """The operator stopped this node's gpucert: record it as the job's abort, before this node's workers are
+        signalled (their SIGTERM then reads it), and as `over`, so that no node starts another round. Over a short
+        connection of its own: this runs in a signal handler, and node 0's store may be gone."""
+        record = AbortRecord(who=self.who, cause=cause, phase="the rendezvous", node=self.name, operator=True)
+        if self.store is None or not self.labels:
+            return record  # the nodes have not met: no worker to tell
+        with contextlib.suppress(RuntimeError):
+            watch = self._watch or connect_store(
+                self.addr, self.port, False, self.config.heartbeat_interval_s, self.who, WATCH_SETTING, tell=False
+            )
+            workers = dist.PrefixStore(worker_prefix(self.round), watch)
+            record = dataclasses.replace(record, phase=read_phase(workers, 0, "start-up"))
+            record_abort(workers, record)
+            dist.PrefixStore(RUN_PREFIX, watch).compare_set("over", "", f"the run stopped: {record.message()}")
+        return record
+
     def get_run_id(self) -> str:
         return RUN_ID
 
@@ -279,6 +308,27 @@ def _create(params: RendezvousParameters) -> NodeRendezvous:
     handler = NodeRendezvous(params)
     _CURRENT[:] = [handler]
     return handler
+
+
+def operator_stop(signum: int, frame: FrameType | None) -> NoReturn:
+    """The handler of OPERATOR_SIGNALS during a launch: record the stop (NodeRendezvous.record_stop), then raise
+    Interrupted, on which torch's agent stops the workers and launch_ranks the rest. A second signal is let be:
+    the stop is under way, bounded by runtime.kill_grace_s."""
+    for sig in OPERATOR_SIGNALS:
+        if signal.getsignal(sig) is operator_stop:
+            signal.signal(sig, _stopping_already)
+    sig, host, pid = signal.Signals(signum), socket.gethostname(), os.getpid()
+    if sig == signal.SIGINT:
+        cause = f"interrupted by Ctrl-C (SIGINT to gpucert, pid {pid} on {host})"
+    else:
+        cause = f"stopped by {sig.name} sent to gpucert (pid {pid} on {host}; a kill, or scancel)"
+    handler = _CURRENT[0] if _CURRENT else None
+    record = handler.record_stop(cause) if handler else AbortRecord(who=host, cause=cause, phase="start-up")
+    raise Interrupted(dataclasses.replace(record, operator=True).message(), 128 + sig)
+
+
+def _stopping_already(signum: int, frame: FrameType | None) -> None:
+    """A second Ctrl-C or SIGTERM while the first one's stop is under way."""
 
 
 def kill_children(sig: signal.Signals | None = signal.SIGKILL) -> None:
@@ -376,7 +426,8 @@ def launch_ranks(
     max_restarts: rounds of fresh workers after a failure (accept: one a benchmark, so a benchmark that fails
     or hangs costs that benchmark, not the run); the ranks carry the run across rounds in the run store and set
     `over` there to end it. RendezvousError: a node did not come (named); JobFailed: the ranks ended the run
-    (the cause); KeyboardInterrupt: Ctrl-C, every worker stopped."""
+    (the cause); Interrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM to this process, every worker stopped, the
+    stop recorded for the job's ranks (operator_stop)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, launch_agent
@@ -419,13 +470,16 @@ def launch_ranks(
     if "shutdown_timeout" in fields:
         settings["shutdown_timeout"] = max(int(config.kill_grace_s), 1)  # TERM, then KILL after this long
     if "signals_to_handle" in fields:
-        # Ctrl-C stays Python's KeyboardInterrupt here (stop_children below); torch would pass SIGINT on to
-        # ranks that may still be importing, each printing a traceback.
+        # Ctrl-C and SIGTERM are ours (operator_stop); torch would pass SIGINT on to ranks that may still be
+        # importing, each printing a traceback.
         settings["signals_to_handle"] = ",".join(sig.name for sig in LAUNCH_SIGNALS)
     _CURRENT.clear()
     # torch's agent installs its own handlers for these and leaves them: a process that launches more than once
     # (a test session, a library caller) would then meet SIGTERM as an exception in whatever runs next.
-    handlers = {sig: signal.getsignal(sig) for sig in (*LAUNCH_SIGNALS, signal.SIGINT)}
+    handlers = {sig: signal.getsignal(sig) for sig in (*LAUNCH_SIGNALS, *OPERATOR_SIGNALS)}
+    for sig in OPERATOR_SIGNALS:
+        if handlers[sig] is not signal.SIG_IGN:  # started with it ignored (nohup, a script's background): so be it
+            signal.signal(sig, operator_stop)
     try:
         launch_agent(LaunchConfig(**settings), argv[0], list(argv[1:]))
         return LaunchOutcome(True, _read_verdict(verdict_file), labels=_CURRENT[0].labels if _CURRENT else {})

@@ -70,6 +70,7 @@ class TermWatch:
         self.exit_code = exit_code
         self.limit_s = limit_s
         self._stop = threading.Event()
+        self._seen = threading.Event()
         self._thread: threading.Thread | None = None
         self._saved: tuple[Any, int] | None = None
         self._fds: tuple[int, int] | None = None
@@ -90,6 +91,22 @@ class TermWatch:
         self._thread.start()
         _STARTED.append(self)
         return self
+
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM has come: this process ends within limit_s."""
+        return self._seen.is_set()
+
+    def hold_if_stopping(self) -> None:
+        """For the main thread before it starts new work (the next benchmark): once SIGTERM has come, wait here for
+        the watch's exit instead (it carried on while the watch wrote the partial report, and started p2p and
+        collectives). Bounded: the watch exits by limit_s; past that, RuntimeError."""
+        if not self.stopping:
+            return
+        deadline = time.monotonic() + self.limit_s + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+        raise RuntimeError(f"SIGTERM came, and this process did not end within {self.limit_s + 5:g} s")
 
     def stop(self) -> None:
         """SIGTERM goes back to what it was (the default: the process ends)."""
@@ -125,6 +142,7 @@ class TermWatch:
             except OSError:
                 return
             if signal.SIGTERM in numbers:  # the fd also carries other handled signals (SIGINT): not ours
+                self._seen.set()
                 acting = threading.Thread(target=self._act, name="gpucert-sigterm-act", daemon=True)
                 acting.start()
                 acting.join(timeout=self.limit_s)

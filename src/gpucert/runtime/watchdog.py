@@ -48,6 +48,7 @@ from gpucert.runtime.group import (
     read_phase,
     record_abort,
     say,
+    say_stop,
 )
 from gpucert.runtime.identity import RankIdentity
 
@@ -409,7 +410,7 @@ class Watchdog:
                 self.on_abort(record)
             except Exception as exc:  # the exit below must happen whatever the callback did
                 say(f"while stopping: {type(exc).__name__}: {exc}")
-        say(f"{self.rt.me.describe()} stops: {record.message()}")
+        say_stop(self.rt, f"{self.rt.me.describe()} stops: {record.message()}", record)
         leave_failed(self.rt, ABORTED_EXIT)
 
 

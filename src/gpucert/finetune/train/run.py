@@ -61,6 +61,7 @@ from gpucert.runtime.group import (
     fail,
     leave_failed,
     say,
+    say_stop,
     start_runtime,
     stop_runtime,
 )
@@ -108,7 +109,8 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         """SIGTERM (a launcher stopping every rank because one ended, a cancelled job): say who and where, and
         leave the run directory as a failure leaves it, even while the main thread is blocked in a collective."""
         if rt is not None:
-            say(f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {stopped_by_launcher(rt).message()}")
+            record = stopped_by_launcher(rt)
+            say_stop(rt, f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {record.message()}", record)
         if run is not None:
             run.close(failed=True)
 
