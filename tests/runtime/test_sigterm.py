@@ -85,6 +85,32 @@ def test_a_stopped_watch_gives_sigterm_back(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
+HOLDS = textwrap.dedent(
+    """
+    import sys, time
+    from gpucert.runtime.sigterm import TermWatch
+
+    watch = TermWatch(lambda: time.sleep(1), exit_code=7).start()  # writing the partial report takes a while
+    print("ready", flush=True)
+    for benchmark in ("memory", "p2p", "collectives"):
+        watch.hold_if_stopping()
+        print(f"started {benchmark}", flush=True)
+        time.sleep(3)  # the signal comes meanwhile, read by the watch within its 0.2 s select
+    """
+)
+
+
+def test_once_sigterm_has_come_the_main_thread_starts_no_further_work() -> None:
+    """The main thread carried on while the watch wrote the partial report: after SIGTERM in memory, p2p and
+    collectives still started. It now waits at the next start for the watch's exit."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDS], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    assert proc.stdout.readline().strip() == "started memory"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7
+    assert proc.stdout.read() == ""
+
+
 def identity(rank: int, node_rank: int, pid: int) -> RankIdentity:
     return RankIdentity(rank, 3, rank, 2, node_rank, 2, f"node-{node_rank}", "host", "cpu", pid=pid)
 
