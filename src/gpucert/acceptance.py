@@ -15,6 +15,7 @@ node's label, and the messages say the same.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -42,7 +43,7 @@ from gpucert.report.store import (
     write_problem,
     write_report,
 )
-from gpucert.runtime.errors import Interrupted, JobFailed, RendezvousError
+from gpucert.runtime.errors import BROKEN_PIPE_EXIT, Interrupted, JobFailed, ReaderLeft, RendezvousError
 from gpucert.status import Status
 
 
@@ -319,6 +320,10 @@ def run_on_nodes(
             written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
             exc.report = str(written) if written else None
             raise
+    if outcome.verdict == BROKEN_PIPE_EXIT:
+        # Rank 0 found the reader of its output gone and stopped the run (its partial report says what ran and
+        # what did not): nobody reads a word more, and the CLI exits 141.
+        raise BrokenPipeError(errno.EPIPE, "the reader of gpucert's output closed it")
     if not outcome.ok:
         written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
         if written is None:
@@ -405,6 +410,20 @@ def failure_result(record: Any, logs: Path | None, stopped: bool = False) -> Res
     )
 
 
+def reader_left_result(not_run: list[str]) -> Result:
+    """The run stopped because the reader of its output left: an ERROR (the suite did not all run, so it is no
+    pass) that names what was not run, rather than a failure of the benchmark that was next."""
+    return Result(
+        name="run.aborted",
+        subject="run",
+        status=Status.ERROR,
+        message=f"the run stopped before benchmark {not_run[0] if not_run else '-'}: the reader of gpucert's output "
+        f"closed it (`| head`?); not run: {', '.join(not_run) or 'none'}",
+        remediation="run it again with its output read to the end (`| tee run.log`, or a file); "
+        "progress goes to stderr, results to stdout",
+    )
+
+
 def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
     """Every rank of the job runs this (started by `run_on_nodes`, or by an outside torchrun or srun); each
     node's local rank 0 checks its node, the benchmarks run in the job's one process group, rank 0 writes the
@@ -436,6 +455,22 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     )
     written = threading.Lock()  # the main thread, the watchdog's, SIGTERM's and a deadline's: one writes
+    reader_left = threading.Event()
+
+    def tell(line: str, record: AbortRecord | None = None) -> None:
+        """say(line) (say_stop's rule with the `record` a rank leaves on: an operator's stop is said once, by the
+        gpucert process signalled); a reader that closed the output (`gpucert accept 2>&1 | head`) is noted, not
+        raised: the loop below stops before the next benchmark, and a thread that says something (the
+        watchdog's, SIGTERM's) must not die of it."""
+        if reader_left.is_set():
+            return
+        try:
+            if record is None:
+                say(line)
+            else:
+                say_stop(rt, line, record)
+        except BrokenPipeError:
+            reader_left.set()
 
     def write_partial(record: AbortRecord, final: bool = False) -> None:
         """Rank 0, when a rank failed: a benchmark's failure is kept for the next round where there is one;
@@ -456,6 +491,17 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             run.set("over", f"the run stopped: {record.message()}")
             return
         run_dir = holder["run_dir"]
+        if holder.get("reader_left"):
+            # Nothing failed: the run stops because nobody reads it. What ran stands; what did not is named as
+            # not run, not as a benchmark's failure, and the node's process exits 141 without a word.
+            not_run = [b for b in request.benchmarks if not run.check([f"done/{b}"])]
+            results = [*finished(run), reader_left_result(not_run)]
+            report = build_report(request, holder["started"], holder["t0"], work, read_parts_so_far(run), results)
+            path = write_report(report, run_dir.path)
+            write_verdict(BROKEN_PIPE_EXIT)
+            run_dir.release()
+            run.set("over", f"the reader of gpucert's output closed it; partial report {path}")
+            return
         failed = failure_result(record, run_dir.path / "logs")
         # An operator's stop fails no benchmark: the run ends, saying where it was.
         name = record.phase.split(" ", 1)[1] if record.phase.startswith("bench ") and not record.operator else None
@@ -465,7 +511,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         if name is not None:
             run.set(f"done/{name}", json.dumps([failed.to_dict()]))
         # Also when the run goes on: should a node not come back for the next round, this report stands.
-        parts = read_parts(run, rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [work.part()]
+        parts = read_parts_so_far(run)
         results = finished(run)
         if not going_on and (name is None or left):
             # The run ends here, and not everything ran: say so, and why.
@@ -474,12 +520,15 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         path = write_report(report, run_dir.path)
         write_verdict(Status.ERROR.exit_code)
         if going_on:
-            say(f"{failed.name} failed; the next round of workers goes on: {record.message()}")
+            tell(f"{failed.name} failed; the next round of workers goes on: {record.message()}")
             return
         run_dir.release()
         run.set("over", f"the run stopped: {record.message()}; partial report {path}")
         if not record.operator:  # the gpucert process that was signalled says it, with this path
-            say(f"partial report written to {path}")
+            tell(f"partial report written to {path}")
+
+    def read_parts_so_far(run: Any) -> list[Any]:
+        return read_parts(run, rt.num_nodes, request.benchmarks, 0, skip_missing=True) or [holder["work"].part()]
 
     def finished(run: Any) -> list[Result]:
         """Every benchmark's judged results so far, in the run store (this round's and earlier rounds')."""
@@ -496,7 +545,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         if rt.is_main:
             # Nobody else named, or the operator: the job itself was stopped, not a round ended by a failure.
             write_partial(record, final=record.rank == rt.rank or record.operator)
-        say_stop(rt, f"{rt.me.describe()} stops (SIGTERM): {record.message()}", record)
+        tell(f"{rt.me.describe()} stops (SIGTERM): {record.message()}", record)
 
     watch = TermWatch(terminated, Status.ERROR.exit_code).start()
     try:
@@ -532,8 +581,10 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             rt.set_phase(f"bench {name}")
             dist.barrier()
             if rt.is_main:
+                tell(f"running benchmark {name}...")
+                if reader_left.is_set():
+                    raise ReaderLeft(f"the reader of gpucert's output closed it before benchmark {name}")
                 run.set("current", name)
-                say(f"running benchmark {name}...")
             # The burn runs for its duration by design: the timeout counts beyond it.
             limit_s = work.config.bench.timeout_s + (work.config.bench.burn.duration_s if name == "burn" else 0)
             with deadline(rt, f"bench {name}", limit_s, "bench.timeout_s", write_partial):
@@ -568,15 +619,17 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         if isinstance(exc, KeyboardInterrupt):
             watch.stop()
             raise
-        record = fail(rt, exc)
+        holder["reader_left"] = isinstance(exc, ReaderLeft)
+        record = fail(rt, exc)  # a reader that left too: the other ranks read it and leave
         if rt.is_main:  # also when the record names a peer: its watchdog may have stopped before reading it
             write_partial(record)
-        say_stop(
-            rt, record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}", record
-        )
+        if not holder["reader_left"]:
+            tell(
+                record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}", record
+            )
         if holder.get("run_dir") is not None:
             holder["run_dir"].release()
-        leave_failed(rt, Status.ERROR.exit_code)
+        leave_failed(rt, BROKEN_PIPE_EXIT if holder["reader_left"] else Status.ERROR.exit_code)
     stop_runtime(rt)
     watch.stop()
     if launched_by_gpucert():

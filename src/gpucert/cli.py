@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from gpucert.config.loader import ConfigError, describe_os_error
 from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.fleet.options import metrics_path
 from gpucert.report.terminal import FORMATS, make_console, set_format
+from gpucert.runtime.errors import BROKEN_PIPE_EXIT
 from gpucert.status import Status
 
 if TYPE_CHECKING:
@@ -232,6 +234,19 @@ def _flag_plan(args: argparse.Namespace) -> NodeEnv | None:
     return node_env_from_flags(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.node_name)
 
 
+def _progress(args: argparse.Namespace) -> Callable[[str], None]:
+    """Where progress goes ("running benchmark matmul...", a node that joined): stderr, as git, curl and make
+    put theirs, so stdout carries the results alone and `| head` or `| grep '^FAIL'` read only those. Nothing
+    with --json: a program reads that, and its stderr then holds only what went wrong."""
+    console = make_console(stderr=True)
+
+    def say(line: str) -> None:
+        if not args.json:
+            console.print(line, style="dim")
+
+    return say
+
+
 def _benchmarks_of(args: argparse.Namespace) -> list[str]:
     if args.verb == "bench":
         return [args.benchmark]
@@ -288,10 +303,7 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         command=["gpucert", *sys.argv[1:]],
     )
 
-    def say(line: str) -> None:
-        if not args.json:
-            console.print(line, style="dim")
-
+    say = _progress(args)
     nnodes = getattr(args, "nnodes", None)
     multi = nnodes not in (None, 1) or read_rank_env(os.environ) is not None or read_node_env(os.environ) is not None
     if multi and args.verb != "discover" and importlib.util.find_spec("torch") is None:
@@ -477,10 +489,7 @@ def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
     request = RunRequest("cluster fs", [], args.config, overrides, args.output, None, ["gpucert", *sys.argv[1:]])
     plan = _flag_plan(args) or read_node_env(os.environ) or NodeEnv("local", 0, 1, "127.0.0.1", 0)
 
-    def say(line: str) -> None:
-        if not args.json:
-            console.print(line, style="dim")
-
+    say = _progress(args)
     options = FsOptions(args.path.absolute(), args.files, args.size_mib)
     if read_rank_env(os.environ) is not None:
         return _show(run_in_ranks(request, options, say), args, console)
@@ -501,10 +510,7 @@ def run_cluster_localize(args: argparse.Namespace, console: Console) -> int:
     command = ["gpucert", *sys.argv[1:]]
     request = RunRequest("cluster localize", [], args.config, overrides, args.output, None, command)
 
-    def say(line: str) -> None:
-        if not args.json:
-            console.print(line, style="dim")
-
+    say = _progress(args)
     return _show(run_localize(request, hosts, say, os.environ), args, console)
 
 
@@ -538,10 +544,6 @@ def run_merge(args: argparse.Namespace, console: Console) -> int:
         write_metrics(report, args.metrics_file)
     print_report(report, console, show_inventory=False, report_path=str(args.output / "report.json"))
     return report.status.exit_code
-
-
-# 128 + SIGPIPE: what a shell reports for a writer whose reader left.
-BROKEN_PIPE_EXIT = 141
 
 
 def _dispatch(args: argparse.Namespace, console: Console) -> int:
@@ -616,6 +618,12 @@ def main(argv: list[str] | None = None) -> int:
         # ended (`yes | head`): no verdict (0-3) is claimed for output nobody read.
         with contextlib.suppress(OSError, ValueError):  # a stdout with no descriptor (a test's capture)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        launcher = sys.modules.get("gpucert.runtime.launcher")  # loaded where this is a rank; torch otherwise not
+        if launcher is not None and launcher.launched_by_gpucert():
+            # Rank 0 printing the report for gpucert's node process: that process exits 141, quietly. A rank
+            # exiting 141 itself would look failed to torchrun's agent, which would start another round.
+            launcher.write_verdict(BROKEN_PIPE_EXIT)
+            return 0
         return BROKEN_PIPE_EXIT
     except OSError as exc:
         # The environment refused (a full disk, a missing or unreadable file): one line naming the path, no traceback.

@@ -269,10 +269,11 @@ def test_the_format_is_chosen_by_the_output_or_forced() -> None:
 
 
 def test_the_cli_console_does_not_wrap_long_lines_in_a_file(capsys: pytest.CaptureFixture[str]) -> None:
-    """Progress lines (`running benchmark ...`, a node that joined) go through the same console."""
+    """Results on stdout, progress lines (`running benchmark ...`, a node that joined) on stderr: neither wraps."""
     line = "node gpu07 joined " + "x" * 300
     terminal.make_console().print(line, style="dim")
-    assert capsys.readouterr().out == line + "\n"
+    terminal.make_console(stderr=True).print(line, style="dim")
+    assert capsys.readouterr() == (line + "\n", line + "\n")
 
 
 # The command line, its stdout a pipe.
@@ -342,3 +343,58 @@ def test_a_reader_that_leaves_ends_gpucert_quietly_with_the_shells_sigpipe_code(
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (141, ""), done.stderr[-2000:]
+
+
+# An accept run's reader: results on stdout, progress on stderr; a reader that leaves stops the run.
+ONE_BENCHMARK = ["accept", "--profile", "cpu", "--skip", "burn,memory,p2p,collectives,train"]
+
+
+def run_into_closed_pipe(args: list[str], stderr_too: bool) -> subprocess.CompletedProcess[str]:
+    """gpucert with its stdout (and its stderr, with stderr_too) a pipe whose reader has already left."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [*GPUCERT, *args], stdout=write, stderr=write if stderr_too else subprocess.PIPE, text=True,
+            cwd=REPO, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+
+
+@pytest.mark.slow
+def test_accept_says_its_progress_on_stderr_and_its_results_on_stdout(tmp_path: Path) -> None:
+    """`gpucert accept | grep '^FAIL'` reads results only; `running benchmark matmul...` goes to stderr."""
+    done = run_gpucert(*ONE_BENCHMARK, "--output", str(tmp_path / "run"))
+    report = load_report(tmp_path / "run")
+    assert done.returncode == report.status.exit_code, done.stderr[-2000:]
+    assert "running benchmark matmul..." in done.stderr and "running benchmark" not in done.stdout
+    assert_one_whole_line_per_result(done.stdout, report.results)
+
+
+@pytest.mark.slow
+def test_accept_whose_reader_left_before_the_report_exits_141_quietly_with_the_whole_report(tmp_path: Path) -> None:
+    """`gpucert accept | head -3`: the run ends as it would (stdout is first written with the report), then
+    exits 141 with nothing on stderr but its progress. It once exited 141 after `rank 0 on this node ended: exit
+    code 141`, rank 0's own exit taken for a failed rank."""
+    done = run_into_closed_pipe([*ONE_BENCHMARK, "--output", str(tmp_path / "run")], stderr_too=False)
+    assert (done.returncode, done.stderr) == (141, "running benchmark matmul...\n"), done.stderr[-2000:]
+    report = load_report(tmp_path / "run")
+    assert report.status < Status.ERROR and any(r.name == "matmul.fp32.max" for r in report.results)
+
+
+@pytest.mark.slow
+def test_accept_whose_reader_left_stops_before_the_next_benchmark_and_says_what_did_not_run(tmp_path: Path) -> None:
+    """`gpucert accept 2>&1 | head`: the first progress line finds the reader gone. The run stops there (no
+    benchmark started), exits 141 without a word, and its partial report names what was not run, as not run: it
+    once went on through every benchmark, each recorded as an ERROR of that benchmark ("nothing after this point
+    was run or judged"), and ended with a BrokenPipeError on stderr."""
+    two = ["accept", "--profile", "cpu", "--skip", "burn,p2p,collectives,train", "--output", str(tmp_path / "run")]
+    done = run_into_closed_pipe(two, stderr_too=True)
+    assert done.returncode == 141
+    report = load_report(tmp_path / "run")
+    assert not [r for r in report.results if r.name.startswith(("matmul.", "memory.", "bench."))], report.results
+    (stopped,) = [r for r in report.results if r.status is Status.ERROR]
+    assert stopped.name == "run.aborted" and "before benchmark matmul" in stopped.message
+    assert "not run: matmul, memory" in stopped.message and "reader of gpucert's output closed it" in stopped.message
+    assert any(r.name == "node.xid" for r in report.results)  # the node checks ran, and stand

@@ -24,3 +24,13 @@ class Interrupted(KeyboardInterrupt):
 
     def line(self) -> str:
         return self.message + (f"; partial report written to {self.report}" if self.report else "")
+
+
+# 128 + SIGPIPE: what a shell reports for a writer whose reader left (`yes | head`), never a verdict (0-3).
+BROKEN_PIPE_EXIT = 141
+
+
+class ReaderLeft(Exception):
+    """The reader of gpucert's output closed it (`gpucert accept 2>&1 | head`): the run stops before its next
+    benchmark, since nobody reads what it would say. Not an OSError: a peer's broken socket is one, and is a
+    failure of the job; this is not."""

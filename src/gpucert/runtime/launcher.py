@@ -425,9 +425,9 @@ def launch_ranks(
 
     max_restarts: rounds of fresh workers after a failure (accept: one a benchmark, so a benchmark that fails
     or hangs costs that benchmark, not the run); the ranks carry the run across rounds in the run store and set
-    `over` there to end it. RendezvousError: a node did not come (named); JobFailed: the ranks ended the run
-    (the cause); Interrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM to this process, every worker stopped, the
-    stop recorded for the job's ranks (operator_stop)."""
+    `over` there to end it (an outcome not ok, with the cause and local rank 0's verdict). RendezvousError: a
+    node did not come (named); Interrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM to this process, every worker
+    stopped, the stop recorded for the job's ranks (operator_stop)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, launch_agent
@@ -492,6 +492,10 @@ def launch_ranks(
         if handler is not None and handler.serves and not lone:
             time.sleep(2 * config.heartbeat_interval_s)  # the other nodes read the abort record from our store
         return LaunchOutcome(False, _read_verdict(verdict_file), cause)
+    except JobFailed as exc:
+        # The ranks set `over` before the next round: the verdict local rank 0 wrote on its way out still counts
+        # (141: the reader of the output left, which is no failure to report).
+        return LaunchOutcome(False, _read_verdict(verdict_file), str(exc))
     except SignalException as exc:
         if exc.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
