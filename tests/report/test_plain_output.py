@@ -316,6 +316,18 @@ def test_report_a_b_to_a_pipe() -> None:
     assert all(STATUS_WORD.match(line) for line in lines[2:-1]) and lines[-1].startswith("comparison: ")
 
 
+def test_a_table_forced_into_a_pipe_prints_at_its_own_width_not_80_columns() -> None:
+    """`gpucert report RUN --format table | less`: rich fitted the table to a pipe's 80 columns, folding every
+    cell into fragments (and the problems' lines at 80); rows are whole now, as on a terminal wide enough."""
+    done = run_gpucert("report", str(ACCEPT), "--format", "table")
+    lines = done.stdout.splitlines()
+    node_results = [r for r in load_report(ACCEPT).results if r.gpu_index is None]
+    longest = max(node_results, key=lambda r: len(r.message))
+    assert len(longest.message) > 80 and any(longest.message in line for line in lines), done.stdout[-3000:]
+    (problem,) = [line for line in lines if line.startswith("FAIL  p2p.matrix  ")]
+    assert problem.endswith("benchmarks.p2p_pair_deviation_pct]"), problem
+
+
 @pytest.mark.slow
 def test_accept_on_this_machine_to_a_pipe(tmp_path: Path) -> None:
     skip = "matmul,memory,p2p,collectives,train,burn"

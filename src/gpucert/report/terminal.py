@@ -64,13 +64,35 @@ def plain_output(console: Console) -> bool:
 
 def make_console(stderr: bool = False) -> Console:
     """The command line's console. No markup: node labels (`host[n1]`), messages and paths print as they are,
-    never read as rich tags. Where output is plain, long lines are not wrapped either (soft wrap)."""
+    never read as rich tags. Where output is plain or not a terminal, long lines are not wrapped either (soft
+    wrap): a pipe's 80 columns are rich's guess, not a reader's window."""
     console = _Console(stderr=stderr, highlight=False, markup=False)
-    console.soft_wrap = plain_output(console)
+    console.soft_wrap = plain_output(console) or not console.is_terminal
     return console
 
 
+# Wider than any table gpucert prints: the room a table is measured in before it prints at its own width.
+_UNLIMITED_WIDTH = 100_000
+
+
 class _Console(Console):
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """As rich prints, except a table into a pipe or a file (`--format table` there): rich fits it to 80
+        columns, folding every cell into fragments; here it prints at its natural width, as on a terminal wide
+        enough, for a log or a pager to keep."""
+        tables = [o for o in objects if isinstance(o, Table)]
+        if self.is_terminal or not tables:
+            super().print(*objects, **kwargs)
+            return
+        room = self.options.update_width(_UNLIMITED_WIDTH)
+        natural = max(self.measure(table, options=room).maximum for table in tables)
+        width = self.width
+        self.width = max(width, natural)
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self.width = width
+
     def on_broken_pipe(self) -> None:
         # rich exits 1 here, which gpucert's exit codes read as WARN: the CLI's own handler says what happened.
         self.quiet = True
