@@ -292,15 +292,23 @@ def test_markdown_comparison(synthetic_comparisons: list[Comparison]) -> None:
         "(INFO or no direction) (86 results compared, 49 judged by value)" in lines
     )
     assert (
-        "| **REGRESSED** | collective.all_reduce | 4 ranks (nccl) | 360.6 GB/s | 317.3 GB/s | -12.0 % | ±5 % | "
-        "higher is better | PASS → FAIL |" in lines
+        "| **FAIL** | collective.all_reduce | 4 ranks (nccl) | 360.6 GB/s | 317.3 GB/s | PASS → FAIL | -12.0 % | "
+        "±5 % | higher is better | **REGRESSED** |" in lines
     )
     # The all_gather's repeats spread (cv 0.081 at the gate size) make its band 16.2 %: -3 % is noise.
-    assert "|  | collective.all_gather | 4 ranks (nccl) | 340.7 GB/s | 330.4 GB/s | -3.0 % | ±16.2 % |" in text
-    assert "| **REGRESSED** | train.tokens_per_s_per_gpu | 4 x NVIDIA H200 | 44,591 tokens/s | 39,686 tokens/s" in text
-    assert "| improved | p2p.pair | GPU 1 -> GPU 2 | 250.3 GB/s | 290.4 GB/s | +16.0 % |" in text
+    # (Its status got worse short of FAIL: WARN.)
+    assert (
+        "| WARN | collective.all_gather | 4 ranks (nccl) | 340.7 GB/s | 330.4 GB/s | PASS → WARN | -3.0 % | ±16.2 % |"
+        in text
+    )
+    # Still passing its profile, but slower beyond its band: the comparison's FAIL leads, the run's PASS beside it.
+    assert (
+        "| **FAIL** | train.tokens_per_s_per_gpu | 4 x NVIDIA H200 | 44,591 tokens/s | 39,686 tokens/s | PASS |" in text
+    )
+    # Still failing its profile, but better: nothing regressed there.
+    assert "| PASS | p2p.pair | GPU 1 -> GPU 2 | 250.3 GB/s | 290.4 GB/s | FAIL | +16.0 % | ±5 % |" in text
     # Telemetry has no better direction: its peak temperature is shown, never counted.
-    assert "| not judged | telemetry.matmul | node | 66 C | 80 C | +21.2 % | ±5 % |  | PASS |" in lines
+    assert "| INFO | telemetry.matmul | node | 66 C | 80 C | PASS | +21.2 % | ±5 % |  | not judged |" in lines
     assert len([line for line in lines if line.startswith("| ")]) == 1 + 12  # header + changed rows
     full = render_comparison_markdown(synthetic_comparisons)
     assert len([line for line in full.splitlines() if line.startswith("| ")]) == 1 + len(synthetic_comparisons)
@@ -308,7 +316,7 @@ def test_markdown_comparison(synthetic_comparisons: list[Comparison]) -> None:
 
 def test_markdown_escapes_pipes_and_says_when_nothing_changed() -> None:
     same = compare_reports(report(result("a|b", 1.0, "GB/s")), report(result("a|b", 1.0, "GB/s")))
-    assert "|  | a\\|b | node | 1 GB/s | 1 GB/s | +0.0 % | ±5 % |" in render_comparison_markdown(same)
+    assert "| PASS | a\\|b | node | 1 GB/s | 1 GB/s | PASS | +0.0 % | ±5 % |" in render_comparison_markdown(same)
     text = render_comparison_markdown(same, changed_only=True)
     assert "No result changed." in text
     assert "no change beyond the noise band" in text
@@ -438,7 +446,10 @@ def test_a_run_with_a_fail_against_one_that_passed_exits_non_zero(capsys: pytest
     assert main(["report", str(CPU_A), str(CPU_FAIL), "--markdown"]) == 2
     out = capsys.readouterr().out
     assert out.startswith("# gpucert comparison: FAIL")
-    assert "| **NOW FAILING** | memory.copy | rank 0 (cpu) | 0.01217 TB/s | 0.009837 TB/s | -19.2 % |" in out
+    assert (
+        "| **FAIL** | memory.copy | rank 0 (cpu) | 0.01217 TB/s | 0.009837 TB/s | INFO → FAIL | -19.2 % | ±111 % | "
+        "higher is better | **NOW FAILING** |" in out
+    )
     # The other way round the failure went away: nothing got worse.
     assert main(["report", str(CPU_FAIL), str(CPU_A)]) == 0
 
@@ -458,7 +469,7 @@ def test_info_rows_are_shown_not_counted() -> None:
     c = only(compare_reports(report(result("tps", 8622.0, **slower)), report(result("tps", 5153.0, **slower))))
     assert c.direction == HIGHER and not c.judged and not c.regressed and c.moved_unjudged and c.changed
     assert comparison_status([c]) is Status.PASS
-    assert "| not judged | tps | node | 8622 tokens/s | 5153 tokens/s | -40.2 % | ±5 % |" in (
+    assert "| INFO | tps | node | 8622 tokens/s | 5153 tokens/s | INFO | -40.2 % | ±5 % |" in (
         render_comparison_markdown([c])
     )
     # Judged on one side only (a floor added to the profile since): the status change shows, the number not.
@@ -534,7 +545,8 @@ def test_tolerance_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> No
     assert "- **Summary:** 6 regressed," in out and "memory.h2d" not in out
     assert main([*args[:-1], "memory.h2d=11"]) == 2
     assert (
-        "| **REGRESSED** | memory.h2d | GPU 1 | 53.16 GB/s | 46.78 GB/s | -12.0 % | ±11 % |" in capsys.readouterr().out
+        "| **FAIL** | memory.h2d | GPU 1 | 53.16 GB/s | 46.78 GB/s | PASS | -12.0 % | ±11 % |"
+        in capsys.readouterr().out
     )
     assert main(["report", str(SYNTHETIC), str(REGRESSED), "--tolerance", "memory.h2d"]) == 3
     assert "--tolerance 'memory.h2d': expected NAME=PCT" in capsys.readouterr().err
@@ -554,9 +566,10 @@ def test_html_comparison_is_written_where_asked(tmp_path: Path, capsys: pytest.C
     assert html.startswith("<!DOCTYPE html>") and "<script" not in html and "http" not in html
     assert '<span class="badge s-FAIL">FAIL</span>' in html
     assert 'profile cpu-copy-floor, verdict <span class="s-FAIL">FAIL</span>' in html
-    assert '<tr class="regressed"><td class="verdict">NOW FAILING</td><td>memory.copy</td>' in html
+    assert '<tr class="regressed"><td class="s-FAIL">FAIL</td><td>memory.copy</td>' in html
+    assert "<td>INFO → FAIL</td>" in html and '<td class="verdict">NOW FAILING</td>' in html
     assert html.count('<tr class="regressed">') == 2 * 2  # in "what changed" and in the full table
-    assert '<tr class="unjudged"><td class="verdict">not judged</td><td>burn.fp32</td>' in html
+    assert '<tr class="unjudged"><td class="s-INFO">INFO</td><td>burn.fp32</td>' in html
 
 
 def test_html_comparison_goes_beside_the_candidate_by_default(tmp_path: Path) -> None:

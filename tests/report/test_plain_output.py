@@ -240,14 +240,46 @@ def test_a_comparison_prints_one_whole_line_per_changed_result() -> None:
     out = io.StringIO()
     print_comparison(Console(file=out, width=80), comparisons, "last week", "today", changed_only=True)
     lines = out.getvalue().splitlines()
-    assert lines[:2] == ["last week → today", "status | check | subject | candidate | baseline | change"]
+    assert lines[:2] == ["last week → today", "status | check | subject | baseline | candidate | run status | change"]
     assert len(lines) == 2 + len(changed) + 1
     for c, line in zip(changed, lines[2:-1], strict=True):
-        fields = line.split(" | ", 5)
-        assert (fields[1], fields[2]) == (c.name, c.subject) and fields[4].startswith("baseline "), line
-        assert fields[0].strip() == (c.candidate_status or c.baseline_status).value  # type: ignore[union-attr]
+        fields = line.split(" | ", 6)
+        assert (fields[1], fields[2]) == (c.name, c.subject), line
+        assert fields[0].strip() == c.status.value and fields[5].endswith(c.candidate_status.value), line  # type: ignore[union-attr]
     assert any("REGRESSED" in line for line in lines)
     assert lines[-1].startswith("comparison: FAIL  ")
+
+
+def test_grep_fail_finds_every_regression_of_a_piped_comparison() -> None:
+    """`gpucert report BASE NEW | grep '^FAIL'`: one line for each regression and each result newly failing, each
+    leading with the comparison's FAIL, not the candidate's own status (5 of the 7 regressed rows once began with
+    PASS: those figures still pass their profile). The candidate's own status stays in its column."""
+    done = run_gpucert("report", str(ACCEPT), str(REGRESSED))
+    assert done.returncode == 2, done.stderr
+    counted = [
+        c for c in compare_reports(load_report(ACCEPT), load_report(REGRESSED)) if c.regressed or c.newly_failing
+    ]
+    fails = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert [(f[1], f[2]) for f in fails] == [(c.name, c.subject) for c in counted] and len(fails) == 7
+    by_check = {(f[1], f[2]): f for f in fails}
+    assert by_check[("memory.copy", "GPU 3")][3:6] == ["4.217 TB/s", "3.88 TB/s", "PASS"]
+    assert by_check[("collective.all_reduce", "4 ranks (nccl)")][5] == "PASS → FAIL"
+    # Still failing its profile, 16 % better than before: no regression, the run's own FAIL in its column.
+    (p2p,) = [line for line in done.stdout.splitlines() if " | p2p.matrix | " in line]
+    assert p2p.startswith("PASS  | ") and " | FAIL | improved, +16.0 %" in p2p
+
+
+def test_every_comparison_view_puts_the_baseline_before_the_candidate() -> None:
+    """Plain, table and Markdown: status, check, subject, baseline, candidate, the run's status (the plain
+    header once said candidate | baseline, the Markdown baseline | candidate)."""
+    columns = ["status", "check", "subject", "baseline", "candidate", "run status"]
+    plain = run_gpucert("report", str(ACCEPT), str(REGRESSED)).stdout.splitlines()[1]
+    table = run_gpucert("report", str(ACCEPT), str(REGRESSED), "--format", "table").stdout
+    markdown = run_gpucert("report", str(ACCEPT), str(REGRESSED), "--markdown").stdout
+    assert plain.split(" | ")[:6] == columns
+    header = next(line for line in table.splitlines() if "status" in line and "check" in line)
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")][:6] == columns
+    assert "| " + " | ".join(columns) + " | change |" in markdown
 
 
 def test_the_format_is_chosen_by_the_output_or_forced() -> None:

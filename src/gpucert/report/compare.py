@@ -14,8 +14,11 @@ The rule (docs/reports.md says the same for users):
 - INFO rows (shown, not judged: nothing held them to a threshold) and numbers with no direction are shown, with
   their change and band, and never counted: two runs of the same healthy node compare PASS however much an
   unjudged figure wobbles.
-`comparison_status` is FAIL on any regression, WARN on a status that got worse short of FAIL or a result the
-candidate lost, else PASS, so the verb can exit non-zero on it.
+Each row has the comparison's own status (`Comparison.status`): FAIL a regression or a result newly FAIL/ERROR,
+WARN a status that got worse short of that or a result one side lacks that matters, INFO moved but not judged,
+else PASS; every view leads with it, so `grep '^FAIL'` finds every regression. The candidate's own status (its
+judgement against the profile) has a column of its own. `comparison_status` is the worst row, at least PASS, so
+the verb can exit non-zero on it.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from rich.text import Text
 from gpucert.report.cluster import is_cluster
 from gpucert.report.direction import HIGHER, LOWER, direction_of, noise_band_pct
 from gpucert.report.schema import Report, Result, Value
-from gpucert.report.terminal import STATUS_STYLE, plain_line, plain_output, print_line
-from gpucert.status import Status
+from gpucert.report.terminal import STATUS_STYLE, plain_fields, plain_output, print_line
+from gpucert.status import Status, worst
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,32 @@ class Comparison:
             and self.candidate_status is not None
             and self.candidate_status >= Status.FAIL
         )
+
+    @property
+    def got_worse(self) -> bool:
+        """The candidate's status is worse than the baseline's and a problem (WARN or worse)."""
+        return (
+            self.status_changed
+            and self.candidate_status is not None
+            and self.baseline_status is not None
+            and self.candidate_status >= Status.WARN
+            and self.candidate_status > self.baseline_status
+        )
+
+    @property
+    def status(self) -> Status:
+        """The comparison's judgement of this row, not the candidate's own status: a number that regressed beyond
+        its band is FAIL even where it still passes its profile, and one that still fails its profile but did
+        not get worse is PASS here (docs/reports.md)."""
+        if self.regressed or self.newly_failing:
+            return Status.FAIL
+        lost = self.only_in == "baseline"
+        new_problem = (
+            self.only_in == "candidate" and self.candidate_status is not None and (self.candidate_status >= Status.WARN)
+        )
+        if self.got_worse or lost or new_problem:
+            return Status.WARN
+        return Status.INFO if self.moved_unjudged else Status.PASS
 
     @property
     def beyond_band(self) -> bool:
@@ -248,25 +277,10 @@ def parse_tolerances(items: Sequence[str]) -> dict[str, float]:
 
 
 def comparison_status(comparisons: Sequence[Comparison]) -> Status:
-    """FAIL on a regression or a result newly FAIL/ERROR; WARN on another status that got worse or a result
-    the candidate lost (a check that stopped running hides whatever it used to catch); else PASS. Unjudged
-    rows never count, however far they moved."""
-    if any(c.regressed or c.newly_failing for c in comparisons):
-        return Status.FAIL
-    worse = any(
-        c.status_changed
-        and c.candidate_status is not None
-        and c.baseline_status is not None
-        and c.candidate_status >= Status.WARN
-        and c.candidate_status > c.baseline_status
-        for c in comparisons
-    )
-    lost = any(c.only_in == "baseline" for c in comparisons)
-    new_problem = any(
-        c.only_in == "candidate" and c.candidate_status is not None and c.candidate_status >= Status.WARN
-        for c in comparisons
-    )
-    return Status.WARN if worse or lost or new_problem else Status.PASS
+    """The worst row (Comparison.status), at least PASS: FAIL on a regression or a result newly FAIL/ERROR; WARN
+    on another status that got worse or a result the candidate lost (a check that stopped running hides whatever
+    it used to catch). Unjudged rows (INFO) never count, however far they moved."""
+    return max(Status.PASS, worst(c.status for c in comparisons))
 
 
 def _value_text(value: Value, unit: str | None) -> str:
@@ -316,17 +330,19 @@ def _band_text(c: Comparison) -> str:
     return f"±{c.band_pct:.3g} %" if c.band_pct is not None else ""
 
 
+# One column order in every view (plain, table, Markdown, HTML): the comparison's status first, then the
+# baseline before the candidate, as the title reads (BASE → NEW), then the candidate's own status.
+COLUMNS = ("status", "check", "subject", "baseline", "candidate", "run status")
+PLAIN_HEADER = " | ".join([*COLUMNS, "change"])
+
+
 def _plain_row(c: Comparison) -> str:
-    """A pair in the plain layout of every verb: the candidate's status and value, the baseline's as what it is
-    compared with, and what changed."""
-    status = c.candidate_status or c.baseline_status
+    """A pair as one plain line, the comparison's status leading as every verb's status does, the change (what
+    happened, by how much, within which band) last."""
     band = f"noise band {_band_text(c)}" if c.band_pct is not None else ""
-    changed = [_verdict_text(c), _change_text(c), band, _status_text(c) if c.status_changed else ""]
-    baseline = f"baseline {_value_text(c.baseline, c.unit)}"
-    message = ", ".join(t for t in changed if t) or "unchanged"
-    return plain_line(
-        status.value if status else "-", c.name, c.subject, _value_text(c.candidate, c.unit), baseline, message
-    )
+    message = ", ".join(t for t in [_verdict_text(c), _change_text(c), band] if t) or "unchanged"
+    fields = [c.name, c.subject, _value_text(c.baseline, c.unit), _value_text(c.candidate, c.unit), _status_text(c)]
+    return plain_fields(c.status.value, *fields, message)
 
 
 def summary_line(comparisons: Sequence[Comparison]) -> str:
@@ -377,23 +393,22 @@ def render_comparison_markdown(
     if not rows:
         lines += ["No result changed.", ""]
         return "\n".join(lines)
-    lines += [
-        "| | check | subject | baseline | candidate | change | band | direction | status |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    headers = [*COLUMNS, "change", "band", "direction", ""]
+    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for c in rows:
         flag = _verdict_text(c)
         flag = f"**{flag}**" if c.regressed or c.newly_failing else flag
         cells = [
-            flag,
+            f"**{c.status.value}**" if c.status >= Status.FAIL else c.status.value,
             c.name,
             c.subject,
             _value_text(c.baseline, c.unit),
             _value_text(c.candidate, c.unit),
+            _status_text(c),
             _change_text(c),
             _band_text(c),
             c.direction or "",
-            _status_text(c),
+            flag,
         ]
         lines.append("| " + " | ".join(str(x).replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     lines.append("")
@@ -411,26 +426,30 @@ def print_comparison(
     plain = plain_output(console)
     if plain and rows:
         print_line(console, f"{baseline_label} → {candidate_label}")
-        print_line(console, "status | check | subject | candidate | baseline | change")
+        print_line(console, PLAIN_HEADER)
         for c in rows:
-            print_line(console, _plain_row(c))
+            line = Text(_plain_row(c))
+            line.stylize(STATUS_STYLE[c.status], 0, len(c.status.value))  # shows only where the console has colour
+            print_line(console, line)
     table = Table(title=f"{baseline_label} → {candidate_label}")
+    table.add_column("status", no_wrap=True, min_width=5)
     # A check's name is what a reader looks for: the other columns wrap first (rich narrows the wrappable ones).
     table.add_column("check", overflow="fold", no_wrap=True)
-    for column in ("subject", "baseline", "candidate", "change", "band", "status", ""):
+    for column in (*COLUMNS[2:], "change", "band", ""):
         table.add_column(column, overflow="fold")
     for c in rows:
         bad = c.regressed or c.newly_failing
         change_style = "bold red" if c.regressed else "green" if c.improved else ""
         status_style = STATUS_STYLE.get(c.candidate_status or c.baseline_status or Status.SKIP, "")
         table.add_row(
+            Text(c.status.value, style=STATUS_STYLE[c.status]),
             Text(c.name, style="bold red" if bad else ""),
             c.subject,
             _value_text(c.baseline, c.unit),
             _value_text(c.candidate, c.unit),
+            Text(_status_text(c), style=status_style if c.status_changed or c.only_in else ""),
             Text(_change_text(c), style=change_style),
             _band_text(c),
-            Text(_status_text(c), style=status_style if c.status_changed or c.only_in else ""),
             Text(_verdict_text(c), style="bold red" if bad else "green" if c.improved else "dim"),
         )
     if rows and not plain:

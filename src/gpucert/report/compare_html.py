@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 
 from gpucert.report.compare import (
+    COLUMNS,
     Comparison,
     _band_text,
     _change_text,
@@ -53,7 +54,7 @@ footer { color: #8c959f; font-size: 12px; text-align: center; }
     for s, c in STATUS_COLOUR.items()
 )
 
-HEADERS = ["", "check", "subject", "baseline", "candidate", "change", "band", "direction", "status"]
+HEADERS = [*COLUMNS, "change", "band", "direction", ""]
 
 
 def _e(text: object) -> str:
@@ -70,15 +71,16 @@ def _row_class(c: Comparison) -> str:
 
 def _row(c: Comparison) -> str:
     cells = [
-        ("verdict", _verdict_text(c)),
+        (f"s-{c.status.value}", c.status.value),
         ("", c.name),
         ("", c.subject),
         ("num", _value_text(c.baseline, c.unit)),
         ("num", _value_text(c.candidate, c.unit)),
+        ("", _status_text(c)),
         ("num", _change_text(c)),
         ("num", _band_text(c)),
         ("", c.direction or ""),
-        ("", _status_text(c)),
+        ("verdict", _verdict_text(c)),
     ]
     css = _row_class(c)
     tds = "".join(f'<td class="{k}">{_e(v)}</td>' if k else f"<td>{_e(v)}</td>" for k, v in cells)

@@ -114,11 +114,15 @@ def _field(value: object) -> str:
     return text if text.strip() else "-"
 
 
-def plain_line(status: str, check: str, subject: str, value: str, expected: str | None, message: str) -> str:
-    """The one plain layout: status (padded to the longest word, ERROR), check, subject, value, expected and
-    message, separated by ' | '; the message comes last, so a '|' inside it cannot shift a field."""
-    fields = (check, subject, value, expected or "-", message)
+def plain_fields(status: str, *fields: object) -> str:
+    """A plain line of any view: the status first (padded to the longest word, ERROR), then the fields separated
+    by ' | ', free text (a message) last, so a '|' inside it cannot shift a field."""
     return " | ".join([f"{status:<5}", *(_field(f) for f in fields)])
+
+
+def plain_line(status: str, check: str, subject: str, value: str, expected: str | None, message: str) -> str:
+    """The one plain layout of a result: status, check, subject, value, expected and message."""
+    return plain_fields(status, check, subject, value, expected or "-", message)
 
 
 def result_line(result: Result) -> str:
