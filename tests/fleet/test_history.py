@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,23 +68,63 @@ def runs(tmp_path: Path) -> Path:
     return runs
 
 
+def drifted(out: str) -> list[list[str]]:
+    """The piped rows (`status | check | ... | drift | message`) whose drift column says WARN."""
+    rows = [line.split(" | ") for line in out.splitlines() if " | " in line and not line.startswith("status |")]
+    return [row for row in rows if row[7] == "WARN"]
+
+
 def test_report_history_flags_drift_against_the_first_run(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Exit 2: the latest run FAILs against the profile (matmul.bf16.max on GPU 2, the p2p pair) as well.
     assert main(["report", "history", NODE, str(runs)]) == 2
     out = capsys.readouterr().out
-    warned = [line for line in out.splitlines() if line.startswith("WARN ")]
-    assert (
-        "WARN matmul.bf16.max on GPU 2 (NVIDIA H200): 691.41 TFLOP/s, 14.0 % below its baseline 803.96 TFLOP/s "
-        "(2026-11-22); more than the 5.0 % allowed: re-measure it"
-    ) in warned
-    assert any(line.startswith("WARN memory.copy on GPU 3 (NVIDIA H200): 3.88 TB/s, 8.0 % below") for line in warned)
-    # all_gather is 3 % down (within 5 %), the weak p2p pair 16 % up (better): neither drifted.
-    assert not [line for line in warned if "all_gather" in line or "p2p" in line]
+    lines = out.splitlines()
+    assert lines[:2] == [
+        f"{NODE}: 49 figures from 2 runs in {runs}",
+        "status | check | subject | baseline | latest | change | profile | drift | message",
+    ]
+    warned = {(row[1], row[2]): row for row in drifted(out)}
     assert len(warned) == 7
-    assert f"{NODE}: 49 figures from 2 runs in {runs}" in out
+    # Each row leads with the worse of its two judgements: GPU 2's max matmul FAILs its profile and drifted.
+    matmul = warned[("matmul.bf16.max", "GPU 2 (NVIDIA H200)")]
+    assert matmul[0] == "FAIL " and matmul[3:7] == [
+        "803.96 TFLOP/s (2026-11-22 09:12)",
+        "691.41 TFLOP/s",
+        "-14.0 %",
+        "FAIL",
+    ]
+    assert matmul[8].startswith(
+        "matmul.bf16.max on GPU 2 (NVIDIA H200): 691.41 TFLOP/s, 14.0 % below its baseline 803.96 TFLOP/s "
+        "(2026-11-22); more than the 5.0 % allowed: re-measure it"
+    )
+    copy = warned[("memory.copy", "GPU 3 (NVIDIA H200)")]
+    assert copy[0] == "WARN " and copy[6] == "PASS" and "3.88 TB/s, 8.0 % below" in copy[8]
+    # all_gather is 3 % down (within 5 %), the weak p2p pair 16 % up (better): neither drifted.
+    assert not [key for key in warned if "all_gather" in key[0] or "p2p" in key[0]]
+    # `grep '^FAIL'`: the figures whose latest run FAILs its profile; the last line says why the exit code is 2.
+    assert len([line for line in lines if line.startswith("FAIL  | ")]) == 5
+    assert lines[-1] == (
+        "verdict: FAIL  (the worse of two judgements: the latest run against its profile, 5 FAIL, 1 WARN, 43 PASS; "
+        "against the baseline, 7 WARN, 42 PASS; exit code 2)"
+    )
     # A tolerance of 20 % lets every change pass; the profile's FAILs still give exit 2.
     assert main(["report", "history", NODE, str(runs), "--threshold", "20"]) == 2
-    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARN ")]
+    out = capsys.readouterr().out
+    assert not drifted(out) and out.splitlines()[-1].endswith("against the baseline, 49 PASS; exit code 2)")
+
+
+def test_a_forced_table_of_history_is_whole_in_a_pipe(runs: Path) -> None:
+    """`gpucert report history NODE --format table | less`: every row whole (it was folded to 80 columns), the
+    verdict line last."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucert", "report", "history", NODE, str(runs), "--format", "table"],
+        capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stdout.splitlines()
+    (row,) = [line for line in lines if "│ matmul.bf16.max " in line and "GPU 2 (NVIDIA H200)" in line]
+    assert "803.96 TFLOP/s (2026-11-22 09:12)" in row and "691.41 TFLOP/s" in row and "803.96 691.41" in row
+    assert lines[-1].startswith("verdict: FAIL  (")
 
 
 def test_the_store_is_sqlite_indexed_once_and_outlives_the_run_directories(runs: Path) -> None:
@@ -124,7 +166,7 @@ def test_the_baseline_is_the_first_run_of_the_latest_method(tmp_path: Path, caps
     write_run(runs, "c", scaled(base, "2026-11-24T09:00:00+00:00", 0.90, method_version="2"))
     assert main(["report", "history", NODE, str(runs)]) == 2  # the p2p pair FAILs in every run
     out = capsys.readouterr().out
-    assert not [line for line in out.splitlines() if line.startswith("WARN ")]
+    assert not drifted(out)
     assert "older values measured with another method version are not compared" in out
 
 

@@ -11,7 +11,9 @@ For each figure of NODE, the baseline is its first run measured with the same me
 twice: against the profile (the status the run gave it) and against the baseline: worse by more than the
 tolerance (--threshold, 5 %; or twice the repeats' spread where wider) is a WARN drift, e.g. "matmul.bf16.max
 on node GPU 2: 688.6 TFLOP/s, 14.0 % below its baseline 800.5 (2026-11-22)". One run only is INFO: nothing to
-compare yet. The exit code is the worst of both, as for any report (0 PASS, 1 WARN, 2 FAIL).
+compare yet. Each figure's row leads with the worse of the two; the exit code is the worst row, as for any
+report (0 PASS, 1 WARN, 2 FAIL), and the last line (the verdict) says so with both judgements counted. Piped,
+rows are `status | check | subject | baseline | latest | change | profile | drift | message` lines.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpucert.config.loader import ConfigError
 from gpucert.report.direction import HIGHER, NOISE_SIGMAS, direction_of, relative_spread
 from gpucert.report.schema import Report
 from gpucert.report.store import load_report
-from gpucert.report.terminal import plain_output
+from gpucert.report.terminal import STATUS_STYLE, plain_fields, plain_output, print_line
 from gpucert.status import Status, worst
 
 HISTORY_FILE = "history.sqlite"
@@ -257,43 +260,76 @@ def run_history(rest: list[str], tolerance_pct: float, console: Console) -> int:
         )
     drifts = [judge_drift(s, tolerance_pct) for s in series]
     print_history(node, runs_dir, drifts, console)
-    return worst([d.status for d in drifts] + [d.series.points[-1].status for d in drifts]).exit_code
+    return worst([row_status(d) for d in drifts]).exit_code
 
 
 def _short(started_at: str) -> str:
     return started_at[:16].replace("T", " ")
 
 
+# The columns of every view; piped, each row is one line that leads with its status, as every verb's does.
+COLUMNS = ("status", "check", "subject", "baseline", "latest", "change", "profile", "drift")
+PLAIN_HEADER = " | ".join([*COLUMNS, "message"])
+
+
+def row_status(d: Drift) -> Status:
+    """A figure's status, the worse of its two judgements: the latest run's against the profile and the drift
+    against the baseline (as the exit code is, over every figure)."""
+    return worst([d.status, d.series.points[-1].status])
+
+
+def verdict_line(drifts: list[Drift]) -> str:
+    """The verdict and why: each judgement counted, so an exit code 2 with only drift WARNs in sight is explained
+    by the profile's FAILs."""
+    status = worst([row_status(d) for d in drifts])
+
+    def counts(statuses: list[Status]) -> str:
+        return ", ".join(f"{statuses.count(s)} {s.value}" for s in sorted(set(statuses), reverse=True))
+
+    profile = counts([d.series.points[-1].status for d in drifts])
+    drift = counts([d.status for d in drifts])
+    return (
+        f"verdict: {status.value}  (the worse of two judgements: the latest run against its profile, {profile}; "
+        f"against the baseline, {drift}; exit code {status.exit_code})"
+    )
+
+
 def print_history(node: str, runs_dir: Path, drifts: list[Drift], console: Console) -> None:
     runs = {p.run for d in drifts for p in d.series.points}
-    console.print(f"{node}: {len(drifts)} figures from {len(runs)} runs in {runs_dir}")
-    columns = ["check", "subject", "unit", "baseline", "values over time (newest last)", "change", "profile", "drift"]
-    table = None if plain_output(console) else Table(*columns, show_lines=False)  # gpucert --format, or a pipe
+    print_line(console, f"{node}: {len(drifts)} figures from {len(runs)} runs in {runs_dir}")
+    plain = plain_output(console)  # gpucert --format, or a pipe
+    table = None if plain else Table(*COLUMNS, "values over time (newest last)", show_lines=False)
+    if plain:
+        print_line(console, PLAIN_HEADER)
     for d in drifts:
-        s, base = d.series, d.series.points[0]
+        s, base, latest = d.series, d.series.points[0], d.series.points[-1]
+        unit = f" {s.unit}" if s.unit else ""
         values = " ".join(f"{p.value:g}" for p in s.points[-SHOWN_VALUES:])
         if len(s.points) > SHOWN_VALUES:
             values = "... " + values
-        change = "" if d.change_pct is None else f"{d.change_pct:+.1f} %"
-        row = [
+        status = row_status(d)
+        cells = [
             s.name,
             s.subject,
-            s.unit or "",
-            f"{base.value:g} ({_short(base.started_at)})",
-            values,
-            change,
-            s.points[-1].status.value,
+            f"{base.value:g}{unit} ({_short(base.started_at)})",
+            f"{latest.value:g}{unit}",
+            "" if d.change_pct is None else f"{d.change_pct:+.1f} %",
+            latest.status.value,
             d.status.value,
         ]
         if table is not None:
-            table.add_row(*row)
+            table.add_row(Text(status.value, style=STATUS_STYLE[status]), *cells, values)
         else:
-            console.print(" | ".join(row), soft_wrap=True)
+            line = Text(plain_fields(status.value, *cells, f"{d.message}; values (newest last): {values}"))
+            line.stylize(STATUS_STYLE[status], 0, len(status.value))  # shows only where the console has colour
+            print_line(console, line)
     if table is not None:
         console.print(table)
-    for d in drifts:
-        if d.status is Status.WARN:
-            console.print(f"WARN {d.message}", soft_wrap=True)
+        # Piped, each drift's row says it in full already: once, so `grep -c '^WARN'` counts each figure once.
+        for d in drifts:
+            if d.status is Status.WARN:
+                print_line(console, f"WARN {d.message}")
     older = sum(d.series.older_method for d in drifts)
     if older:
         console.print(f"{older} older values measured with another method version are not compared", style="dim")
+    print_line(console, verdict_line(drifts))
