@@ -248,9 +248,10 @@ def test_a_host_list_search_names_the_node_that_cannot_run_and_clears_its_partne
     ran = [r for r in pairs if r.get("value") is not None]
     assert len(ran) == 2 and len(list((run / "pairs").glob("r*/report.json"))) == 2
     # The dead host's partner was stopped when the dead host's ssh ended (SIGTERM), not left to its rendezvous
-    # timeout.
+    # timeout: killed by the signal (-15) before gpucert's handler is in place, or exiting 143 through it.
     dead = [r["details"]["exits"] for r in pairs if "nosuch.invalid" in r["details"]["nodes"]]
-    assert [sorted(e.values()) for e in dead] == [[-15, 255], [-15, 255]], dead
+    assert len(dead) == 2 and all(sorted(e.values())[1] == 255 for e in dead), dead
+    assert all(sorted(e.values())[0] in (-15, 143) for e in dead), dead
 
 
 def test_the_lent_h200s_pair_report_names_the_node_whose_gpu_another_process_slowed() -> None:

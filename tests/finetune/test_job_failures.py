@@ -128,20 +128,20 @@ def test_a_killed_rank_ends_both_nodes_and_is_named(two_nodes: Callable[..., lis
 def test_an_error_on_one_rank_ends_both_nodes_with_its_cause(
     two_nodes: Callable[..., list[Node]], tmp_path: Path
 ) -> None:
-    """Node 1 is given a data file its filesystem does not have: rank 1 fails in data preparation while rank 0
-    has gone on to load the model and waits for it in DDP's first broadcast."""
+    """Node 1 is given a data file its filesystem does not have: rank 1 refuses it in setup (before its run
+    directory and data cache) while rank 0 has gone on and waits for it in the run directory's broadcast."""
     missing = tmp_path / "not-mounted" / "chats.jsonl"
     started = time.monotonic()
     node0, node1 = two_nodes({1: [f"data.source={missing}"]})
     took = wait_all([node0, node1], started)
 
     assert node0.agent.returncode == 3 and node1.agent.returncode == 3  # ERROR, on both
-    cause = f"failed during data preparation: FileNotFoundError: data.source: file {missing} not found"
+    cause = f"failed during setup: ModelSourceError: data.source {missing}: no such file"
     for out in (node0.output(), node1.output()):
         assert re.search(rf"gpucert: rank 1 \(.*\) {re.escape(cause)}", out), out[-3000:]
         assert "Traceback" not in out, out[-3000:]
-    # The traceback is in the failed rank's own log.
-    assert "Traceback" in (tmp_path / "run" / "logs" / "rank-1.log").read_text()
+    # The failed rank's own log has its line too (bad input: no traceback, the message says what to change).
+    assert cause in (tmp_path / "run" / "logs" / "rank-1.log").read_text()
     print(f"both nodes ended {took:.1f} s after the start")
 
 
