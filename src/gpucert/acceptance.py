@@ -466,10 +466,13 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
             return
         try:
             if record is None:
-                say(line)
+                say(line)  # the CLI's progress: raises where its reader left
+                written = True
             else:
-                say_stop(rt, line, record)
+                written = say_stop(rt, line, record)  # False where stderr's reader left
         except BrokenPipeError:
+            written = False
+        if not written:
             reader_left.set()
 
     def write_partial(record: AbortRecord, final: bool = False) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from gpucert.cli import main
+from gpucert.finetune.data.formats import SAMPLE_PATH
 from gpucert.report.store import load_report
 from gpucert.status import Status
 
@@ -70,6 +71,13 @@ def test_evaluate_takes_the_runs_own_config_and_refuses_another_model(tmp_path: 
     out = ["--output", str(tmp_path / "other-split"), "--set", "eval.max_examples=2"]
     assert main(["evaluate", "--adapter", str(run), "--config", "tiny", *out]) == 0
     assert f"warning: {run} trained on prepared data {trained_on['fingerprint'][:12]}" in capsys.readouterr().err
+
+    # Other rows through --data, as the warning advises: no warning.
+    rows = tmp_path / "other-rows.jsonl"
+    rows.write_text("".join(SAMPLE_PATH.read_text().splitlines(keepends=True)[:200]))
+    out = ["--output", str(tmp_path / "other-rows"), "--set", "eval.max_examples=2"]
+    assert main(["evaluate", "--adapter", str(run), "--data", str(rows), *out]) == 0
+    assert "warning" not in capsys.readouterr().err
 
     # Another model: refused before any model is loaded, naming both.
     other = tmp_path / "other.yaml"

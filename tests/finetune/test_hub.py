@@ -161,7 +161,9 @@ def test_a_hub_dataset_without_network_exits_3_in_seconds_saying_what_to_do(
     last = done.stderr.strip().splitlines()[-1]
     assert "data.source: glaiveai/glaive-function-calling-v2 is no local file" in last and why in last
     assert "hf download glaiveai/glaive-function-calling-v2 --repo-type dataset --local-dir DIR" in last
-    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    # Refused in preparation (a prepared copy in data.cache_dir would have done without the hub): nothing prepared,
+    # and the run directory made for it gone.
+    assert not (tmp_path / "run").exists() and not list((tmp_path / "cache").glob("*/READY"))
 
 
 def test_a_hub_dataset_in_the_datasets_cache_is_loaded_offline(hub_state: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def test_an_error_on_one_rank_ends_both_nodes_with_its_cause(
     took = wait_all([node0, node1], started)
 
     assert node0.agent.returncode == 3 and node1.agent.returncode == 3  # ERROR, on both
-    cause = f"failed during setup: ModelSourceError: data.source {missing}: no such file"
+    cause = f"failed during setup: ConfigError: data.source {missing}: no such file"
     for out in (node0.output(), node1.output()):
         assert re.search(rf"gpucert: rank 1 \(.*\) {re.escape(cause)}", out), out[-3000:]
         assert "Traceback" not in out, out[-3000:]

@@ -4,6 +4,7 @@ against a real store and real processes."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -169,3 +171,18 @@ def test_a_process_that_ended_is_gone_even_before_it_is_reaped() -> None:
     assert process_gone(proc.pid)
     proc.wait()
     assert process_gone(proc.pid)
+
+
+def test_a_line_to_a_stderr_nobody_reads_is_dropped_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog's, a deadline's and SIGTERM's threads say a line just before they end the process; with
+    `2>&1 | head` gone, print raised BrokenPipeError there and the thread died before its exit."""
+    from gpucert.runtime.group import say
+
+    class Gone(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stderr", Gone())
+    assert say("rank 0 stops") is False
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert say("rank 0 stops") is True and sys.stderr.getvalue() == "gpucert: rank 0 stops\n"

@@ -521,7 +521,10 @@ def run_in_ranks(request: Any, options: FsOptions, say: Callable[[str], None]) -
         peers = RankPeers(rt)
         peers.put(f"part/{rt.node_rank}", work.part())
         if rt.is_main:
-            say(f"checking {options.path} on {rt.num_nodes} node(s)...")
+            # Progress only: a reader gone already (`2>&1 | head`) ends nothing here; the report's print then
+            # finds it gone and the CLI exits 141 quietly, as for accept.
+            with contextlib.suppress(BrokenPipeError):
+                say(f"checking {options.path} on {rt.num_nodes} node(s)...")
         found = run_node(peers, options, work.config.runtime)
         if found is None:
             rt.store.wait(["verdict"], timedelta(seconds=work.config.runtime.collective_timeout_s))
@@ -540,7 +543,8 @@ def run_in_ranks(request: Any, options: FsOptions, say: Callable[[str], None]) -
         if isinstance(exc, KeyboardInterrupt):
             raise
         record = fail(rt, exc)
-        say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
+        with contextlib.suppress(BrokenPipeError):  # the line is lost with its reader; the exit below is not
+            say(record.message() if record.rank == rt.rank else f"{rt.me.describe()} stops: {record.message()}")
         leave_failed(rt, Status.ERROR.exit_code)
     stop_runtime(rt)
     return dataclasses.replace(outcome, exit_code=0) if launched_by_gpucert() else outcome

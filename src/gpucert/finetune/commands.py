@@ -186,7 +186,8 @@ def evaluate(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
     trained_on = run_data_fingerprint(run)
-    if trained_on and trained_on != prepared.fingerprint:
+    # --data names other rows on purpose (the advice below): only another split of the run's own data warns.
+    if trained_on and trained_on != prepared.fingerprint and not args.data:
         print(
             f"warning: {run} trained on prepared data {trained_on[:12]}; this held-out split comes from "
             f"{prepared.fingerprint[:12]} and may hold rows the adapter trained on. Evaluate with the run's config "

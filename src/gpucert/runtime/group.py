@@ -632,16 +632,24 @@ def gather_to_main(rt: Runtime, payload: Any) -> list[Any] | None:
     return out
 
 
-def say(line: str) -> None:
-    """One line on stderr, flushed: what an operator reads when the job ends."""
-    print(f"gpucert: {line}", file=sys.stderr, flush=True)
+def say(line: str) -> bool:
+    """One line on stderr, flushed: what an operator reads when the job ends. False where nobody reads stderr any
+    more (`gpucert accept 2>&1 | head` once the reader left), never an exception: the watchdog's, a deadline's
+    and SIGTERM's threads say a line just before they end the process, and must not die of it instead."""
+    try:
+        print(f"gpucert: {line}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: stderr closed
+        return False
+    return True
 
 
-def say_stop(rt: Runtime, line: str, record: AbortRecord) -> None:
+def say_stop(rt: Runtime, line: str, record: AbortRecord) -> bool:
     """say(line) as a rank leaves on `record`, unless the operator stopped the run and this is rank 0 under
-    gpucert's launcher: it shares the terminal with the gpucert process that was signalled, which says it once."""
+    gpucert's launcher: it shares the terminal with the gpucert process that was signalled, which says it once.
+    False where stderr has no reader any more (say)."""
     if not (record.operator and rt.is_main and os.environ.get("GPUCERT_AGENT_PID")):
-        say(line)
+        return say(line)
+    return True
 
 
 def rank_row(rt: Runtime) -> dict[str, Any]:

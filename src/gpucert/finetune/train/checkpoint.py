@@ -173,7 +173,7 @@ def set_aside(path: Path) -> Path:
     return target
 
 
-def choose_checkpoint(resume: str, run_dir: Path, note: Callable[[str], None] = say) -> Path | None:
+def choose_checkpoint(resume: str, run_dir: Path, note: Callable[[str], object] = say) -> Path | None:
     """What `resume` (none, auto or a directory) means for run_dir as this process sees it. `auto` takes the
     newest complete checkpoint that reads back; each newer one that does not is set aside and `note`d. A named
     checkpoint that does not read back is a CheckpointError: it was asked for, so there is no fallback."""
@@ -202,7 +202,7 @@ def choose_checkpoint(resume: str, run_dir: Path, note: Callable[[str], None] = 
     return None
 
 
-def agree_on_checkpoint(rt: Runtime, resume: str, run_dir: Path, note: Callable[[str], None] = say) -> Path | None:
+def agree_on_checkpoint(rt: Runtime, resume: str, run_dir: Path, note: Callable[[str], object] = say) -> Path | None:
     """The checkpoint every rank resumes from: rank 0's choice, broadcast (collective, even for "none", so a
     rank with another config cannot skip it and leave the others waiting). A refusal fails rank 0; the others
     wait in the broadcast until the job's abort ends them."""

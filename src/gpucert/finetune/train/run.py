@@ -43,9 +43,9 @@ from typing import Any
 import torch
 
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.config import FinetuneConfig, load_finetune_config
+from gpucert.finetune.config import FinetuneConfig, check_data_source, load_finetune_config
 from gpucert.finetune.data.formats import DataError
-from gpucert.finetune.data.hub import check_model_source, dataset_offline
+from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.train import metrics as flops
 from gpucert.finetune.train.checkpoint import CheckpointError
@@ -127,8 +127,10 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         try:
             rt.set_phase("setup")
             # Before anything is created: a wrong model or data path, or an unreachable hub, is refused in seconds.
+            # A hub dataset is not probed here: its prepared copy in data.cache_dir may be all this run needs
+            # (prepared on a login node, trained offline); preparation asks the hub only for raw rows.
             check_model_source(cfg.model)
-            dataset_offline(cfg.data)
+            check_data_source(cfg.data)
             run = open_run_dir(cfg, rt)
             result = train(cfg, rt, run, resolve_peak(cfg, profile_peak), marks)
         except (Exception, KeyboardInterrupt) as exc:
