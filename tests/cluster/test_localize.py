@@ -168,6 +168,21 @@ def test_a_failed_pair_with_no_node_to_re_pair_with_leaves_both_suspect_not_fail
     assert "rerun localize with more nodes" in (found[0].remediation or "")
 
 
+def test_hosts_ssh_cannot_reach_are_errors_saying_so_not_suspects(tmp_path: Path, capsys) -> None:
+    """Hosts whose names do not resolve ran nothing: each was a WARN "suspect ... rerun with more nodes", and the
+    terminal put this host's own summary beside the first of them."""
+    run = tmp_path / "run"
+    assert main(["cluster", "localize", "--hosts", "a.invalid", "b.invalid", "--profile", "cpu", "-o", str(run)]) == 3
+    out = capsys.readouterr().out
+    report = json.loads((run / "report.json").read_text())
+    nodes = {r["subject"]: r for r in report["results"] if r["name"] == "localize.node"}
+    assert {n: r["status"] for n, r in nodes.items()} == {"a.invalid": "ERROR", "b.invalid": "ERROR"}
+    message = nodes["a.invalid"]["message"]
+    assert message.startswith("not reached: exit code 255: ssh: Could not resolve hostname a.invalid"), message
+    assert "ssh -o BatchMode=yes HOST true" in nodes["a.invalid"]["remediation"]
+    assert "node a.invalid: ERROR\n" in out and "rerun localize with more nodes" not in out
+
+
 def test_a_node_left_out_of_round_one_is_judged_by_its_re_pair() -> None:
     first = judged_round([outcome(1, 0, A, B, 40.0)], Rule(25.0, "config: localize.pair_busbw_gbps_min", None, None))
     again = [(o, judge_pair(o, [40.0], RELATIVE, "x")) for o in [outcome(2, 0, A, C, None)]]

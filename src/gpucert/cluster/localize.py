@@ -53,6 +53,8 @@ from gpucert.status import Status
 
 # Exit codes of a job that ran and judged (PASS, WARN, FAIL); 3 and deaths by signal mean it did not.
 VERDICT_CODES = (0, 1, 2)
+# ssh's exit code for its own failures (the remote command's are its own: gpucert's 0-3, 130, 143).
+SSH_FAILED = 255
 # Variables a pair job on another host needs from ours (ssh passes no environment).
 FORWARDED_PREFIXES = ("NCCL_", "GPUCERT_", "UCX_", "FI_")
 # Seconds a pair's surviving process gets, after its partner failed, to say why before it is stopped.
@@ -452,6 +454,15 @@ def read_outcome(
             causes.append(f"{launch.who}: {exit_cause(code)}" + (f": {said}" if said else ""))
     outcome.error = "; ".join(causes) or f"no report at {path} (is the run directory on a filesystem both nodes share?)"
     return outcome
+
+
+def ssh_failure(outcome: PairOutcome, name: str) -> str | None:
+    """What ssh said where it could not run this node's gpucert (ssh exits 255 on its own errors: a name that does
+    not resolve, a refused connection, a key not accepted); None where the node ran."""
+    if outcome.exits.get(name) != SSH_FAILED or not outcome.error:
+        return None
+    mine = [part for part in outcome.error.split("; ") if part.startswith(f"{name}: ")]
+    return mine[0].removeprefix(f"{name}: ") if mine and "ssh:" in mine[0] else None
 
 
 # Judging
@@ -1009,6 +1020,18 @@ def conclude(
                     status=Status.SKIP,
                     message=f"not judged: {node.name}'s only pair failed, which its partner {partner}'s slow GPU "
                     "explains; no known-good node was free to clear it",
+                )
+            )
+        elif unreached := ssh_failure(o, node.name):
+            # ssh's own failure (exit 255): the host ran nothing, so there is nothing to suspect it of, and more
+            # nodes would not tell anything apart. Its partner is judged by its own exit like any other.
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.ERROR,
+                    message=f"not reached: {unreached}",
+                    remediation=f"check the name {node.host}, DNS and ssh from this host (BatchMode: key login, "
+                    "known_hosts; `ssh -o BatchMode=yes HOST true`), then rerun localize",
                 )
             )
         else:

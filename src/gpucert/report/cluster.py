@@ -470,9 +470,13 @@ def split_by_node(report: Report) -> tuple[list[Result], list[NodeSection]]:
             by_node.setdefault(r.node, []).append(r)
     labels = list(dict.fromkeys([*report.meta.nodes, *report.nodes, *by_node]))
     cluster = [r for r in report.results if r.node is None or r.category == CLUSTER]
+    # A report without per-node inventories carries its writer's own: node 0's, unless the writer was no node of
+    # the job (`cluster localize` over ssh: its host's summary once stood beside gpu01, a host never reached).
+    own = report.inventory.get("hostname") if isinstance(report.inventory, dict) else None
     sections = []
     for i, label in enumerate(labels):
-        inventory = report.nodes.get(label) or (report.inventory if not report.nodes and i == 0 else {})
+        mine = not report.nodes and i == 0 and (own is None or label == own or label.startswith(f"{own}["))
+        inventory = report.nodes.get(label) or (report.inventory if mine else {})
         named = by_node.get(label, [])
         sections.append(
             NodeSection(
