@@ -374,20 +374,11 @@ def _unclaimed(path: Path) -> RunDir:
 
 def failure_result(record: Any, logs: Path | None, stopped: bool = False) -> Result:
     """What failed: the failed benchmark's ERROR when it failed in one (its rank's own exception, where it was
-    raised, the traceback's last lines); else, or with `stopped` (the run ends before all of it ran), the
-    `run.aborted` that says the run stopped and why."""
+    raised, the traceback's last lines); else, with `stopped` (the run ends before all of it ran), or when the
+    operator stopped it (nobody failed), the `run.aborted` that says the run stopped and why."""
     where = f" (each rank's log is in {logs} on its node)" if logs else ""
     details = {"traceback": record.traceback} if record.traceback else {}
-    if record.operator:  # stopped on purpose: no benchmark failed, and no rank is to blame
-        return Result(
-            name="run.aborted",
-            subject=record.node or "run",
-            node=record.node,
-            status=Status.ERROR,
-            message=f"the run stopped: {record.message()}",
-            remediation="run it again for a full report; nothing after this point was run or judged",
-        )
-    if record.phase.startswith("bench ") and not stopped:
+    if record.phase.startswith("bench ") and not stopped and not record.operator:
         name = record.phase.split(" ", 1)[1]
         return Result(
             name=f"bench.{name}",
@@ -399,13 +390,16 @@ def failure_result(record: Any, logs: Path | None, stopped: bool = False) -> Res
             remediation=f"look at the named rank and its node{where}; nothing after this point was run or judged",
             details=details,
         )
+    remediation = f"look at the named rank and its node{where}; nothing after this point was judged"
+    if record.operator:  # stopped on purpose: no benchmark failed, and no rank is to blame
+        remediation, details = "run it again for a full report; nothing after this point was run or judged", {}
     return Result(
         name="run.aborted",
         subject=record.node or "run",
         node=record.node,
         status=Status.ERROR,
         message=f"the run stopped: {record.message()}",
-        remediation=f"look at the named rank and its node{where}; nothing after this point was judged",
+        remediation=remediation,
         details=details,
     )
 

@@ -113,6 +113,14 @@ def test_a_cached_model_loads_from_the_cache_when_the_hub_is_unreachable(
     assert time.monotonic() - started < within(10)  # no retries against the closed port
 
 
+# The two ways a machine has no hub: told so (HF_HUB_OFFLINE=1), or an endpoint that refuses connections.
+WITHOUT_NETWORK = pytest.mark.parametrize(
+    ("env", "why"),
+    [({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"), ({"HF_ENDPOINT": CLOSED_PORT}, "did not answer")],
+    ids=["HF_HUB_OFFLINE", "unreachable endpoint"],
+)
+
+
 def train_cli(
     tmp_path: Path, env: dict[str, str], model: str, *extra: str
 ) -> tuple[subprocess.CompletedProcess, float]:
@@ -127,11 +135,7 @@ def train_cli(
     return done, time.monotonic() - started
 
 
-@pytest.mark.parametrize(
-    ("env", "why"),
-    [({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"), ({"HF_ENDPOINT": CLOSED_PORT}, "did not answer")],
-    ids=["HF_HUB_OFFLINE", "unreachable endpoint"],
-)
+@WITHOUT_NETWORK
 def test_the_7b_recipe_without_network_exits_3_in_seconds_with_one_message(
     tmp_path: Path, env: dict[str, str], why: str
 ) -> None:
@@ -146,11 +150,7 @@ def test_the_7b_recipe_without_network_exits_3_in_seconds_with_one_message(
     # busy machine breaks (46 s once, with other test runs beside it).
 
 
-@pytest.mark.parametrize(
-    ("env", "why"),
-    [({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"), ({"HF_ENDPOINT": CLOSED_PORT}, "did not answer")],
-    ids=["HF_HUB_OFFLINE", "unreachable endpoint"],
-)
+@WITHOUT_NETWORK
 def test_a_hub_dataset_without_network_exits_3_in_seconds_saying_what_to_do(
     tmp_path: Path, env: dict[str, str], why: str
 ) -> None:

@@ -150,15 +150,15 @@ def evaluate(args: argparse.Namespace) -> int:
         given = ", ".join("--" + f.replace("_", "-") for f in bfcl_only)
         raise ConfigError(f"{given}: for --suite bfcl only (this evaluation is the held-out suite)")
     # A bad --set, --config or --data first, against the config given (or the default recipe), as for finetune.
-    extra, flags = flag_overrides([("--data", "data.source", args.data)])
-    cfg = load(args, extra, flags=flags)
+    data_flag = flag_overrides([("--data", "data.source", args.data)])
+    cfg = load(args, data_flag[0], flags=data_flag[1])
     check_data_source(cfg.data)  # a missing --data file is named before torch is imported
     # A run directory means its final adapter; a missing path is refused here, never tried as a hub id.
     adapter, note = resolve_adapter(args.adapter)
     if note:
         print(note, file=sys.stderr)
     run = run_of(adapter)
-    cfg, config_path = evaluation_config(args, run, cfg)
+    cfg, config_path = evaluation_config(args, run, cfg, data_flag)
     check_data_source(cfg.data)  # the run's data file, where it has moved since training
     if getattr(args, "suite", "held-out") == "bfcl":
         from gpucert.finetune.eval.bfcl import evaluate_bfcl
@@ -233,11 +233,13 @@ def run_of(adapter: Path) -> Path | None:
     return adapter.parent if (adapter.parent / "config.yaml").is_file() else None
 
 
-def evaluation_config(args: argparse.Namespace, run: Path | None, given: FinetuneConfig) -> tuple[FinetuneConfig, Path]:
+def evaluation_config(
+    args: argparse.Namespace, run: Path | None, given: FinetuneConfig, data_flag: tuple[list[str], dict[str, str]]
+) -> tuple[FinetuneConfig, Path]:
     """The config to evaluate with, and its file: the run's own config.yaml unless --config names another (the
     default recipe would load the tiny model and another data split: a 7B adapter would fail to load, and a tiny
     one be scored on turns it trained on). A --config whose model is not the one the adapter was trained on is
-    refused before any model is loaded. --set and --data apply on top of either."""
+    refused before any model is loaded. --set and --data (`data_flag`: flag_overrides') apply on top of either."""
     path = Path(args.config or default_config_path())
     if run is None:
         return given, path
@@ -246,7 +248,7 @@ def evaluation_config(args: argparse.Namespace, run: Path | None, given: Finetun
         print(
             f"evaluating with {trained}, the config the adapter was trained with (--config: another)", file=sys.stderr
         )
-        extra, flags = flag_overrides([("--data", "data.source", args.data)])
+        extra, flags = data_flag
         return load_finetune_config(trained, [*args.overrides, *extra], flags=flags), trained
     base = load_finetune_config(trained, []).model.name
     if given.model.name != base:
@@ -269,19 +271,15 @@ def run_data_fingerprint(run: Path | None) -> str | None:
 def check_evaluation_output(out: Path) -> None:
     """Refuse, before any model is loaded, an output directory that holds another verb's report (a training
     run's report.json would be overwritten) or cannot be written."""
-    existing = out / "report.json"
-    if existing.exists():
-        try:
-            verb = json.loads(existing.read_text())["meta"]["verb"]
-        except (OSError, ValueError, KeyError, TypeError):
-            verb = None
-        if verb != "evaluate":
-            what = f"a gpucert {verb} report" if verb else "a report.json that is no gpucert evaluation"
-            raise ConfigError(
-                f"--output {out}: holds {what}, which the evaluation report would replace; choose another "
-                "--output (the default is evaluation/ beside the adapter)"
-            )
-    from gpucert.report.store import NOT_A_DIRECTORY, write_problem
+    from gpucert.report.store import NOT_A_DIRECTORY, UNREADABLE, earlier_verb, write_problem
+
+    verb = earlier_verb(out)
+    if verb not in (None, "evaluate"):
+        what = "a report.json that is no gpucert evaluation" if verb == UNREADABLE else f"a gpucert {verb} report"
+        raise ConfigError(
+            f"--output {out}: holds {what}, which the evaluation report would replace; choose another "
+            "--output (the default is evaluation/ beside the adapter)"
+        )
 
     nearest, problem = write_problem(out.absolute())
     if problem == NOT_A_DIRECTORY:

@@ -68,6 +68,10 @@ RUN_ARTEFACTS = ("report.json", "report.md", "report.html")
 RANK_LOGS = ("rank-*.log", "error-rank-*.json")
 
 
+# earlier_verb's answer for a report.json gpucert cannot read.
+UNREADABLE = "unknown (a report.json gpucert cannot read)"
+
+
 def earlier_verb(directory: Path) -> str | None:
     """The verb of the report an earlier run left in `directory` (`accept`, `bench matmul`); None where there is
     none. A report.json gpucert cannot read is said as such, so it is refused rather than deleted."""
@@ -77,7 +81,7 @@ def earlier_verb(directory: Path) -> str | None:
     try:
         return str(json.loads(path.read_text())["meta"]["verb"])
     except (OSError, ValueError, KeyError, TypeError):
-        return "unknown (a report.json gpucert cannot read)"
+        return UNREADABLE
 
 
 def check_reuse(output: Path, verb: str) -> None:
