@@ -240,9 +240,7 @@ class NodeRendezvous(RendezvousHandler):
         try:
             if self._watch is None:
                 # Its own connection with a short timeout: a stopped store must not hold the agent's loop.
-                self._watch = connect_store(
-                    self.addr, self.port, False, self.config.heartbeat_interval_s, self.who, WATCH_SETTING, tell=False
-                )
+                self._watch = self._short_connection()
             record = read_abort(dist.PrefixStore(worker_prefix(self.round), self._watch))
             self._last_ok = now
         except RuntimeError:
@@ -266,15 +264,20 @@ class NodeRendezvous(RendezvousHandler):
         if self.cause is not None or self.store is None:
             return self.cause
         with contextlib.suppress(RuntimeError):
-            watch = self._watch or connect_store(
-                self.addr, self.port, False, self.config.heartbeat_interval_s, self.who, WATCH_SETTING, tell=False
-            )
+            watch = self._watch or self._short_connection()
             run = dist.PrefixStore(RUN_PREFIX, watch)
             if run.check(["over"]):
                 return str(run.get("over").decode())
             record = read_abort(dist.PrefixStore(worker_prefix(self.round), watch))
             return record.message() if record is not None else None
         return None
+
+    def _short_connection(self) -> Any:
+        """A quiet client of the job's store bounded by runtime.heartbeat_interval_s: the agent's reads of the
+        abort record and `over`, which a stopped store must not hold."""
+        return connect_store(
+            self.addr, self.port, False, self.config.heartbeat_interval_s, self.who, WATCH_SETTING, tell=False
+        )
 
     def record_stop(self, cause: str) -> AbortRecord:
         """The operator stopped this node's gpucert: record it as the job's abort, before this node's workers are
@@ -284,9 +287,7 @@ class NodeRendezvous(RendezvousHandler):
         if self.store is None or not self.labels:
             return record  # the nodes have not met: no worker to tell
         with contextlib.suppress(RuntimeError):
-            watch = self._watch or connect_store(
-                self.addr, self.port, False, self.config.heartbeat_interval_s, self.who, WATCH_SETTING, tell=False
-            )
+            watch = self._watch or self._short_connection()
             workers = dist.PrefixStore(worker_prefix(self.round), watch)
             record = dataclasses.replace(record, phase=read_phase(workers, 0, "start-up"))
             record_abort(workers, record)
@@ -323,8 +324,10 @@ def operator_stop(signum: int, frame: FrameType | None) -> NoReturn:
     else:
         cause = f"stopped by {sig.name} sent to gpucert (pid {pid} on {host}; a kill, or scancel)"
     handler = _CURRENT[0] if _CURRENT else None
-    record = handler.record_stop(cause) if handler else AbortRecord(who=host, cause=cause, phase="start-up")
-    raise Interrupted(dataclasses.replace(record, operator=True).message(), 128 + sig)
+    record = (
+        handler.record_stop(cause) if handler else AbortRecord(who=host, cause=cause, phase="start-up", operator=True)
+    )
+    raise Interrupted(record.message(), 128 + sig)
 
 
 def _stopping_already(signum: int, frame: FrameType | None) -> None:
