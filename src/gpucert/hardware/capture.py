@@ -18,7 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
+import uuid
 from pathlib import Path
 
 from gpucert.config.loader import ConfigError
@@ -76,10 +76,11 @@ def capture_node(out_dir: Path, timeout_s: float = 60.0) -> list[str]:
     if out_dir.parent.exists() and not out_dir.parent.is_dir():  # mkdir would say "File exists" of the parent
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.capturing-"))
+    # mkdir, not mkdtemp (0700): the bundle gets the umask's mode, shared like any directory.
+    partial = out_dir.parent / f".{out_dir.name}.capturing-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    partial.mkdir()
     try:
         problems = _capture_into(partial, timeout_s)
-        partial.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; a bundle is shared like any directory
         if out_dir.is_dir():
             out_dir.rmdir()  # empty (checked above); a file put there meanwhile makes this fail, naming it
         partial.rename(out_dir)
@@ -87,12 +88,6 @@ def capture_node(out_dir: Path, timeout_s: float = 60.0) -> list[str]:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return problems
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
 
 
 def _capture_into(out_dir: Path, timeout_s: float) -> list[str]:
