@@ -553,9 +553,11 @@ def judge_pair(
         limits.append((ref * (1 - rule.pct / 100), rule.pct_source, text))
     if not limits:
         why = "no other pair to compare with" if ref is None else "the relative rule is off"
+        # Measured, with nothing to hold it to: INFO (shown, not judged), as every view reads it; SKIP would say
+        # the pair did not apply.
         return Result(
             **base,
-            status=Status.SKIP,
+            status=Status.INFO,
             message=f"not judged: {busbw:.3g} GB/s busbw {where}; {why} and no floor is set "
             "(localize.pair_busbw_gbps_min or the profile's benchmarks.pair_busbw_gbps_min)",
         )
@@ -685,7 +687,7 @@ def assess(nodes: Sequence[NodeSpec], judged: Sequence[tuple[PairOutcome, Result
     # Where round 1 could judge no pair (too few to compare, no floor), a pair job that ran vouches for its
     # nodes: that still tells a node that cannot run a pair job at all.
     first_passed = any(o.pair.round == 1 and r.status is Status.PASS for o, r in judged)
-    passing = {Status.PASS} if first_passed else {Status.PASS, Status.SKIP}
+    passing = {Status.PASS} if first_passed else {Status.PASS, Status.INFO}
     named = rack_faults(_uplink_runs(judged, runs), len({n.rack for n in nodes}))
     explained = {id(o) for rs in named.values() for o, _r in rs} | _transient(judged)
     condemned: set[str] = set()
@@ -1008,10 +1010,10 @@ def conclude(
             results.append(
                 Result(**subject, status=Status.PASS, message=f"{node.name} passes with {partner} ({r.message})")
             )
-        elif r.status is Status.SKIP:
+        elif r.status is Status.INFO:
             reason = r.message.removeprefix("not judged: ")
             results.append(
-                Result(**subject, status=Status.SKIP, message=f"not judged: its pair with {partner}: {reason}")
+                Result(**subject, status=Status.INFO, message=f"not judged: its pair with {partner}: {reason}")
             )
         elif slow_gpus.get(partner):
             results.append(
