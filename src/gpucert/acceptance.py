@@ -318,7 +318,7 @@ def run_on_nodes(
             outcome = LaunchOutcome(False, None, str(exc))
         except Interrupted as exc:  # Ctrl-C or SIGTERM here: the one line the CLI prints names what rank 0 wrote
             written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
-            exc.report = str(written) if written else None
+            exc.after = f"partial report written to {written}" if written else None
             raise
     if outcome.verdict == BROKEN_PIPE_EXIT:
         # Rank 0 found the reader of its output gone and stopped the run (its partial report says what ran and

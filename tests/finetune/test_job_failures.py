@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from tests.conftest import free_port, kill_process_tree, within
-from tests.runtime.test_cluster_runs import node_flags
+from tests.runtime.test_cluster_runs import AS_FROM_A_SHELL, node_flags
 
 from gpucert.runtime.launch_env import RANK_VARIABLES
 
@@ -79,7 +79,8 @@ def two_nodes(tmp_path: Path) -> Iterator[Callable[[dict[int, list[str]]], list[
 
     def start(extra: dict[int, list[str]]) -> list[Node]:
         for rank in (0, 1):
-            argv = [sys.executable, "-m", "gpucert", "finetune", "--config", str(config)]
+            # As a shell starts a foreground command: Ctrl-C (SIGINT) reaches it at its default action.
+            argv = [*AS_FROM_A_SHELL, sys.executable, "-m", "gpucert", "finetune", "--config", str(config)]
             argv += ["--output", str(tmp_path / "run"), *node_flags(rank, port)]
             for item in (*HEARTBEATS, *extra.get(rank, [])):
                 argv += ["--set", item]
@@ -143,6 +144,42 @@ def test_an_error_on_one_rank_ends_both_nodes_with_its_cause(
     # The failed rank's own log has its line too (bad input: no traceback, the message says what to change).
     assert cause in (tmp_path / "run" / "logs" / "rank-1.log").read_text()
     print(f"both nodes ended {took:.1f} s after the start")
+
+
+@pytest.mark.parametrize("where", [0, 1], ids=["on-node-0", "on-node-1"])
+def test_ctrl_c_on_either_node_stops_both_and_node_0_says_which_checkpoint_continues(
+    two_nodes: Callable[..., list[Node]], tmp_path: Path, where: int
+) -> None:
+    """The operator's Ctrl-C to one node's gpucert mid-training: that node exits 130 naming the stop in one line,
+    the other ends too naming the same stop, no worker is left, and node 0 (rank 0 writes the checkpoints) says
+    which checkpoint a rerun with --resume auto continues from."""
+    nodes = two_nodes({0: ["train.save_every=2"], 1: ["train.save_every=2"]})
+    procs = [node.agent for node in nodes]
+    wait_until_training(nodes[0].output, procs)
+    while not (tmp_path / "run" / "checkpoints" / "step-2" / "COMPLETE").exists():  # step 3 began: soon there
+        assert all(p.poll() is None for p in procs), nodes[0].output()[-3000:]
+        time.sleep(0.2)
+    workers = [w for p in procs for w in psutil.Process(p.pid).children(recursive=True)]
+    nodes[where].agent.send_signal(signal.SIGINT)
+    wait_all(nodes, time.monotonic())
+
+    stopped = rf"interrupted by Ctrl-C \(SIGINT to gpucert, pid {nodes[where].agent.pid} on [^)]*\) during "
+    # The other node was not stopped: its job was, which is an ERROR there. Its line says whose stop it was; it
+    # said "rank 1 on this node ended: exit code 3" when node 0, gone at once, took the record with it.
+    said = {where: f"gpucert: {stopped}", 1 - where: f"gpucert: the run stopped: {stopped}"}
+    codes = {where: 130, 1 - where: 3}
+    for rank, node in enumerate(nodes):
+        out = node.output()
+        assert node.agent.returncode == codes[rank], out[-3000:]
+        last = [line for line in out.splitlines() if line.startswith("gpucert: ")][-1]
+        assert re.match(said[rank], last), out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+    rank_1 = (tmp_path / "run" / "logs" / "rank-1.log").read_text()  # a broken collective's traceback is noise
+    assert re.search(rf"gpucert: rank 1 \(.*\) stops.*: {stopped}", rank_1) and "Traceback" not in rank_1, rank_1
+    latest = max(int(p.name.split("-")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    resume = f"the latest complete checkpoint is {tmp_path}/run/checkpoints/step-{latest} (step {latest})"
+    assert resume in nodes[0].output() and "--resume auto continues" in nodes[0].output()
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_node(tmp_path: Path) -> None:

@@ -111,9 +111,12 @@ def node_plan(args: argparse.Namespace) -> NodeEnv | None:
 
 def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     """This node's ranks on torchrun's engine (runtime/launcher.py), each running this same command; the exit
-    code is the run's verdict, or 3 with the failed rank named in one line."""
+    code is the run's verdict, or 3 with the failed rank named in one line (on node 0, with the checkpoint a
+    rerun continues from)."""
+    from gpucert.finetune.train.checkpoint import resume_hint
+    from gpucert.finetune.train.rundir import run_dir_name
     from gpucert.runtime.device import gpu_count
-    from gpucert.runtime.errors import JobFailed
+    from gpucert.runtime.errors import Interrupted, JobFailed
     from gpucert.runtime.launcher import launch_ranks
 
     nproc = args.nproc or gpu_count() or 1
@@ -123,9 +126,24 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     ranks = [sys.executable, "-m", "gpucert", *args.argv]
     # Every rank but rank 0 writes its own log there (with --output; else they share this terminal).
     logs = Path(cfg.output_dir) / "logs" if cfg.output_dir else None
-    outcome = launch_ranks(plan, nproc, ranks, cfg.runtime, logs, env)
+    # Node 0 (rank 0's, which writes the checkpoints) names the run directory when none was given, rather than
+    # rank 0 (which would pick the same kind of name), so that it can say where they are when the operator stops
+    # it. Another node says nothing of them: it may not share node 0's filesystem.
+    run_dir = run_dir_name(cfg) if plan.node_rank == 0 else None
+    if run_dir is not None and not cfg.output_dir:
+        ranks += ["--output", run_dir]
+
+    def hint() -> str | None:
+        return resume_hint(Path(run_dir), bool(cfg.output_dir), cfg.train.save_every) if run_dir else None
+
+    try:
+        outcome = launch_ranks(plan, nproc, ranks, cfg.runtime, logs, env)
+    except Interrupted as exc:
+        exc.after = hint()
+        raise
     if not outcome.ok:
-        raise JobFailed(outcome.cause or "the job failed")
+        cause, after = outcome.cause or "the job failed", hint()
+        raise JobFailed(f"{cause}; {after}" if after else cause)
     return outcome.verdict if outcome.verdict is not None else 0
 
 

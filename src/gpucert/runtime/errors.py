@@ -20,10 +20,12 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
-        self.report: str | None = None  # the partial report rank 0 wrote, where one was
+        # What the operator has from the run, where the verb knows: the partial report rank 0 wrote (accept), the
+        # checkpoint a rerun continues from (finetune).
+        self.after: str | None = None
 
     def line(self) -> str:
-        return self.message + (f"; partial report written to {self.report}" if self.report else "")
+        return self.message + (f"; {self.after}" if self.after else "")
 
 
 # 128 + SIGPIPE: what a shell reports for a writer whose reader left (`yes | head`), never a verdict (0-3).

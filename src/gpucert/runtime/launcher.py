@@ -76,6 +76,8 @@ OPERATOR_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 NODES_PREFIX = "gpucert/nodes/"
 # What outlives a round of workers (group.Runtime.run_store); `over` there ends the job instead of a new round.
 RUN_PREFIX = "gpucert/run/"
+# How many nodes other than node 0 have read how the job ended (NodeRendezvous.linger), under RUN_PREFIX.
+ACKED = "acked"
 # The agent's own short connections to the store, to read the abort record: quiet, bounded by this.
 WATCH_SETTING = "runtime.heartbeat_interval_s"
 
@@ -113,6 +115,7 @@ class NodeRendezvous(RendezvousHandler):
         self._last_ok = time.monotonic()
         self._next_look = 0.0
         self._abort_seen: float | None = None
+        self._acked = False
         self._closed = False
 
     @property
@@ -254,8 +257,9 @@ class NodeRendezvous(RendezvousHandler):
                 kill_children()
             return 0
         if record is not None:
-            self.cause = record.message()
+            self.cause = how_it_ended(record)
             self._abort_seen = now
+            self._ack(self._watch)
             kill_children(None)  # woken, a SIGSTOPped worker reads the record and leaves by itself
         return 0
 
@@ -267,10 +271,33 @@ class NodeRendezvous(RendezvousHandler):
             watch = self._watch or self._short_connection()
             run = dist.PrefixStore(RUN_PREFIX, watch)
             if run.check(["over"]):
+                self._ack(watch)
                 return str(run.get("over").decode())
             record = read_abort(dist.PrefixStore(worker_prefix(self.round), watch))
-            return record.message() if record is not None else None
+            if record is not None:
+                self._ack(watch)
+            return how_it_ended(record) if record is not None else None
         return None
+
+    def _ack(self, watch: Any) -> None:
+        """Tell node 0 this node has read how the job ended: it keeps its store up until every node has
+        (linger)."""
+        if not self._acked and not self.serves:
+            with contextlib.suppress(RuntimeError):
+                dist.PrefixStore(RUN_PREFIX, watch).add(ACKED, 1)
+                self._acked = True
+
+    def linger(self) -> None:
+        """Node 0, its job ended (a failure, the operator's stop): keep serving the store until every other node
+        has read how it ended (their agents look every heartbeat interval), for at most two intervals. Without
+        this a node read only "rank 1 on this node ended: exit code 3" once node 0 was gone."""
+        if not self.serves or self.num_nodes == 1 or self.store is None:
+            return
+        deadline = time.monotonic() + 2 * self.config.heartbeat_interval_s
+        run = dist.PrefixStore(RUN_PREFIX, self.store)
+        with contextlib.suppress(RuntimeError):
+            while run.add(ACKED, 0) < self.num_nodes - 1 and time.monotonic() < deadline:
+                time.sleep(POLL_S)
 
     def _short_connection(self) -> Any:
         """A quiet client of the job's store bounded by runtime.heartbeat_interval_s: the agent's reads of the
@@ -291,7 +318,7 @@ class NodeRendezvous(RendezvousHandler):
             workers = dist.PrefixStore(worker_prefix(self.round), watch)
             record = dataclasses.replace(record, phase=read_phase(workers, 0, "start-up"))
             record_abort(workers, record)
-            dist.PrefixStore(RUN_PREFIX, watch).compare_set("over", "", f"the run stopped: {record.message()}")
+            dist.PrefixStore(RUN_PREFIX, watch).compare_set("over", "", how_it_ended(record))
         return record
 
     def get_run_id(self) -> str:
@@ -299,6 +326,11 @@ class NodeRendezvous(RendezvousHandler):
 
     def shutdown(self) -> bool:
         return True
+
+
+def how_it_ended(record: AbortRecord) -> str:
+    """A node's line for the job's abort record: an operator's stop on any node reads as the run's stop."""
+    return f"the run stopped: {record.message()}" if record.operator else record.message()
 
 
 # The handler of the launch in progress, for the outcome's cause (torch builds it from the registry).
@@ -492,8 +524,8 @@ def launch_ranks(
         if cause is None:
             rank, failure = exc.get_first_failure()
             cause = f"rank {rank} on this node ended: {exit_cause(failure.exitcode)}"
-        if handler is not None and handler.serves and not lone:
-            time.sleep(2 * config.heartbeat_interval_s)  # the other nodes read the abort record from our store
+        if handler is not None:
+            handler.linger()  # the other nodes read the abort record from our store
         return LaunchOutcome(False, _read_verdict(verdict_file), cause)
     except JobFailed as exc:
         # The ranks set `over` before the next round: the verdict local rank 0 wrote on its way out still counts
@@ -505,6 +537,8 @@ def launch_ranks(
         return LaunchOutcome(False, None, f"stopped by {signal.Signals(exc.sigval).name} (the job was cancelled?)")
     except KeyboardInterrupt:
         stop_children(config.kill_grace_s)
+        if _CURRENT:
+            _CURRENT[0].linger()  # the operator's stop, recorded in our store: the other nodes read it there
         raise
     finally:
         kill_children()  # whatever torch's shutdown left: nothing outlives the launch

@@ -110,6 +110,20 @@ def find_latest(run_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def resume_hint(run_dir: Path, named: bool, save_every: int) -> str | None:
+    """What a stopped or failed run left to continue from, for the line that says it ended; None when its run
+    directory is not there (it ended before its first step, and a directory made for it went again). named: the
+    directory came from --output or output_dir (else `--output DIR` must be added for --resume auto to find it)."""
+    found = complete_checkpoints(run_dir)
+    if found:
+        step, path = found[-1]
+        flags = "--resume auto" if named else f"--output {run_dir} --resume auto"
+        return f"the latest complete checkpoint is {path} (step {step}): the same command with {flags} continues"
+    if not run_dir.is_dir():
+        return None
+    return f"no complete checkpoint in {run_dir} (one every train.save_every={save_every} steps): a rerun starts over"
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names the file and why."""
 

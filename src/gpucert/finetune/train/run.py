@@ -48,7 +48,7 @@ from gpucert.finetune.data.formats import DataError
 from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.train import metrics as flops
-from gpucert.finetune.train.checkpoint import CheckpointError
+from gpucert.finetune.train.checkpoint import CheckpointError, resume_hint
 from gpucert.finetune.train.loop import (
     train,
 )
@@ -141,6 +141,10 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
                 leave_failed(rt, code)
             stop_runtime(rt)
             if isinstance(exc, KeyboardInterrupt):
+                # After close: the directory of a run stopped before its first step is gone, or as it was found.
+                hint = resume_hint(run.path, bool(cfg.output_dir), cfg.train.save_every) if rt.is_main and run else None
+                if hint:
+                    say(hint)
                 raise
             raise FinetuneFailed(record) from exc
         run.close(failed=False)
@@ -158,7 +162,10 @@ def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
     if isinstance(exc, KeyboardInterrupt):
         say(f"{rt.me.describe()} interrupted during {rt.phase}")
         return record, INTERRUPTED_EXIT
-    if record.rank in (None, rt.rank):
+    if record.operator:
+        # Stopped by the operator elsewhere in the job: what broke here (a collective whose peer left) is only that.
+        say_stop(rt, f"{rt.me.describe()} stops: {record.message()}", record)
+    elif record.rank in (None, rt.rank):
         say(record.message())
         if not isinstance(exc, (ConfigError, DataError, NoSpaceError, CheckpointError)):
             traceback.print_exception(exc)

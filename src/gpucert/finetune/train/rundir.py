@@ -117,10 +117,15 @@ def claim_run_dir(path: Path) -> RunDir:
         raise
 
 
+def run_dir_name(config: FinetuneConfig) -> str:
+    """output_dir, or a new runs/<timestamp>-finetune."""
+    return config.output_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-finetune"
+
+
 def open_run_dir(config: FinetuneConfig, rt: Runtime) -> RunDir:
     """output_dir, or runs/<timestamp>-finetune named by rank 0 (ranks' clocks may straddle a second). Rank 0
     creates and locks it, then writes the resolved config there; other ranks take the path only. Collective."""
-    names = [config.output_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-finetune"]
+    names = [run_dir_name(config)]
     if rt.world_size > 1:
         dist.broadcast_object_list(names, src=0)
     path = Path(names[0])
