@@ -21,7 +21,6 @@ import dataclasses
 import importlib.util
 import json
 import math
-import os
 import statistics
 import tempfile
 from collections import Counter
@@ -733,22 +732,6 @@ def report_json_chunks(report: Report, result_lines: Iterable[str] | None = None
     yield "\n }\n}\n"
 
 
-def _write_chunks_atomic(path: Path, chunks: Iterable[str]) -> None:
-    """store._write_atomic for a text written piece by piece: never half a report under its final name."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _scalar_details(result: Result) -> Result:
     """The result with only the scalar entries of its details: what the views of a big cluster read (a GPU's
     UUID, a floor), without the sweeps and series (the matmul sweep alone is 40 KB a GPU)."""
@@ -765,7 +748,7 @@ def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
     nodes the report kept for the views (and returned) has scalar details only; report.json has them all."""
     # store renders the views, which import this module: imported here so either can be imported first.
     from gpucert.report.markdown import render_markdown
-    from gpucert.report.store import load_report, write_html
+    from gpucert.report.store import load_report, write_atomic, write_html
 
     # Every input is there before anything is created: a typo leaves no half-made output directory behind.
     missing = [str(p) for p in paths if not (p / "report.json" if p.is_dir() else p).is_file()]
@@ -792,8 +775,8 @@ def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
         merged = merge_reports(kept, [str(path) for path in paths], command)
         per_node = sum(len(r.results) for r in kept)
         lines = _spooled_lines(merged, kept, spool, spans, merged.results[per_node:])
-        _write_chunks_atomic(output / "report.json", report_json_chunks(merged, lines))
-    _write_chunks_atomic(output / "report.md", [render_markdown(merged)])
+        write_atomic(output / "report.json", report_json_chunks(merged, lines))
+    write_atomic(output / "report.md", render_markdown(merged))
     if importlib.util.find_spec("matplotlib") is not None:
         write_html(merged, output)
     return merged

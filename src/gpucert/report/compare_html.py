@@ -24,7 +24,7 @@ from gpucert.report.compare import (
     summary_line,
 )
 from gpucert.report.schema import Report
-from gpucert.report.store import _write_atomic as write_atomic
+from gpucert.report.store import write_atomic
 from gpucert.report.terminal import STATUS_COLOUR
 
 _CSS = """

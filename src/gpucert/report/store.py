@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -174,16 +175,22 @@ def write_problem(target: Path) -> tuple[Path, str | None]:
     return nearest, None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # A report half-written by a killed run must never be read as a whole one.
+def write_atomic(path: Path, text: str | Iterable[str]) -> None:
+    """`text`, or its pieces as they come, under `path`, whole or not at all: a report half-written by a killed run
+    or a full disk must never be read as a whole one, and no temporary file is left behind."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    # mkstemp makes 0600 files; reports in a shared runs/ directory must be readable as the umask allows.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            for chunk in [text] if isinstance(text, str) else text:
+                fh.write(chunk)
+        # mkstemp makes 0600 files; reports in a shared runs/ directory must be readable as the umask allows.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_report(report: Report, directory: Path, html: bool = False) -> Path:
@@ -191,8 +198,8 @@ def write_report(report: Report, directory: Path, html: bool = False) -> Path:
     installed (gpucert[html]); `gpucert report RUN --html` draws it later where it is."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "report.json"
-    _write_atomic(path, json.dumps(report.to_dict(), indent=1) + "\n")
-    _write_atomic(directory / "report.md", render_markdown(report))
+    write_atomic(path, json.dumps(report.to_dict(), indent=1) + "\n")
+    write_atomic(directory / "report.md", render_markdown(report))
     if html and importlib.util.find_spec("matplotlib") is not None:
         write_html(report, directory)
     return path
@@ -202,7 +209,7 @@ def write_html(report: Report, directory: Path) -> Path:
     from gpucert.report.html import render_html  # matplotlib loads only when a page is drawn
 
     path = directory / "report.html"
-    _write_atomic(path, render_html(report))
+    write_atomic(path, render_html(report))
     return path
 
 

@@ -25,8 +25,6 @@ be checked without training:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from typing import Any
 import gpucert
 from gpucert.finetune.train.metrics import CATEGORY, LOSS_UNIT, RUN_SUBJECT
 from gpucert.report.schema import Report, Result, RunMeta
-from gpucert.report.store import write_report
+from gpucert.report.store import write_atomic, write_report
 from gpucert.status import Status
 
 VERB = "finetune"
@@ -362,15 +360,4 @@ def write_run_files(run_dir: Path, metrics: dict[str, Any], report: Report) -> N
     """report.json and report.md, then metrics.json last (its presence says the run finished, for the tools
     that read it); each file is written whole or not at all."""
     write_report(report, run_dir)
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".metrics.json.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(metrics, indent=1))
-        # mkstemp makes 0600 files; the run directory's other files follow the umask, so does this one.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, run_dir / "metrics.json")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no half-written temporary file behind
-        raise
+    write_atomic(run_dir / "metrics.json", json.dumps(metrics, indent=1))
