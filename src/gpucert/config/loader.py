@@ -11,7 +11,7 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -206,16 +206,22 @@ def blame_sources(
     overrides: Sequence[str],
     base_source: str = "the profile's run defaults",
     base: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None,
+    top_keys: Collection[str] = (),
 ) -> list[str]:
     """Each range problem (checked on the resolved config, which no longer says where a value came from) with the
     place that set the keys it names: the last of base < file < --set arguments to set each. `cfg.yaml:
-    bench.memory.size_mib must be ...`; a problem of two keys set in two places names both."""
+    bench.memory.size_mib must be ...`; a problem of two keys set in two places names both.
+
+    flags: an override -> what the user typed where a command-line flag made it (`resume="x"` -> `--resume x`).
+    top_keys: keys without a section (finetune's `resume`); a problem names one as its first word."""
     # Each layer: a mapping as read, or the dotted key a --set names (`--set bench.memory={size_mib: 0}` sets
     # the keys under it too).
     layers: list[tuple[str, Mapping[str, Any] | str]] = [(base_source, base)] if base else []
     if path is not None:
         layers.append((str(path), load_yaml(path)))
-    layers += [(f"--set {item}", item.split("=", 1)[0].strip()) for item in overrides]
+    said = flags or {}
+    layers += [(said.get(item) or f"--set {item}", item.split("=", 1)[0].strip()) for item in overrides]
 
     def sets(layer: Mapping[str, Any] | str, key: str) -> bool:
         return key == layer or key.startswith(f"{layer}.") if isinstance(layer, str) else _sets(layer, key)
@@ -223,7 +229,8 @@ def blame_sources(
     blamed = []
     for problem in problems:
         where: dict[str, str] = {}
-        for key in dict.fromkeys(_DOTTED_KEY.findall(problem)):
+        first = problem.split(" ", 1)[0]
+        for key in dict.fromkeys(([first] if first in top_keys else []) + _DOTTED_KEY.findall(problem)):
             for source, layer in reversed(layers):
                 if sets(layer, key):
                     where[key] = source

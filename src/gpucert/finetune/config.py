@@ -19,12 +19,12 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from gpucert.config.loader import ConfigError, load_config
+from gpucert.config.loader import ConfigError, blame_sources, load_config
 from gpucert.runtime.config import RuntimeConfig
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -415,17 +415,12 @@ def load_finetune_config(
     cfg = load_config(FinetuneConfig, path, overrides)
     found = cfg.problems() + (cfg.path_problems() if training else [])
     if found:
-        where = [_source(message, path, overrides, flags or {}) for message in found]
-        raise ConfigError("; ".join(f"{source}: {message}" for source, message in zip(where, found, strict=True)))
+        raise ConfigError("; ".join(blame_sources(found, path, overrides, flags=flags, top_keys=TOP_KEYS)))
     return cfg
 
 
-def _source(message: str, path: Path | None, overrides: Sequence[str], flags: Mapping[str, str]) -> str:
-    key = message.split(" ", 1)[0]
-    for item in reversed(overrides):
-        if item.split("=", 1)[0].strip() == key:
-            return flags.get(item) or f"--set {item}"
-    return str(path) if path else "defaults"
+# FinetuneConfig's keys outside any section (output_dir, resume, ...): the sections are built by a factory.
+TOP_KEYS = tuple(f.name for f in fields(FinetuneConfig) if f.default is not MISSING)
 
 
 # The recipe `gpucert finetune` runs without --config.
