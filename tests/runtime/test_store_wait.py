@@ -1,6 +1,7 @@
 """A node's wait for the job's store (group.connect_store), with a real TCPStore on localhost: it ends at its
 limit by our own deadline (TCPStore's own connect timeout ran 1.5-2.5x past it), says what it waits for along the
-way, says an address that does not resolve at once, and joins a store that comes up late within a retry."""
+way, says an address that does not resolve at once, and joins a store that comes up late within a retry. And the
+ranks' wait for each other on the host through the store (group.host_barrier)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 from datetime import timedelta
 
 import pytest
+import torch
 import torch.distributed as dist
 from tests.conftest import free_port, within
 
+from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.errors import RendezvousError
-from gpucert.runtime.group import RETRY_S, connect_store
+from gpucert.runtime.group import RETRY_S, Runtime, connect_store, host_barrier
+from gpucert.runtime.identity import RankIdentity
 
 WHO = "node rank 1 (host h)"
 
@@ -76,3 +80,35 @@ def test_a_node_started_before_the_store_joins_once_it_comes_up() -> None:
     assert served[0].get("said") == b"by the late joiner"
     # The connect's short timeout is not left as every request's default: the configured one is.
     assert store.timeout == timedelta(seconds=30)
+
+
+def _two_ranks(store: dist.Store, timeout_s: float) -> list[Runtime]:
+    peers = [RankIdentity(r, 2, r, 2, 0, 1, "node-0", "host", "cpu", pid=1000 + r) for r in (0, 1)]
+    config = RuntimeConfig(collective_timeout_s=timeout_s)
+    cpu = torch.device("cpu")
+    return [Runtime(me=me, peers=peers, device=cpu, backend="gloo", config=config, store=store) for me in peers]
+
+
+def test_the_host_barrier_holds_each_rank_until_all_came_and_names_how_many_did() -> None:
+    """What p2p's other ranks wait on while local rank 0 copies between GPUs (no kernel spinning on theirs)."""
+    rank0, rank1 = _two_ranks(dist.HashStore(), 10.0)
+    order: list[str] = []
+
+    def late() -> None:
+        time.sleep(0.5)
+        order.append("rank 1 came")
+        host_barrier(rank1, "p2p")
+
+    thread = threading.Thread(target=late)
+    thread.start()
+    host_barrier(rank0, "p2p")
+    order.append("rank 0 went on")
+    thread.join()
+    assert order == ["rank 1 came", "rank 0 went on"]
+    # The next barrier is its own: the first one's count does not let rank 0 through alone.
+    rank0.config = RuntimeConfig(collective_timeout_s=0.5)
+    with pytest.raises(RuntimeError) as raised:
+        host_barrier(rank0, "memory")
+    assert "1 of 2 ranks reached the barrier after memory within 0.5 s (runtime.collective_timeout_s)" in str(
+        raised.value
+    )

@@ -13,14 +13,13 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import MemoryBenchConfig
 from gpucert.report.numbers import sig
 from gpucert.report.schema import Result
-from gpucert.runtime.group import Runtime, gather_to_main, rank_row
+from gpucert.runtime.group import Runtime, gather_to_main, host_barrier, rank_row
 from gpucert.runtime.identity import row_identity
 from gpucert.status import Status
 
@@ -81,9 +80,10 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     if device.type == "cuda":
         # One GPU at a time, as nvbandwidth and the reference figures do: four GPUs pulling from host memory at
         # once measure the host's memory system and IOMMU, not each GPU's link (4xH200 VM: 44 vs 54 GB/s).
+        # The others wait on the host: an NCCL barrier's kernel would spin on their GPUs meanwhile, polling host
+        # memory over PCIe where NCCL goes through it (host_barrier).
         for turn in range(env.world_size):
-            if env.world_size > 1:
-                dist.barrier()
+            host_barrier(env, f"pcie turn {turn}")
             if turn == env.rank:
                 rows.update(_pcie_rows(config, device))
     mine = {**rank_row(env), "rows": rows}

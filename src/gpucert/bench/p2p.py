@@ -1,9 +1,10 @@
 """GPU-to-GPU copy bandwidth for every ordered pair: the matrix that names a weak NVLink.
 
-Rank 0 measures with every GPU it sees (torchrun leaves CUDA_VISIBLE_DEVICES alone, so that is the whole node);
-the other ranks wait at a barrier. For each ordered pair (src, dst) it copies size_mib of random bytes with
-`dst.copy_(src)` (a copy-engine peer copy when peer access is on, as nvbandwidth's CE tests do), timed with
-CUDA events on the source GPU's stream, and checks the last copy byte for byte.
+Each node's local rank 0 measures with every GPU it sees (torchrun leaves CUDA_VISIBLE_DEVICES alone, so that is
+the whole node); the other ranks wait on the host (group.host_barrier), with nothing running on their GPUs: a
+spinning NCCL barrier there cut the copies into those GPUs by 40 %. For each ordered pair (src, dst) it copies
+size_mib of random bytes with `dst.copy_(src)` (a copy-engine peer copy when peer access is on, as nvbandwidth's
+CE tests do), timed with CUDA events on the source GPU's stream, and checks the last copy byte for byte.
 
 Reading the output: `matrix_gbps[src][dst]` is a unidirectional copy rate in GB/s (1e9 B/s, bytes copied, not
 read + write); NVLink 4 reads 371-377 (NVIDIA/nccl#1264). A pair well below the others names the link; a GPU
@@ -22,7 +23,7 @@ from gpucert.bench.timing import time_repeats
 from gpucert.config.profiles import Profile
 from gpucert.config.run import P2pBenchConfig
 from gpucert.report.schema import Result
-from gpucert.runtime.group import Runtime, gather_to_main
+from gpucert.runtime.group import Runtime, gather_to_main, host_barrier
 from gpucert.status import Status
 
 # Bytes compared at once when checking a copy (bounds the temporary buffers on the source GPU).
@@ -44,6 +45,7 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
         else:
             data = measure_matrix(cfg["size_mib"] << 20, cfg["warmup"], cfg["repeats"])
         data["node"] = env.me.node
+    host_barrier(env, "p2p")  # the gather below is a collective: its kernels start once every copy is done
     nodes = gather_to_main(env, data)
     return None if nodes is None else {"nodes": [d for d in nodes if d is not None]}
 

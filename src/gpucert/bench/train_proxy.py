@@ -30,7 +30,7 @@ from gpucert.config.floors import describe_count, floor_for
 from gpucert.config.profiles import Profile
 from gpucert.config.run import TrainBenchConfig
 from gpucert.report.schema import Result
-from gpucert.runtime.group import Runtime
+from gpucert.runtime.group import Runtime, host_barrier
 from gpucert.status import Status
 
 
@@ -236,7 +236,7 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     preset = PRESETS[bench.model]
     phases = [train_phase(env, preset, bench, ddp=False)] if env.is_main else []
     if env.world_size > 1:
-        dist.barrier()
+        host_barrier(env, "train alone")  # nothing runs on the other GPUs while rank 0 trains alone
         phases.append(train_phase(env, preset, bench, ddp=True))
     # DDP's reducer sits in a reference cycle: free it while the process group lives, or its threads die at
     # interpreter exit and abort the process ("terminate called without an active exception").

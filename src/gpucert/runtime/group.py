@@ -218,6 +218,7 @@ class Runtime:
     # node checks, finished benchmarks, the verdict. The same store, not this round's key prefix.
     run_store: Any = None
     _node_group: Any = field(default=None, repr=False)
+    _host_barriers: int = field(default=0, repr=False)  # host_barrier's calls so far: every rank's count agrees
 
     # The names benchmarks and the training loop use.
     @property
@@ -630,6 +631,28 @@ def gather_to_main(rt: Runtime, payload: Any) -> list[Any] | None:
     out: list[Any] | None = [None] * rt.world_size if rt.is_main else None
     dist.gather_object(payload, out, dst=0)
     return out
+
+
+def host_barrier(rt: Runtime, name: str) -> None:
+    """Every rank of the job here, waited for on the host through the job's store, so that no kernel runs on the
+    GPU of a rank that waits. dist.barrier() on NCCL is an all-reduce whose kernel spins on the GPU of every rank
+    that arrived first: while a node's local rank 0 copied between its GPUs (p2p), the other three ranks'
+    spinning barrier held every copy into their GPUs to 239 GB/s against 395 into GPU 0 (4 x H200, NVLink,
+    2026-11-29). Bounded by runtime.collective_timeout_s; a rank that never comes is named by the watchdog."""
+    if rt.world_size == 1:
+        return
+    rt._host_barriers += 1
+    key = f"host-barrier/{rt._host_barriers}/{name}"
+    if rt.store.add(key, 1) == rt.world_size:
+        rt.store.set(f"{key}/all", "1")
+    try:
+        rt.store.wait([f"{key}/all"], timedelta(seconds=rt.config.collective_timeout_s))
+    except dist.DistStoreError:
+        came = rt.store.add(key, 0)
+        raise RuntimeError(
+            f"{rt.me.describe()}: {came} of {rt.world_size} ranks reached the barrier after {name} within "
+            f"{rt.config.collective_timeout_s:g} s (runtime.collective_timeout_s)"
+        ) from None
 
 
 def say(line: str) -> bool:
