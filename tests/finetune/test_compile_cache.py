@@ -9,6 +9,7 @@ custom autograd.Function, as FP8's layers do, for the test that a warm start loa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -81,6 +82,22 @@ def test_compile_summary_takes_the_slowest_rank() -> None:
     assert got["compile"]["warm_up_s"] == 3.0
     assert got["compile"]["ranks"][0]["warm_up"]["counters"] == {"fxgraph_cache_miss": 2}
     assert compile_summary(alone, None, None, first)["compile"] is None
+
+
+def test_the_warm_up_line_says_who_compiled_beside_this_rank_and_who_waited() -> None:
+    """One node of 4 GPUs (4 x H200, 2026-11-29): inductor keys graphs by device index, so each GPU's rank compiled
+    at once, none waiting; the line said "compiled first, the other ranks waiting"."""
+    from gpucert.finetune.train.compile_cache import WarmUp
+    from gpucert.finetune.train.loop import warm_up_line
+
+    node = WarmUp(0, "cuda:0", "first", seconds=20.7, counters={"fxgraph_cache_hit": 0, "fxgraph_cache_miss": 4},
+                  first_ranks=4)  # fmt: skip
+    said = warm_up_line(node, Path("/c"))
+    assert said.startswith("compile warm-up 20.7 s on rank 0 (compiled first, as did the first rank of each of 3 ")
+    assert "waiting" not in said
+    # Two nodes of one GPU each: every rank sees cuda:0, rank 0 compiles and rank 1 loads after.
+    nodes = dataclasses.replace(node, device="cuda:0", first_ranks=1, waiting_ranks=1)
+    assert "(compiled first, 1 other rank(s) waiting to load)" in warm_up_line(nodes, Path("/c"))
 
 
 def test_the_first_step_result_says_where_the_start_up_went() -> None:

@@ -130,6 +130,9 @@ class WarmUp:
     waited_s: float = 0.0  # waiting for the ranks that compiled first
     counters: dict[str, int] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
+    # How many ranks compiled first (one for each device index), and how many waited for them.
+    first_ranks: int = 1
+    waiting_ranks: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,7 +182,8 @@ def warm_up(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
-    record = WarmUp(rank, here, order, seconds, waited, cache_counters(), compile_phases_s())
+    waiting = 0 if together else world_size - len(leaders)
+    record = WarmUp(rank, here, order, seconds, waited, cache_counters(), compile_phases_s(), len(leaders), waiting)
     if first:
         _write_marker(marker, {**record.to_dict(), "signature": sig, "written_at": time.time()})
     if not together and first:

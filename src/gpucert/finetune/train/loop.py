@@ -364,9 +364,13 @@ def resume_hint(saved_rows: int, grad_accum: int, world: int, plan: MemoryPlan) 
 
 def warm_up_line(warm: WarmUp, cache_dir: Path) -> str:
     c = warm.counters
+    # Inductor keys graphs by device index: on one node every GPU's first rank compiles, at once.
+    others = warm.first_ranks - 1
+    beside = f", as did the first rank of each of {others} other device(s)" if others else ""
+    waiting = f", {warm.waiting_ranks} other rank(s) waiting to load" if warm.waiting_ranks else ""
     how = {
         "alone": "",
-        "first": " (compiled first, the other ranks waiting)",
+        "first": f" (compiled first{beside}{waiting})",
         "after": f" (after waiting {warm.waited_s:.1f} s for the ranks that compiled first)",
         "together": " (cache warm: every rank at once)",
     }[warm.order]
