@@ -6,7 +6,12 @@ docs/results. `python tools/two_nodes_gpu.py PART --out DIR` with PART one of:
   nodes on an empty compile cache, then on one GPU alone (the cache now warm), tokens/s per GPU of each and the
   share kept;
 - faults: node 0 alone (named within the rendezvous timeout), then a rank SIGKILLed and a rank SIGSTOPped
-  mid-fine-tuning (named on both nodes within the heartbeat timeout), with the default heartbeats.
+  mid-fine-tuning (named on both nodes within the heartbeat timeout), with the default heartbeats;
+- stop: the operator's Ctrl-C to node 1's gpucert mid-fine-tuning, then to node 0's: how long until both nodes are
+  gone, what each says, what is left on the GPUs and which checkpoint a rerun continues from.
+
+finetune --transport local lets NCCL take the host's own path (shared memory or peer access) instead: beside a
+--transport net run, it tells what the network path costs.
 
 Each node sees only its own GPU (CUDA_VISIBLE_DEVICES) and NCCL may use neither peer access nor shared memory
 (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), so the collectives take the network path as between two machines.
@@ -37,10 +42,15 @@ NAMES = ("node-a", "node-b")
 STEPS = 20
 
 
+# "net": NCCL's network path, as between two machines; "local": whatever NCCL picks inside one host (shared
+# memory or peer access), to tell what the network path costs a run (finetune --transport local).
+TRANSPORT = ["net"]
+
+
 def node_env(gpu: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return {**env, "CUDA_VISIBLE_DEVICES": str(gpu), "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
-            "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    net = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"} if TRANSPORT[0] == "net" else {}
+    return {**env, "CUDA_VISIBLE_DEVICES": str(gpu), **net, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
 
 
 def node_flags(rank: int, port: int) -> list[str]:
@@ -146,11 +156,13 @@ def finetune_argv(run: Path, cache: Path, steps: int, sets: Sequence[str] = ()) 
             *(a for kv in sets for a in ("--set", kv))]  # fmt: skip
 
 
-def finetune(out: Path, sets: list[str]) -> dict[str, Any]:
+def finetune(out: Path, sets: list[str], warm: bool, one_gpu: bool) -> dict[str, Any]:
     cache = Path("/tmp/gpucert-compile-two-nodes")
-    shutil.rmtree(cache, ignore_errors=True)
-    figures: dict[str, Any] = {"steps": STEPS, "compile_cache": "empty before the two-node run, shared by both nodes",
-                               "sets": sets}  # fmt: skip
+    if not warm:
+        shutil.rmtree(cache, ignore_errors=True)
+    state = "as an earlier part left it" if warm else "empty before the two-node run"
+    figures: dict[str, Any] = {"steps": STEPS, "compile_cache": f"{state}, shared by both nodes", "sets": sets,
+                               "transport": TRANSPORT[0]}  # fmt: skip
     run2, port = Path("/tmp/ft-two-nodes"), free_port()
     shutil.rmtree(run2, ignore_errors=True)
     t0 = time.monotonic()
@@ -158,6 +170,10 @@ def finetune(out: Path, sets: list[str]) -> dict[str, Any]:
              for r in (0, 1)]  # fmt: skip
     codes = wait_all(procs, 400)
     figures["two_nodes"] = {"seconds": round(time.monotonic() - t0, 1), "exit_codes": codes, **metrics(run2)}
+    if (run2 / "metrics.json").exists():  # with every step's time, for where a gap goes
+        shutil.copy(run2 / "metrics.json", out / "finetune-2n-metrics.json")
+    if not one_gpu:
+        return figures
     run1 = Path("/tmp/ft-one-gpu")
     shutil.rmtree(run1, ignore_errors=True)
     t0 = time.monotonic()
@@ -207,6 +223,32 @@ def rank_fault(out: Path, name: str, sig: signal.Signals) -> dict[str, Any]:
             "tracebacks_on_terminal": sum("Traceback" in log.read_text(errors="replace") for log in logs)}  # fmt: skip
 
 
+def operator_stop(out: Path, node: int, sets: Sequence[str]) -> dict[str, Any]:
+    """Ctrl-C (SIGINT) to node `node`'s gpucert at step 4 of a run saving every 2 steps: how long until every node
+    is gone, what each says, what is left on the GPUs."""
+    run, port = Path(f"/tmp/ft-stop-{node}"), free_port()
+    shutil.rmtree(run, ignore_errors=True)
+    logs = [out / f"stop-on-{node}-{r}.log" for r in (0, 1)]
+    argv = [*finetune_argv(run, Path("/tmp/gpucert-compile-two-nodes"), 5000, ["train.save_every=2", *sets])]
+    procs = [start([*argv, *node_flags(r, port)], r, logs[r]) for r in (0, 1)]
+    deadline = time.monotonic() + 300
+    while not re.search(r"\[finetune\] step 4/", logs[0].read_text(errors="replace")):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            wait_all(procs, 1)
+            return {"error": "no step 4 before the stop", "tail": logs[0].read_text(errors="replace")[-2000:]}
+        time.sleep(0.5)
+    procs[node].send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    codes = wait_all(procs, 240)
+    took = time.monotonic() - t0
+    time.sleep(1)
+    return {"signal": "SIGINT", "to_node": node, "seconds_to_every_node_gone": round(took, 1), "exit_codes": codes,
+            "said": [gpucert_lines(log)[-2:] for log in logs], "ranks_left": len(ranks_alive(str(run))),
+            "gpu_processes_left": gpu_processes(),
+            "checkpoints": sorted(p.name for p in (run / "checkpoints").glob("step-*")),
+            "tracebacks_on_terminal": sum("Traceback" in log.read_text(errors="replace") for log in logs)}  # fmt: skip
+
+
 def faults(out: Path) -> dict[str, Any]:
     return {
         "heartbeats": "defaults: runtime.heartbeat_interval_s and runtime.heartbeat_timeout_s",
@@ -218,15 +260,27 @@ def faults(out: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=("accept", "finetune", "faults"))
+    parser.add_argument("part", choices=("accept", "finetune", "faults", "stop"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="finetune: a config override for both runs (model.precision=fp8), repeatable")  # fmt: skip
+                        help="finetune, stop: a config override of every run (model.precision=fp8)")  # fmt: skip
+    parser.add_argument("--transport", choices=("net", "local"), default="net",
+                        help="NCCL between the two nodes: the network path (default) or the host's own")  # fmt: skip
+    parser.add_argument("--warm", action="store_true", help="finetune: keep the compile cache an earlier part left")
+    parser.add_argument("--two-nodes-only", action="store_true", help="finetune: no one-GPU run after")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.sets and args.part != "finetune":
-        parser.error("--set applies to the finetune part only")
-    parts = {"accept": accept, "finetune": lambda out: finetune(out, args.sets), "faults": faults}
+    if (args.warm or args.two_nodes_only) and args.part != "finetune":
+        parser.error("--warm and --two-nodes-only apply to the finetune part only")
+    if args.sets and args.part not in ("finetune", "stop"):
+        parser.error("--set applies to the finetune and stop parts only")
+    TRANSPORT[0] = args.transport
+    parts = {
+        "accept": accept,
+        "finetune": lambda out: finetune(out, args.sets, args.warm, not args.two_nodes_only),
+        "faults": faults,
+        "stop": lambda out: {f"on_node_{n}": operator_stop(out, n, args.sets) for n in (1, 0)},
+    }
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally below runs
     try:
         figures = parts[args.part](args.out)
