@@ -308,6 +308,9 @@ def run_on_nodes(
         env[RUN_DIR_VARIABLE] = str(run_dir.path.absolute())
         # One round of fresh workers a benchmark: a benchmark that fails or hangs costs that benchmark.
         restarts = len(request.benchmarks)
+        if request.benchmarks:
+            # Each rank imports torch and sets up its GPU before the first benchmark: seconds, said, not silent.
+            say(f"starting {nproc} rank{'s' if nproc > 1 else ''} on {plan.node_name or host}...")
         try:
             outcome = launch_ranks(plan, nproc, argv, config.runtime, run_dir.path / "logs", env, restarts)
         except RendezvousError as exc:

@@ -422,9 +422,19 @@ def test_accept_whose_reader_left_before_the_report_exits_141_quietly_with_the_w
     exits 141 with nothing on stderr but its progress. It once exited 141 after `rank 0 on this node ended: exit
     code 141`, rank 0's own exit taken for a failed rank."""
     done = run_into_closed_pipe([*ONE_BENCHMARK, "--output", str(tmp_path / "run")], stderr_too=False)
-    assert (done.returncode, done.stderr) == (141, "running benchmark matmul...\n"), done.stderr[-2000:]
+    assert done.returncode == 141, done.stderr[-2000:]
+    assert re.fullmatch(r"starting \d+ ranks? on \S+\.\.\.\nrunning benchmark matmul\.\.\.\n", done.stderr), done.stderr
     report = load_report(tmp_path / "run")
     assert report.status < Status.ERROR and any(r.name == "matmul.fp32.max" for r in report.results)
+
+
+@pytest.mark.slow
+def test_accept_whose_reader_left_before_it_began_exits_141_leaving_nothing(tmp_path: Path) -> None:
+    """`gpucert accept 2>&1 | true`: its first line (`starting N ranks on ...`) finds the reader gone. Nothing ran,
+    so nothing is reported: exit 141, no word, and no run directory left behind."""
+    done = run_into_closed_pipe([*ONE_BENCHMARK, "--output", str(tmp_path / "run")], stderr_too=True)
+    assert done.returncode == 141
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
@@ -434,8 +444,12 @@ def test_accept_whose_reader_left_stops_before_the_next_benchmark_and_says_what_
     once went on through every benchmark, each recorded as an ERROR of that benchmark ("nothing after this point
     was run or judged"), and ended with a BrokenPipeError on stderr."""
     two = ["accept", "--profile", "cpu", "--skip", "burn,p2p,collectives,train", "--output", str(tmp_path / "run")]
-    done = run_into_closed_pipe(two, stderr_too=True)
-    assert done.returncode == 141
+    # The reader takes the first line (`starting 2 ranks on ...`, said before the ranks start) and leaves.
+    proc = subprocess.Popen([*GPUCERT, *two], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    assert proc.stdout is not None
+    assert re.fullmatch(r"starting \d+ ranks? on \S+\.\.\.\n", proc.stdout.readline())
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 141
     report = load_report(tmp_path / "run")
     assert not [r for r in report.results if r.name.startswith(("matmul.", "memory.", "bench."))], report.results
     (stopped,) = [r for r in report.results if r.status is Status.ERROR]

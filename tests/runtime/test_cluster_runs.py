@@ -420,8 +420,9 @@ def test_the_operators_stop_is_one_line_and_recorded_as_such(
     took = time.monotonic() - sent
     assert proc.returncode == code, f"exit {proc.returncode} {took:.1f} s after {sig.name}\nstderr: {err[-3000:]}"
     cause = said.format(pid=proc.pid, host=socket.gethostname())
-    # Progress ("running benchmark matmul...") shares stderr: the stop is one line among the gpucert: lines.
-    said = [line for line in err.splitlines() if not line.startswith("running benchmark ")]
+    # Progress ("starting 2 ranks on ...", "running benchmark matmul...") shares stderr: the stop is one line among
+    # the gpucert: lines.
+    said = [line for line in err.splitlines() if not line.startswith(("starting ", "running benchmark "))]
     assert said == [f"gpucert: {cause} during bench matmul; partial report written to {out}/report.json"], err
     (aborted,) = [r for r in load(out)["results"] if r["status"] == "ERROR"]
     assert aborted["name"] == "run.aborted", aborted
