@@ -415,8 +415,12 @@ def test_precision_is_validated_at_load(tmp_path: Path) -> None:
     assert load_finetune_config(path).model.precision == "bf16"
     with pytest.raises(ConfigError, match=r"--set model.precision=fp4: model.precision must be one of bf16, fp8"):
         load_finetune_config(path, ["model.precision=fp4"])
-    with pytest.raises(ConfigError, match=r"--set model.dtype=fp32: model.dtype must be bf16 with model.precision fp8"):
+    with pytest.raises(ConfigError) as two_keys:
         load_finetune_config(path, ["model.precision=fp8", "model.dtype=fp32"])
+    assert str(two_keys.value) == (  # each key named with the --set that gave it
+        "model.dtype must be bf16 with model.precision fp8, found 'fp32' (model.dtype from --set model.dtype=fp32, "
+        "model.precision from --set model.precision=fp8)"
+    )
     with pytest.raises(ConfigError, match=r"train.parallel must be auto, none or ddp with model.precision fp8"):
         load_finetune_config(path, ["model.precision=fp8", "train.parallel=fsdp2"])
     assert (

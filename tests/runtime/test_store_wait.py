@@ -1,10 +1,12 @@
 """A node's wait for the job's store (group.connect_store), with a real TCPStore on localhost: it ends at its
 limit by our own deadline (TCPStore's own connect timeout ran 1.5-2.5x past it), says what it waits for along the
 way, says an address that does not resolve at once, and joins a store that comes up late within a retry. And the
-ranks' wait for each other on the host through the store (group.host_barrier)."""
+ranks' wait for each other on the host through the store (group.host_barrier), and node 0's wait for the other
+nodes to read how the job ended before its store goes (launcher.NodeRendezvous.linger)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -13,11 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from tests.conftest import free_port, within
+from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.errors import RendezvousError
 from gpucert.runtime.group import RETRY_S, Runtime, connect_store, host_barrier
 from gpucert.runtime.identity import RankIdentity
+from gpucert.runtime.launcher import NodeRendezvous
 
 WHO = "node rank 1 (host h)"
 
@@ -109,6 +113,33 @@ def test_the_host_barrier_holds_each_rank_until_all_came_and_names_how_many_did(
     rank0.config = RuntimeConfig(collective_timeout_s=0.5)
     with pytest.raises(RuntimeError) as raised:
         host_barrier(rank0, "memory")
-    assert "1 of 2 ranks reached the barrier after memory within 0.5 s (runtime.collective_timeout_s)" in str(
-        raised.value
-    )
+    assert "1 of 2 ranks reached the barrier (memory) within 0.5 s (runtime.collective_timeout_s)" in str(raised.value)
+
+
+def test_node_0_lingers_until_this_rounds_ack_not_an_earlier_rounds() -> None:
+    """After the job ended, node 0 keeps the store up until every other node read how (NodeRendezvous.linger), at
+    most two heartbeat intervals. An ack of round 0's failure once let round 1's Ctrl-C end node 0 at once, and
+    node 1 then said only "rank 1 on this node ended: exit code 3"."""
+    port = free_port()
+
+    def node(rank: int) -> NodeRendezvous:
+        runtime = json.dumps({"heartbeat_interval_s": 2.0})
+        params = RendezvousParameters("gpucert", f"127.0.0.1:{port}", "gpucert", 2, 2, node_rank=rank, runtime=runtime)
+        return NodeRendezvous(params)
+
+    node0, node1 = node(0), node(1)
+    node0.store = dist.TCPStore("127.0.0.1", port, 2, True, wait_for_workers=False)
+    node1.store = dist.TCPStore("127.0.0.1", port, 2, False)
+    for n in (node0, node1):
+        n.labels, n.round = {0: "a", 1: "b"}, 0
+    node1._ack(node1.store)  # round 0 ended; node 1 read how
+    node0.linger()  # returns at once: the ack is there
+    for n in (node0, node1):
+        n.round, n._acked = 1, False  # as next_rendezvous leaves them
+    t0 = time.monotonic()
+    node0.linger()  # round 1 ended and node 1 has not read it: the whole bound
+    assert time.monotonic() - t0 >= 4.0
+    threading.Timer(0.5, node1._ack, [node1.store]).start()
+    t0 = time.monotonic()
+    node0.linger()
+    assert time.monotonic() - t0 < 4.0  # ended by the ack, not the bound

@@ -83,9 +83,10 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
         # The others wait on the host: an NCCL barrier's kernel would spin on their GPUs meanwhile, polling host
         # memory over PCIe where NCCL goes through it (host_barrier).
         for turn in range(env.world_size):
-            host_barrier(env, f"pcie turn {turn}")
+            host_barrier(env, f"before pcie turn {turn}")
             if turn == env.rank:
                 rows.update(_pcie_rows(config, device))
+        host_barrier(env, "after the pcie turns")  # the gather below is a collective: it waits for the last turn
     mine = {**rank_row(env), "rows": rows}
     ranks = gather_to_main(env, mine)
     return None if ranks is None else {"ranks": ranks, "config": asdict(config)}

@@ -45,7 +45,8 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
         else:
             data = measure_matrix(cfg["size_mib"] << 20, cfg["warmup"], cfg["repeats"])
         data["node"] = env.me.node
-    host_barrier(env, "p2p")  # the gather below is a collective: its kernels start once every copy is done
+    # The gather below is a collective: its kernels start once every copy is done.
+    host_barrier(env, "after the p2p matrix")
     nodes = gather_to_main(env, data)
     return None if nodes is None else {"nodes": [d for d in nodes if d is not None]}
 

@@ -236,7 +236,7 @@ def measure(env: Runtime, cfg: dict[str, Any]) -> dict[str, Any] | None:
     preset = PRESETS[bench.model]
     phases = [train_phase(env, preset, bench, ddp=False)] if env.is_main else []
     if env.world_size > 1:
-        host_barrier(env, "train alone")  # nothing runs on the other GPUs while rank 0 trains alone
+        host_barrier(env, "after rank 0 trained alone")  # nothing runs on the other GPUs while rank 0 trains alone
         phases.append(train_phase(env, preset, bench, ddp=True))
     # DDP's reducer sits in a reference cycle: free it while the process group lives, or its threads die at
     # interpreter exit and abort the process ("terminate called without an active exception").

@@ -1019,7 +1019,7 @@ def conclude(
             results.append(
                 Result(
                     **subject,
-                    status=Status.SKIP,
+                    status=Status.INFO,  # measured, and not to be held against it: shown, not judged
                     message=f"not judged: {node.name}'s only pair failed, which its partner {partner}'s slow GPU "
                     "explains; no known-good node was free to clear it",
                 )

@@ -408,9 +408,10 @@ def load_finetune_config(
 ) -> FinetuneConfig:
     """The config of path (None: the defaults) < overrides, refused as a whole (ConfigError) when any value is bad.
 
-    Each message names where its value came from: the last `--set` of that key, or the command-line flag that
-    overrides gave it (`flags`: an override -> what the user typed, e.g. "resume=\"x\"" -> "--resume x"), else
-    the file. `training` adds the checks of output_dir and resume against the filesystem.
+    Each message names where its keys' values came from (config.loader.blame_sources): the last `--set` of a key,
+    or the command-line flag that overrides gave it (`flags`: an override -> what the user typed, e.g.
+    "resume=\"x\"" -> "--resume x"), else the file that sets it. `training` adds the checks of output_dir and
+    resume against the filesystem.
     """
     cfg = load_config(FinetuneConfig, path, overrides)
     found = cfg.problems() + (cfg.path_problems() if training else [])

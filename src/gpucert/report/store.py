@@ -184,13 +184,26 @@ def write_atomic(path: Path, text: str | Iterable[str]) -> None:
             for chunk in [text] if isinstance(text, str) else text:
                 fh.write(chunk)
         # mkstemp makes 0600 files; reports in a shared runs/ directory must be readable as the umask allows.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it: write_atomic runs on the watchdog's and
+    SIGTERM's threads too, and os.umask can only read by setting, so a file another thread made meanwhile would get
+    the temporary mask."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # the strictest, if briefly in force
+    os.umask(mask)
+    return mask
 
 
 def write_report(report: Report, directory: Path, html: bool = False) -> Path:

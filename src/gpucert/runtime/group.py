@@ -650,7 +650,7 @@ def host_barrier(rt: Runtime, name: str) -> None:
     except dist.DistStoreError:
         came = rt.store.add(key, 0)
         raise RuntimeError(
-            f"{rt.me.describe()}: {came} of {rt.world_size} ranks reached the barrier after {name} within "
+            f"{rt.me.describe()}: {came} of {rt.world_size} ranks reached the barrier ({name}) within "
             f"{rt.config.collective_timeout_s:g} s (runtime.collective_timeout_s)"
         ) from None
 

@@ -142,11 +142,12 @@ class NodeRendezvous(RendezvousHandler):
             self.store = connect_store(self.addr, self.port, self.serves, self.config.rendezvous_timeout_s, self.who)
             self.port = self.store.port  # a lone node serves on a port the OS chose
         self.round += 1
-        self.cause, self._abort_seen = None, None
+        self.cause, self._abort_seen, self._acked = None, None, False
         try:
             if self.round > 0:
                 run = dist.PrefixStore(RUN_PREFIX, self.store)
                 if run.check(["over"]):
+                    self._ack(self.store)
                     raise JobFailed(run.get("over").decode())
             self._meet()
         except (RendezvousError, JobFailed):
@@ -280,23 +281,24 @@ class NodeRendezvous(RendezvousHandler):
         return None
 
     def _ack(self, watch: Any) -> None:
-        """Tell node 0 this node has read how the job ended: it keeps its store up until every node has
-        (linger)."""
+        """Tell node 0 this node has read how this round's job ended: it keeps its store up until every node has
+        (linger). Counted per round: an earlier round's failure, read and acked, must not let a later stop go."""
         if not self._acked and not self.serves:
             with contextlib.suppress(RuntimeError):
-                dist.PrefixStore(RUN_PREFIX, watch).add(ACKED, 1)
+                dist.PrefixStore(RUN_PREFIX, watch).add(f"{ACKED}/{self.round}", 1)
                 self._acked = True
 
     def linger(self) -> None:
         """Node 0, its job ended (a failure, the operator's stop): keep serving the store until every other node
         has read how it ended (their agents look every heartbeat interval), for at most two intervals. Without
-        this a node read only "rank 1 on this node ended: exit code 3" once node 0 was gone."""
-        if not self.serves or self.num_nodes == 1 or self.store is None:
+        this a node read only "rank 1 on this node ended: exit code 3" once node 0 was gone. Nothing to wait for
+        before the nodes met: nothing was recorded for them."""
+        if not self.serves or self.num_nodes == 1 or self.store is None or not self.labels:
             return
         deadline = time.monotonic() + 2 * self.config.heartbeat_interval_s
         run = dist.PrefixStore(RUN_PREFIX, self.store)
         with contextlib.suppress(RuntimeError):
-            while run.add(ACKED, 0) < self.num_nodes - 1 and time.monotonic() < deadline:
+            while run.add(f"{ACKED}/{self.round}", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
                 time.sleep(POLL_S)
 
     def _short_connection(self) -> Any:
@@ -319,6 +321,7 @@ class NodeRendezvous(RendezvousHandler):
             record = dataclasses.replace(record, phase=read_phase(workers, 0, "start-up"))
             record_abort(workers, record)
             dist.PrefixStore(RUN_PREFIX, watch).compare_set("over", "", how_it_ended(record))
+            self._ack(watch)  # this node knows how the job ended: node 0 need not wait for it to read so
         return record
 
     def get_run_id(self) -> str:
@@ -530,6 +533,8 @@ def launch_ranks(
     except JobFailed as exc:
         # The ranks set `over` before the next round: the verdict local rank 0 wrote on its way out still counts
         # (141: the reader of the output left, which is no failure to report).
+        if _CURRENT:
+            _CURRENT[0].linger()  # the other nodes read `over` from our store as they meet for the next round
         return LaunchOutcome(False, _read_verdict(verdict_file), str(exc))
     except SignalException as exc:
         if exc.sigval == signal.SIGINT:
