@@ -60,7 +60,9 @@ def test_evaluate_takes_the_runs_own_config_and_refuses_another_model(tmp_path: 
     trained_on = json.loads((run / "metrics.json").read_text())["dataset"]
     capsys.readouterr()
 
-    assert main(["evaluate", "--adapter", str(run), "--set", "eval.max_examples=2"]) == 0
+    # Two turns of at most 16 new tokens each: what is checked is which config and split are used, not the scores.
+    few = ["--set", "eval.max_examples=2", "--set", "eval.max_new_tokens=16"]
+    assert main(["evaluate", "--adapter", str(run), *few]) == 0
     err = capsys.readouterr().err
     assert f"evaluating with {run / 'config.yaml'}" in err and "warning" not in err, err
     evaluated = load_report(run / "evaluation").meta.config["evaluate"]
@@ -68,14 +70,14 @@ def test_evaluate_takes_the_runs_own_config_and_refuses_another_model(tmp_path: 
     assert evaluated["trained_on_data"] == trained_on["fingerprint"]
 
     # Another config on the same model: allowed, with a warning that the split is not the run's.
-    out = ["--output", str(tmp_path / "other-split"), "--set", "eval.max_examples=2"]
+    out = ["--output", str(tmp_path / "other-split"), *few]
     assert main(["evaluate", "--adapter", str(run), "--config", "tiny", *out]) == 0
     assert f"warning: {run} trained on prepared data {trained_on['fingerprint'][:12]}" in capsys.readouterr().err
 
     # Other rows through --data, as the warning advises: no warning.
     rows = tmp_path / "other-rows.jsonl"
     rows.write_text("".join(SAMPLE_PATH.read_text().splitlines(keepends=True)[:200]))
-    out = ["--output", str(tmp_path / "other-rows"), "--set", "eval.max_examples=2"]
+    out = ["--output", str(tmp_path / "other-rows"), *few]
     assert main(["evaluate", "--adapter", str(run), "--data", str(rows), *out]) == 0
     assert "warning" not in capsys.readouterr().err
 
