@@ -156,8 +156,10 @@ def test_ctrl_c_on_either_node_stops_both_and_node_0_says_which_checkpoint_conti
     nodes = two_nodes({0: ["train.save_every=2"], 1: ["train.save_every=2"]})
     procs = [node.agent for node in nodes]
     wait_until_training(nodes[0].output, procs)
+    deadline = time.monotonic() + within(START_TIMEOUT_S)
     while not (tmp_path / "run" / "checkpoints" / "step-2" / "COMPLETE").exists():  # step 3 began: soon there
         assert all(p.poll() is None for p in procs), nodes[0].output()[-3000:]
+        assert time.monotonic() < deadline, f"no step-2 checkpoint in {START_TIMEOUT_S} s: {nodes[0].output()[-3000:]}"
         time.sleep(0.2)
     workers = [w for p in procs for w in psutil.Process(p.pid).children(recursive=True)]
     nodes[where].agent.send_signal(signal.SIGINT)
