@@ -186,6 +186,29 @@ def test_ctrl_c_on_either_node_stops_both_and_node_0_says_which_checkpoint_conti
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 
+def test_ctrl_c_to_a_lone_run_names_the_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    """One process (a GPU-less machine, or one GPU): Ctrl-C exits 130, its last line the checkpoint that
+    `--resume auto` continues from."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")).replace("save_every: 100000", "save_every: 2"))
+    run = tmp_path / "run"
+    argv = [*AS_FROM_A_SHELL, sys.executable, "-m", "gpucert", "finetune", "--config", str(config)]
+    argv += ["--output", str(run)]
+    proc = subprocess.Popen(argv, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + within(START_TIMEOUT_S)
+    while not list((run / "checkpoints").glob("step-*/COMPLETE")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the Ctrl-C"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=within(END_TIMEOUT_S))
+    assert proc.returncode == 130, err[-3000:]
+    latest = max(int(p.parent.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*/COMPLETE"))
+    assert err.strip().splitlines()[-1] == (
+        f"gpucert: the latest complete checkpoint is {run}/checkpoints/step-{latest} (step {latest}): the same "
+        "command with --resume auto continues"
+    ), err[-3000:]
+
+
 def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_node(tmp_path: Path) -> None:
     """Started exactly as the README says, with no node 1: one line naming node rank 1 and the address."""
     config = tmp_path / "tiny.yaml"
