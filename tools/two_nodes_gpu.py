@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,55 +198,54 @@ def missing_node(out: Path) -> dict[str, Any]:
             "said": gpucert_lines(out / "fault-missing.log")[-3:], "gpu_processes_left": gpu_processes()}  # fmt: skip
 
 
-def rank_fault(out: Path, name: str, sig: signal.Signals) -> dict[str, Any]:
-    run, port = Path(f"/tmp/ft-{name}"), free_port()
+def two_node_fault(
+    run: Path, logs: list[Path], sets: Sequence[str], step: int, hit: Callable[[list[subprocess.Popen[bytes]]], None]
+) -> dict[str, Any]:
+    """Both nodes of a long run of the speed recipe (with `sets`) started, and `hit` (given the two nodes'
+    gpucert processes) at step `step`: how long until every node is gone, what each said last, and what is left
+    of the ranks and on the GPUs."""
+    port = free_port()
     shutil.rmtree(run, ignore_errors=True)
-    logs = [out / f"fault-{name}-{r}.log" for r in (0, 1)]
-    procs = [start([*finetune_argv(run, Path("/tmp/gpucert-compile-two-nodes"), 5000), *node_flags(r, port)], r,
-                   logs[r]) for r in (0, 1)]  # fmt: skip
+    argv = finetune_argv(run, Path("/tmp/gpucert-compile-two-nodes"), 5000, sets)
+    procs = [start([*argv, *node_flags(r, port)], r, logs[r]) for r in (0, 1)]
     deadline = time.monotonic() + 300
-    while not re.search(r"\[finetune\] step 3/", logs[0].read_text(errors="replace")):
+    while not re.search(rf"\[finetune\] step {step}/", logs[0].read_text(errors="replace")):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
             wait_all(procs, 1)
-            return {"error": "no step 3 before the fault", "tail": logs[0].read_text(errors="replace")[-2000:]}
+            return {"error": f"no step {step} before the fault", "tail": logs[0].read_text(errors="replace")[-2000:]}
         time.sleep(0.5)
-    # The rank itself: a direct child of node 1's gpucert (its compile workers inherit RANK too).
-    [victim] = [p for p in psutil.Process(procs[1].pid).children() if p.environ().get("RANK") == "1"]
-    victim.send_signal(sig)
+    hit(procs)
     t0 = time.monotonic()
     codes = wait_all(procs, 240)
     took = time.monotonic() - t0
     time.sleep(1)
-    return {"signal": sig.name, "seconds_to_every_node_gone": round(took, 1), "exit_codes": codes,
+    return {"seconds_to_every_node_gone": round(took, 1), "exit_codes": codes,
             "said": [gpucert_lines(log)[-2:] for log in logs], "ranks_left": len(ranks_alive(str(run))),
             "gpu_processes_left": gpu_processes(),
             "tracebacks_on_terminal": sum("Traceback" in log.read_text(errors="replace") for log in logs)}  # fmt: skip
+
+
+def rank_fault(out: Path, name: str, sig: signal.Signals) -> dict[str, Any]:
+    def hit(procs: list[subprocess.Popen[bytes]]) -> None:
+        # The rank itself: a direct child of node 1's gpucert (its compile workers inherit RANK too).
+        [victim] = [p for p in psutil.Process(procs[1].pid).children() if p.environ().get("RANK") == "1"]
+        victim.send_signal(sig)
+
+    logs = [out / f"fault-{name}-{r}.log" for r in (0, 1)]
+    return {"signal": sig.name, **two_node_fault(Path(f"/tmp/ft-{name}"), logs, (), 3, hit)}
 
 
 def operator_stop(out: Path, node: int, sets: Sequence[str]) -> dict[str, Any]:
     """Ctrl-C (SIGINT) to node `node`'s gpucert at step 4 of a run saving every 2 steps: how long until every node
-    is gone, what each says, what is left on the GPUs."""
-    run, port = Path(f"/tmp/ft-stop-{node}"), free_port()
-    shutil.rmtree(run, ignore_errors=True)
-    logs = [out / f"stop-on-{node}-{r}.log" for r in (0, 1)]
-    argv = [*finetune_argv(run, Path("/tmp/gpucert-compile-two-nodes"), 5000, ["train.save_every=2", *sets])]
-    procs = [start([*argv, *node_flags(r, port)], r, logs[r]) for r in (0, 1)]
-    deadline = time.monotonic() + 300
-    while not re.search(r"\[finetune\] step 4/", logs[0].read_text(errors="replace")):
-        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-            wait_all(procs, 1)
-            return {"error": "no step 4 before the stop", "tail": logs[0].read_text(errors="replace")[-2000:]}
-        time.sleep(0.5)
-    procs[node].send_signal(signal.SIGINT)
-    t0 = time.monotonic()
-    codes = wait_all(procs, 240)
-    took = time.monotonic() - t0
-    time.sleep(1)
-    return {"signal": "SIGINT", "to_node": node, "seconds_to_every_node_gone": round(took, 1), "exit_codes": codes,
-            "said": [gpucert_lines(log)[-2:] for log in logs], "ranks_left": len(ranks_alive(str(run))),
-            "gpu_processes_left": gpu_processes(),
-            "checkpoints": sorted(p.name for p in (run / "checkpoints").glob("step-*")),
-            "tracebacks_on_terminal": sum("Traceback" in log.read_text(errors="replace") for log in logs)}  # fmt: skip
+    is gone, what each says, what is left on the GPUs, which checkpoints there are."""
+    run, logs = Path(f"/tmp/ft-stop-{node}"), [out / f"stop-on-{node}-{r}.log" for r in (0, 1)]
+
+    def ctrl_c(procs: list[subprocess.Popen[bytes]]) -> None:
+        procs[node].send_signal(signal.SIGINT)
+
+    found = two_node_fault(run, logs, ["train.save_every=2", *sets], 4, ctrl_c)
+    checkpoints = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
+    return {"signal": "SIGINT", "to_node": node, **found, "checkpoints": checkpoints}
 
 
 def faults(out: Path) -> dict[str, Any]:
