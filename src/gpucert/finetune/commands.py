@@ -113,7 +113,7 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     """This node's ranks on torchrun's engine (runtime/launcher.py), each running this same command; the exit
     code is the run's verdict, or 3 with the failed rank named in one line (on node 0, with the checkpoint a
     rerun continues from)."""
-    from gpucert.finetune.train.checkpoint import resume_hint
+    from gpucert.finetune.train.checkpoint import what_resumes
     from gpucert.finetune.train.rundir import run_dir_name
     from gpucert.runtime.device import gpu_count
     from gpucert.runtime.errors import Interrupted, JobFailed
@@ -134,7 +134,7 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
         ranks += ["--output", run_dir]
 
     def hint() -> str | None:
-        return resume_hint(Path(run_dir), bool(cfg.output_dir), cfg.train.save_every) if run_dir else None
+        return what_resumes(Path(run_dir), cfg) if run_dir else None
 
     try:
         outcome = launch_ranks(plan, nproc, ranks, cfg.runtime, logs, env)

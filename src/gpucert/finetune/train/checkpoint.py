@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from gpucert.finetune.config import FinetuneConfig
 from gpucert.finetune.disk import NoSpaceError, is_no_space, no_space_message
 from gpucert.runtime.group import Runtime, gather_to_main, say
 
@@ -110,14 +111,16 @@ def find_latest(run_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def resume_hint(run_dir: Path, named: bool, save_every: int) -> str | None:
-    """What a stopped or failed run left to continue from, for the line that says it ended; None when its run
-    directory is not there (it ended before its first step, and a directory made for it went again). named: the
-    directory came from --output or output_dir (else `--output DIR` must be added for --resume auto to find it)."""
+def what_resumes(run_dir: Path, cfg: FinetuneConfig) -> str | None:
+    """What a stopped or failed run of `cfg` in `run_dir` left to continue from, for the line that says it ended;
+    None when run_dir is not there (it ended before its first step, and a directory made for it went again).
+    Without output_dir in cfg, `--output DIR` must be added for --resume auto to find it. Not loop.resume_hint,
+    which says how to resume with another number of processes."""
     found = complete_checkpoints(run_dir)
+    save_every = cfg.train.save_every
     if found:
         step, path = found[-1]
-        flags = "--resume auto" if named else f"--output {run_dir} --resume auto"
+        flags = "--resume auto" if cfg.output_dir else f"--output {run_dir} --resume auto"
         return f"the latest complete checkpoint is {path} (step {step}): the same command with {flags} continues"
     if not run_dir.is_dir():
         return None

@@ -48,7 +48,7 @@ from gpucert.finetune.data.formats import DataError
 from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.train import metrics as flops
-from gpucert.finetune.train.checkpoint import CheckpointError, resume_hint
+from gpucert.finetune.train.checkpoint import CheckpointError, what_resumes
 from gpucert.finetune.train.loop import (
     train,
 )
@@ -142,7 +142,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
             stop_runtime(rt)
             if isinstance(exc, KeyboardInterrupt):
                 # After close: the directory of a run stopped before its first step is gone, or as it was found.
-                hint = resume_hint(run.path, bool(cfg.output_dir), cfg.train.save_every) if rt.is_main and run else None
+                hint = what_resumes(run.path, cfg) if rt.is_main and run else None
                 if hint:
                     say(hint)
                 raise
