@@ -615,13 +615,19 @@ def stop_runtime(rt: Runtime) -> None:
         try:
             rt.store.add("closed", 1)
             if rt.serves_store:
-                deadline = time.monotonic() + rt.config.rendezvous_timeout_s
-                while rt.store.add("closed", 0) < rt.world_size and time.monotonic() < deadline:
-                    time.sleep(POLL_S)
+                wait_for_count(rt.store, "closed", rt.world_size, rt.config.rendezvous_timeout_s)
         except RuntimeError:
             pass
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wait_for_count(store: Any, key: str, count: int, limit_s: float) -> None:
+    """Until the store's counter `key` reaches `count`, for at most limit_s: the serving side of a quiet hand-off
+    (every rank has stopped watching, every node has read how the job ended), where running out is no error."""
+    deadline = time.monotonic() + limit_s
+    while store.add(key, 0) < count and time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 def gather_to_main(rt: Runtime, payload: Any) -> list[Any] | None:

@@ -58,6 +58,7 @@ from gpucert.runtime.group import (
     read_abort,
     read_phase,
     record_abort,
+    wait_for_count,
 )
 from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
 from gpucert.runtime.open_files import fit_open_files
@@ -295,11 +296,9 @@ class NodeRendezvous(RendezvousHandler):
         before the nodes met: nothing was recorded for them."""
         if not self.serves or self.num_nodes == 1 or self.store is None or not self.labels:
             return
-        deadline = time.monotonic() + 2 * self.config.heartbeat_interval_s
         run = dist.PrefixStore(RUN_PREFIX, self.store)
         with contextlib.suppress(RuntimeError):
-            while run.add(f"{ACKED}/{self.round}", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+            wait_for_count(run, f"{ACKED}/{self.round}", self.num_nodes - 1, 2 * self.config.heartbeat_interval_s)
 
     def _short_connection(self) -> Any:
         """A quiet client of the job's store bounded by runtime.heartbeat_interval_s: the agent's reads of the
