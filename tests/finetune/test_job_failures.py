@@ -14,15 +14,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from tests.conftest import free_port, kill_process_tree, within
 from tests.runtime.test_cluster_runs import AS_FROM_A_SHELL, node_flags
 
+from gpucert.finetune.train.checkpoint import complete_checkpoints
 from gpucert.runtime.launch_env import RANK_VARIABLES
 
 pytestmark = pytest.mark.slow
@@ -146,6 +148,16 @@ def test_an_error_on_one_rank_ends_both_nodes_with_its_cause(
     print(f"both nodes ended {took:.1f} s after the start")
 
 
+def wait_for_a_checkpoint(run: Path, procs: Sequence[subprocess.Popen[Any]], output: Callable[[], str]) -> None:
+    """Until `run` holds a complete checkpoint (with save_every 2, step 2's soon after step 3 began; on a loaded
+    machine a later one: only the last 3 are kept, and steps take milliseconds). Fails if a process ended first."""
+    deadline = time.monotonic() + within(START_TIMEOUT_S)
+    while not complete_checkpoints(run):
+        assert all(p.poll() is None for p in procs), output()[-3000:]
+        assert time.monotonic() < deadline, f"no checkpoint in {START_TIMEOUT_S} s: {output()[-3000:]}"
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("where", [0, 1], ids=["on-node-0", "on-node-1"])
 def test_ctrl_c_on_either_node_stops_both_and_node_0_says_which_checkpoint_continues(
     two_nodes: Callable[..., list[Node]], tmp_path: Path, where: int
@@ -156,13 +168,7 @@ def test_ctrl_c_on_either_node_stops_both_and_node_0_says_which_checkpoint_conti
     nodes = two_nodes({0: ["train.save_every=2"], 1: ["train.save_every=2"]})
     procs = [node.agent for node in nodes]
     wait_until_training(nodes[0].output, procs)
-    # A complete checkpoint (step 2's, soon after step 3 began; on a loaded machine a later one: only the last 3 are
-    # kept, and steps take milliseconds).
-    deadline = time.monotonic() + within(START_TIMEOUT_S)
-    while not list((tmp_path / "run" / "checkpoints").glob("step-*/COMPLETE")):
-        assert all(p.poll() is None for p in procs), nodes[0].output()[-3000:]
-        assert time.monotonic() < deadline, f"no checkpoint in {START_TIMEOUT_S} s: {nodes[0].output()[-3000:]}"
-        time.sleep(0.2)
+    wait_for_a_checkpoint(tmp_path / "run", procs, nodes[0].output)
     workers = [w for p in procs for w in psutil.Process(p.pid).children(recursive=True)]
     nodes[where].agent.send_signal(signal.SIGINT)
     wait_all(nodes, time.monotonic())
@@ -180,7 +186,7 @@ def test_ctrl_c_on_either_node_stops_both_and_node_0_says_which_checkpoint_conti
         assert "Traceback" not in out, out[-3000:]
     rank_1 = (tmp_path / "run" / "logs" / "rank-1.log").read_text()  # a broken collective's traceback is noise
     assert re.search(rf"gpucert: rank 1 \(.*\) stops.*: {stopped}", rank_1) and "Traceback" not in rank_1, rank_1
-    latest = max(int(p.parent.name.split("-")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step-*/COMPLETE"))
+    latest = complete_checkpoints(tmp_path / "run")[-1][0]
     resume = f"the latest complete checkpoint is {tmp_path}/run/checkpoints/step-{latest} (step {latest})"
     assert resume in nodes[0].output() and "--resume auto continues" in nodes[0].output()
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
@@ -195,14 +201,11 @@ def test_ctrl_c_to_a_lone_run_names_the_checkpoint_to_resume_from(tmp_path: Path
     argv = [*AS_FROM_A_SHELL, sys.executable, "-m", "gpucert", "finetune", "--config", str(config)]
     argv += ["--output", str(run)]
     proc = subprocess.Popen(argv, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + within(START_TIMEOUT_S)
-    while not list((run / "checkpoints").glob("step-*/COMPLETE")):
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the Ctrl-C"
-        time.sleep(0.2)
+    wait_for_a_checkpoint(run, [proc], lambda: "")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=within(END_TIMEOUT_S))
     assert proc.returncode == 130, err[-3000:]
-    latest = max(int(p.parent.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*/COMPLETE"))
+    latest = complete_checkpoints(run)[-1][0]
     assert err.strip().splitlines()[-1] == (
         f"gpucert: the latest complete checkpoint is {run}/checkpoints/step-{latest} (step {latest}): the same "
         "command with --resume auto continues"
