@@ -2,9 +2,10 @@
 
 Each node's local rank 0 measures with every GPU it sees (torchrun leaves CUDA_VISIBLE_DEVICES alone, so that is
 the whole node); the other ranks wait on the host (group.host_barrier), with nothing running on their GPUs: a
-spinning NCCL barrier there cut the copies into those GPUs by 40 %. For each ordered pair (src, dst) it copies
-size_mib of random bytes with `dst.copy_(src)` (a copy-engine peer copy when peer access is on, as nvbandwidth's
-CE tests do), timed with CUDA events on the source GPU's stream, and checks the last copy byte for byte.
+spinning NCCL collective there cut the copies into those GPUs by 40 % on 4 H200s (5.5 % on 2). For each ordered
+pair (src, dst) it copies size_mib of random bytes with `dst.copy_(src)` (a copy-engine peer copy when peer access
+is on, as nvbandwidth's CE tests do), timed with CUDA events on the source GPU's stream, and checks the last copy
+byte for byte.
 
 Reading the output: `matrix_gbps[src][dst]` is a unidirectional copy rate in GB/s (1e9 B/s, bytes copied, not
 read + write); NVLink 4 reads 371-377 (NVIDIA/nccl#1264). A pair well below the others names the link; a GPU
