@@ -74,8 +74,6 @@ GROUPS = (
     ("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj", True),
     ("mlp", ("gate_proj", "up_proj"), "gate_up_proj", False),
 )
-# The joint extended matrix's width rounded up to a multiple of this, its last columns zero (bench: 3,616 -> 3,648).
-JOINT_ALIGN = 1
 # HF classes (the architecture's name + Attention / MLP) whose forward calls q, k, v (gate, up) in that order on
 # one tensor, every layer: what the hand-over assumes to be fast, and the tests check for each.
 ARCHITECTURES = ("Qwen2", "Mistral", "Llama")
@@ -125,9 +123,6 @@ class FusedProjections(nn.Module):
         # With adapters in the GEMM: each frozen matrix extended by the group's adapter columns (plain tensors,
         # not parameters: the frozen weight is a view of them), and where each member's B sits in them.
         self.extended: list[torch.Tensor] = []
-        # Unstacked (gate/up): the extended matrices as consecutive rows of this one, which the fused MLP runs as
-        # one GEMM each way (in_gemm.py's `_SwiGLUInGemm`); stacked, the one extended matrix itself.
-        self.joint: torch.Tensor | None = None
         self.blocks: list[tuple[tuple[int, int, int, int, float], ...]] = []  # (rows of y, columns of xa, s)
         self.block_members: list[list[int]] = []  # the member whose B fills each block
         if not stack:
@@ -154,20 +149,10 @@ class FusedProjections(nn.Module):
         frozen weights become views of the extended matrices, so memory grows by r_total columns only."""
         offsets = [sum(self.ranks[:i]) for i in range(len(self.ranks))]
         rows = [sum(self.sizes[:i]) for i in range(len(self.sizes))] if self.stacked else []
-        weights = [base.weight.detach() for base in self.frozen_layers()]
-        # Members of one input size (fuse_projections checks) and dtype: their matrices stack row-wise.
-        wide = weights[0].shape[1] + sum(self.ranks)
-        self.joint = torch.zeros(
-            sum(w.shape[0] for w in weights),
-            -(-wide // JOINT_ALIGN) * JOINT_ALIGN,
-            dtype=weights[0].dtype,
-            device=weights[0].device,
-        )
-        first = 0
-        for j, (base, weight) in enumerate(zip(self.frozen_layers(), weights, strict=True)):
+        for j, base in enumerate(self.frozen_layers()):
+            weight = base.weight.detach()
             out_features, width = weight.shape
-            extended = self.joint[first : first + out_features, :wide]
-            first += out_features
+            extended = torch.zeros(out_features, width + sum(self.ranks), dtype=weight.dtype, device=weight.device)
             extended[:, :width] = weight
             base.weight = nn.Parameter(extended[:, :width], requires_grad=False)
             self.extended.append(extended)
@@ -312,8 +297,9 @@ class SwiGLUInGemm(nn.Module):
         scales = (gate_block[4], up_block[4], float(down.scaling[ADAPTER]))
         bs = (_adapter_weight(gate, "lora_B"), _adapter_weight(up, "lora_B"))
         down_a, down_b = _adapter_weight(down, "lora_A"), _adapter_weight(down, "lora_B")
+        w_gate, w_up = group.extended
         a = group.shared_a_weight()
-        return _SwiGLUInGemm.apply(x, a, group.joint, down.gpucert_extended, scales, *bs, down_a, down_b)
+        return _SwiGLUInGemm.apply(x, a, w_gate, w_up, down.gpucert_extended, scales, *bs, down_a, down_b)
 
 
 def needs_pefts_path(*projections: Any) -> bool:

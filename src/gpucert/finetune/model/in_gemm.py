@@ -105,18 +105,15 @@ class _SwiGLUInGemm(torch.autograd.Function):
     that its backward can run kernels/swiglu.py: the SwiGLU backward and the three rank-r weight gradients that read
     an intermediate-sized tensor (gate's and up's dB, down_proj's dA) from one pass over gate, up and dh. h is
     not kept: the kernel recomputes it from gate and up. Every output and gradient is the three Functions'
-    formula (module docstring).
-
-    gate's and up's extended matrices are the two halves of one, w_gu = [W_g | s B_g | 0; W_u | 0 | s B_u]
-    (fused.py keeps them so), and run as one GEMM each way: [gate | up] = [x | xa] @ w_gu^T, and
-    [dgate | dup] @ w_gu = [dx_g + dx_u | d(xa)], summed by the GEMM."""
+    formula (module docstring)."""
 
     @staticmethod
     def forward(
         ctx: Any,
         x: torch.Tensor,
         a: torch.Tensor,
-        w_gu: torch.Tensor,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
         w_down: torch.Tensor,
         scales: tuple[float, float, float],
         b_gate: torch.Tensor,
@@ -124,40 +121,42 @@ class _SwiGLUInGemm(torch.autograd.Function):
         a_down: torch.Tensor,
         b_down: torch.Tensor,
     ) -> torch.Tensor:
-        dtype = w_gu.dtype
+        dtype = w_gate.dtype
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         xa = x2 @ a.to(dtype).t()
-        pad = w_gu.shape[1] - x2.shape[1] - xa.shape[1]  # fused.JOINT_ALIGN's zero columns
-        x_ext = torch.cat([x2, xa, x2.new_zeros(x2.shape[0], pad)] if pad else [x2, xa], dim=1)
-        gu = x_ext @ w_gu.t()  # [gate | up]
-        inter = gu.shape[1] // 2
+        x_ext = torch.cat([x2, xa], dim=1)
+        gate = x_ext @ w_gate.t()
+        up = x_ext @ w_up.t()
         out = b_down.shape[0]
-        z = (F.silu(gu[:, :inter]) * gu[:, inter:]) @ w_down.t()  # [y_base | h A_down^T]
+        z = (F.silu(gate) * up) @ w_down.t()  # [y_base | h A_down^T]
         xd = z[:, out:].contiguous()
         y = z[:, :out] + (xd @ b_down.to(dtype).t()) * scales[2]
-        ctx.save_for_backward(x2, xa, gu, xd, a, w_gu, w_down, b_down)
+        ctx.save_for_backward(x2, xa, gate, up, xd, a, w_gate, w_up, w_down, b_down)
         ctx.scales, ctx.x_shape, ctx.x_dtype = scales, x.shape, x.dtype
         ctx.dtypes = (a.dtype, b_gate.dtype, b_up.dtype, a_down.dtype, b_down.dtype)
         return y.reshape(*x.shape[:-1], out)
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x2, xa, gu, xd, a, w_gu, w_down, b_down = ctx.saved_tensors
+        x2, xa, gate, up, xd, a, w_gate, w_up, w_down, b_down = ctx.saved_tensors
         s_gate, s_up, s_down = ctx.scales
-        dtype = w_gu.dtype
+        dtype = w_gate.dtype
         dy = grad_y.reshape(-1, grad_y.shape[-1]).to(dtype)
         dxd = (dy @ b_down.to(dtype)) * s_down
         db_down = (dy.t() @ xd) * s_down
         dh = torch.cat([dy, dxd], dim=1) @ w_down
-        dgu, db_gate, db_up, da_down = swiglu.swiglu_lora_backward(gu, dh, xa, dxd, s_gate, s_up)
-        dx_ext = dgu @ w_gu  # [dx from gate and up | d(xa)] (the class docstring)
+        dgate, dup, db_gate, db_up, da_down = swiglu.swiglu_lora_backward(gate, up, dh, xa, dxd, s_gate, s_up)
+        # [dx | d(xa)] of gate and of up (the extra columns hold s B), summed slice by slice in pointwise kernels as
+        # the unfused path sums them: summed whole, inductor makes the second GEMM an addmm (beta 1), which ran
+        # 0.2 ms slower at Qwen2-7B's shape, 4 % (tools/bench_swiglu.py, lent H100).
+        from_gate, from_up = dgate @ w_gate, dup @ w_up
         width = x2.shape[1]
-        dxa = dx_ext[:, width : width + xa.shape[1]]
+        dxa = from_gate[:, width:] + from_up[:, width:]
         da = dxa.t() @ x2
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = dx_ext[:, :width] + dxa @ a.to(dtype)
+            dx = from_gate[:, :width] + from_up[:, :width] + dxa @ a.to(dtype)
             dx = dx.reshape(ctx.x_shape).to(ctx.x_dtype)
         grads = (da, db_gate, db_up, da_down, db_down)
         da, db_gate, db_up, da_down, db_down = (g.to(t) for g, t in zip(grads, ctx.dtypes, strict=True))
-        return dx, da, None, None, None, db_gate, db_up, da_down, db_down
+        return dx, da, None, None, None, None, db_gate, db_up, da_down, db_down

@@ -10,8 +10,6 @@ Measured on the lent H100 at r16 (docs/OPTIMIZATION.md round ten): 0.87 ms again
 replaces, and 11.8 GiB less memory at micro-batch 3. The step was 0.2-0.3 % faster in the form measured, which
 summed gate's and up's input gradients whole. Ranks above 16 keep the unfused MLP (config.FUSED_MLP_MAX_RANK).
 
-gate and up come as one tensor [M, 2N], gate's columns then up's, as the fused MLP's one GEMM writes them, and
-dgate and dup go out the same way, so that the input gradient is one GEMM too (in_gemm.py's `_SwiGLUInGemm`).
 Each program owns BLOCK_N columns and ROWS rows, looping over its rows BLOCK_M at a time; its partial products
 are written, per split of the rows, in each gradient's own layout and summed afterwards in a fixed order, so the
 same inputs give the same bits. Without Triton (a CPU build of torch) or off CUDA, `reference` computes the same
@@ -51,9 +49,9 @@ if triton is not None:
 
     @triton.jit
     def _swiglu_lora_backward(
-        gate_ptr,  # gate's first column of gu [M, 2N]; up's and dgate's, dup's in dgu likewise (stride_gu a row)
+        gate_ptr,
         up_ptr,
-        dh_ptr,  # [M, N]
+        dh_ptr,
         dgate_ptr,
         dup_ptr,
         xa_ptr,  # [M, 2r]: gate's xA in columns [0, r), up's in [r, 2r)
@@ -64,7 +62,6 @@ if triton is not None:
         N,
         R: tl.constexpr,
         RD: tl.constexpr,
-        stride_gu,
         stride_xa,
         stride_dxd,
         ROWS: tl.constexpr,
@@ -86,11 +83,11 @@ if triton is not None:
         for step in range(0, ROWS, BLOCK_M):
             rows = first + step + tl.arange(0, BLOCK_M)
             row_ok = rows < M
-            offs = rows.to(tl.int64)[:, None] * stride_gu + cols[None, :]
+            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
             mask = row_ok[:, None] & col_ok[None, :]
             g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            d = tl.load(dh_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            d = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             dg, du, h = swiglu_grads(g, u, d, dgate_ptr)
             tl.store(dgate_ptr + offs, dg, mask=mask)
             tl.store(dup_ptr + offs, du, mask=mask)
@@ -136,7 +133,8 @@ def rank_block(r: int, rd: int) -> int:
 
 
 def backward(
-    gu: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
     dh: torch.Tensor,
     xa: torch.Tensor,
     dxd: torch.Tensor,
@@ -146,38 +144,36 @@ def backward(
     block_m: int = BLOCK_M,
     block_n: int = BLOCK_N,
     warps: int = WARPS,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dgu, dB_gate, dB_up, dA_down) of h = silu(gate) * up, where gu = [gate | up] [M, 2N], given dh = dL/dh
-    [M, N] and: xa [M, 2r] (gate's xA, then up's), dxd = d(hA_down) [M, rd]. dgu = [dgate | dup] in gu's dtype;
-    dB_gate = s_g dgate^T xa_g [N, r] and dB_up likewise, dA_down = dxd^T h [rd, N], all fp32. The kernel where
-    `fits`, else `reference`; rows (a multiple of block_m), block_m, block_n and warps are the kernel's tiling
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dgate, dup, dB_gate, dB_up, dA_down) of h = silu(gate) * up, given dh = dL/dh and:
+    xa [M, 2r] (gate's xA, then up's), dxd = d(hA_down) [M, rd]. dB_gate = s_g dgate^T xa_g [N, r] and dB_up
+    likewise, dA_down = dxd^T h [rd, N], all fp32; dgate and dup in gate's dtype. The kernel where `fits`,
+    else `reference`; rows (a multiple of block_m), block_m, block_n and warps are the kernel's tiling
     (tools/bench_swiglu.py times them)."""
     if rows % block_m:
         # Each program's rows would run into the next split's, counted twice in dB and dA.
         raise ValueError(f"swiglu_kernel: rows {rows} must be a multiple of block_m {block_m}")
-    m, n = dh.shape
-    if tuple(gu.shape) != (m, 2 * n):
-        raise ValueError(f"swiglu_kernel: gu {tuple(gu.shape)} must be [gate | up] of dh's rows, {(m, 2 * n)}")
-    if not fits(gu):
-        dgate, dup, db_gate, db_up, da_down = reference(gu[:, :n], gu[:, n:], dh, xa, dxd, scale_gate, scale_up)
-        return torch.cat([dgate, dup], dim=1), db_gate, db_up, da_down
+    if not fits(gate):
+        return reference(gate, up, dh, xa, dxd, scale_gate, scale_up)
     assert triton is not None
+    m, n = gate.shape
     r, rd = xa.shape[1] // 2, dxd.shape[1]
     rb = rank_block(r, rd)
-    gu, dh, xa, dxd = gu.contiguous(), dh.contiguous(), xa.contiguous(), dxd.contiguous()
-    dgu = torch.empty_like(gu)
+    gate, up, dh = gate.contiguous(), up.contiguous(), dh.contiguous()
+    xa, dxd = xa.contiguous(), dxd.contiguous()
+    dgate, dup = torch.empty_like(gate), torch.empty_like(gate)
     splits = triton.cdiv(m, rows)
-    parts_b = torch.empty(2, splits, n, rb, dtype=torch.float32, device=gu.device)
-    parts_a = torch.empty(splits, rb, n, dtype=torch.float32, device=gu.device)
+    parts_b = torch.empty(2, splits, n, rb, dtype=torch.float32, device=gate.device)
+    parts_a = torch.empty(splits, rb, n, dtype=torch.float32, device=gate.device)
     grid = (triton.cdiv(n, block_n), splits)
     _swiglu_lora_backward[grid](
-        gu, gu[:, n:], dh, dgu, dgu[:, n:], xa, dxd, parts_b, parts_a, m, n, r, rd, gu.stride(0), xa.stride(0),
-        dxd.stride(0), ROWS=rows, BLOCK_M=block_m, BLOCK_N=block_n, RB=rb, WIDE_DOT=not gu.is_cuda, num_warps=warps,
+        gate, up, dh, dgate, dup, xa, dxd, parts_b, parts_a, m, n, r, rd, xa.stride(0), dxd.stride(0),
+        ROWS=rows, BLOCK_M=block_m, BLOCK_N=block_n, RB=rb, WIDE_DOT=not gate.is_cuda, num_warps=warps,
     )  # fmt: skip
     db = parts_b.sum(1)  # over the row splits, in one fixed order
     da_down = parts_a.sum(0)
     db_gate, db_up = (db[0, :, :r] * scale_gate).contiguous(), (db[1, :, :r] * scale_up).contiguous()
-    return dgu, db_gate, db_up, da_down[:rd].contiguous()
+    return dgate, dup, db_gate, db_up, da_down[:rd].contiguous()
 
 
 def reference_grads(
@@ -213,25 +209,27 @@ def reference(
 
 @torch.library.custom_op("gpucert::swiglu_lora_backward", mutates_args=())
 def swiglu_lora_backward(
-    gu: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
     dh: torch.Tensor,
     xa: torch.Tensor,
     dxd: torch.Tensor,
     scale_gate: float,
     scale_up: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`backward` as an operator the compiled layers call as it is (inductor cannot trace into a Triton launch)."""
-    return backward(gu, dh, xa, dxd, scale_gate, scale_up)
+    return backward(gate, up, dh, xa, dxd, scale_gate, scale_up)
 
 
 @swiglu_lora_backward.register_fake
-def _(gu: torch.Tensor, dh: torch.Tensor, xa: torch.Tensor, dxd: torch.Tensor, *_: float) -> Any:
-    m, n = dh.shape
+def _(gate: torch.Tensor, up: torch.Tensor, dh: torch.Tensor, xa: torch.Tensor, dxd: torch.Tensor, *_: float) -> Any:
+    m, n = gate.shape
     r, rd = xa.shape[1] // 2, dxd.shape[1]
-    out = torch.float64 if gu.dtype == torch.float64 else torch.float32
+    out = torch.float64 if gate.dtype == torch.float64 else torch.float32
     return (
-        gu.new_empty(m, 2 * n),
-        gu.new_empty(n, r, dtype=out),
-        gu.new_empty(n, r, dtype=out),
-        gu.new_empty(rd, n, dtype=out),
+        gate.new_empty(m, n),
+        gate.new_empty(m, n),
+        gate.new_empty(n, r, dtype=out),
+        gate.new_empty(n, r, dtype=out),
+        gate.new_empty(rd, n, dtype=out),
     )
