@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +209,20 @@ def test_capture_into_a_directory_that_holds_anything_is_refused_and_the_bundle_
     (tmp_path / "empty").mkdir()
     assert main(["capture", "--output", str(tmp_path / "empty")]) == 0
     assert (tmp_path / "empty" / "software.json").exists()
+
+
+@pytest.mark.slow
+def test_a_forced_ring_reaches_the_ranks_gpucert_starts(tmp_path: Path) -> None:
+    """bench.collectives.force_ring under gpucert's own launcher: the ranks start with NCCL's Ring variables
+    (NCCL reads them when the communicator is made), so the gate is not ERROR for a variable nobody could set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    argv = [sys.executable, "-m", "gpucert", "bench", "collectives", "--profile", "cpu", "--nproc", "2"]
+    argv += ["-o", str(tmp_path), "--set", "bench.collectives.ops=[all_reduce]"]
+    argv += ["--set", "bench.collectives.force_ring=true", "--set", "bench.collectives.max_bytes=65536"]
+    argv += ["--set", "bench.collectives.gate_bytes=65536"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((tmp_path / "report.json").read_text())["results"]
+    assert [r["name"] for r in results if r["status"] == "ERROR"] == []
+    (result,) = [r for r in results if r["name"] == "collective.all_reduce"]
+    assert result["details"]["nccl_env"] == {"NCCL_ALGO": "Ring", "NCCL_COLLNET_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}

@@ -285,6 +285,7 @@ def run_on_nodes(
     work = collect_node(request)
     config = work.config
     # torch loads with these (seconds): a bad file or key above is refused before.
+    from gpucert.bench.suite import rank_env
     from gpucert.runtime.device import default_nproc
     from gpucert.runtime.launcher import LaunchOutcome, launch_ranks
 
@@ -293,7 +294,7 @@ def run_on_nodes(
     if nproc < 1:
         raise ConfigError(f"bench.nproc must be >= 1, found {nproc}")
     check_fits(work, request.benchmarks, nproc)
-    env = {}
+    env = rank_env(config, request.benchmarks)
     host = work.inventory.hostname  # a replayed node is named by its bundle's host, as its results are
     if request.replay:
         env["GPUCERT_NODE_LABEL"] = host

@@ -66,8 +66,9 @@ def ring_env() -> dict[str, str]:
     """The environment that forces NCCL's Ring algorithm (config bench.collectives.force_ring).
 
     NCCL reads these when a communicator is created, before `measure` runs, so the launcher sets them:
-    `launch_local(..., env_overrides=ring_env())` (the suite does), or export them in the job script under
-    srun or an outside torchrun. `measure` records whether they were in effect; `judge` is ERROR if not.
+    gpucert's own launcher starts the ranks with them (bench.suite.rank_env), `launch_local` takes them as
+    env_overrides; under an outside torchrun or srun, export them in the job script. `measure` records whether
+    they were in effect; `judge` is ERROR if not.
     """
     return dict(RING_ENV)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +20,24 @@ from gpucert.report.schema import Result
 from gpucert.runtime.group import Runtime
 
 
-def bench_spec(name: str, config: RunConfig, profile: Profile, has_gpus: bool) -> tuple[dict[str, Any], dict[str, str]]:
-    """What a worker needs (benchmark, its config, the runtime's timeouts) and the environment it starts with."""
-    section = getattr(config.bench, name)
-    cfg = dataclasses.asdict(section)
-    env: dict[str, str] = {}
+def bench_spec(name: str, config: RunConfig, profile: Profile, has_gpus: bool) -> dict[str, Any]:
+    """What a worker needs: the benchmark, its config and the runtime's timeouts."""
+    cfg = dataclasses.asdict(getattr(config.bench, name))
     if name == "train":
         cfg["peak_tflops"] = profile.bf16_peak_tflops if has_gpus else None
-    if name == "collectives" and section.force_ring:
+    return {"benchmark": name, "config": cfg, "runtime": dataclasses.asdict(config.runtime)}
+
+
+def rank_env(config: RunConfig, benchmarks: Sequence[str]) -> dict[str, str]:
+    """The environment the ranks of a run of these benchmarks start with. NCCL reads its algorithm when a
+    communicator is created, and the ranks start once for every benchmark of the run, so a forced Ring
+    (bench.collectives.force_ring) is set at their start: it holds for every NCCL call of the run, not only the
+    collectives benchmark's."""
+    if "collectives" in benchmarks and config.bench.collectives.force_ring:
         from gpucert.bench.collectives import ring_env
 
-        env = ring_env()
-    return {"benchmark": name, "config": cfg, "runtime": dataclasses.asdict(config.runtime)}, env
+        return ring_env()
+    return {}
 
 
 def judge(name: str, data: dict[str, Any], config: RunConfig, profile: Profile) -> list[Result]:
@@ -51,7 +58,7 @@ def run_in_ranks(
 ) -> tuple[list[Result], list[Result]]:
     """One benchmark inside an outside launcher's job (every rank calls this); a failure raises (the caller
     records it so every rank stops) instead of becoming ERROR: the job's process group cannot recover."""
-    spec, _ = bench_spec(name, config, profile, has_gpus)
+    spec = bench_spec(name, config, profile, has_gpus)
     rt.set_phase(f"bench {name}")
     sampler = sampler_for(nvml, has_gpus) if rt.local_rank == 0 else None
     try:
