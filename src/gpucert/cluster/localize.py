@@ -33,6 +33,7 @@ import random
 import re
 import secrets
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -55,6 +56,8 @@ from gpucert.status import Status
 VERDICT_CODES = (0, 1, 2)
 # ssh's exit code for its own failures (the remote command's are its own: gpucert's 0-3, 130, 143).
 SSH_FAILED = 255
+# What a node's gpucert exits with when localize stops it: SIGTERM, handled (runtime.errors.Interrupted).
+STOPPED_EXIT = 128 + signal.SIGTERM
 # Variables a pair job on another host needs from ours (ssh passes no environment).
 FORWARDED_PREFIXES = ("NCCL_", "GPUCERT_", "UCX_", "FI_")
 # Seconds a pair's surviving process gets, after its partner failed, to say why before it is stopped.
@@ -447,7 +450,7 @@ def read_outcome(
     causes = []
     for launch in launches:
         code = exits.get(launch.who)
-        if stopped and (code is None or code < 0):
+        if stopped and (code is None or code < 0 or code == STOPPED_EXIT):
             continue  # we stopped it: its partner's failure is the cause
         if code not in VERDICT_CODES:
             said = _last_error(directory / launch.log)
@@ -508,7 +511,8 @@ def judge_pair(
 ) -> Result:
     """One `localize.pair` result. others: busbw of the pairs this one is compared with. A pair job that gave
     no figure is FAIL where other pair jobs of the run did (these nodes could not run what others ran), and
-    ERROR where none did (then the run itself is in question: config, install, shared run directory)."""
+    ERROR where none did (then the run itself is in question: config, install, shared run directory) or where
+    ssh could not reach one of its nodes (nothing ran there: `unreached_nodes`)."""
     pair = outcome.pair
     base: dict[str, Any] = dict(
         name="localize.pair",
@@ -523,10 +527,11 @@ def judge_pair(
         },
     )
     where = f"on {pair.subject} (round {pair.round}, {what})"
+    unreached = [n.name for n in pair.nodes if ssh_failure(outcome, n.name)]
     if not outcome.ran:
         return Result(
             **base,
-            status=Status.FAIL if others_ran else Status.ERROR,
+            status=Status.FAIL if others_ran and not unreached else Status.ERROR,
             message=f"the pair job gave no busbw {where}: {outcome.error}",
             remediation=f"read the pair's logs in {outcome.directory / 'logs'}; a node that cannot run a pair "
             "with a known-good node either is named below",
@@ -674,11 +679,15 @@ class Findings:
     standing: dict[str, Standing]
     racks: dict[tuple[str, ...], list[tuple[PairOutcome, Result]]]
     links: dict[frozenset[str], list[tuple[PairOutcome, Result]]]
+    unreached: dict[str, str] = field(default_factory=dict)  # node -> what ssh said (`unreached_nodes`)
 
 
 def assess(nodes: Sequence[NodeSpec], judged: Sequence[tuple[PairOutcome, Result]], slow: Collection[str]) -> Findings:
     """A condemned node explains its partners' failures and a named rack the failed pairs through its uplinks,
-    which can clear nodes and so make them vouch for others: repeated until nothing changes (a few passes)."""
+    which can clear nodes and so make them vouch for others: repeated until nothing changes (a few passes).
+    A pair job with a node ssh could not reach says nothing of either node: it is left out."""
+    unreached = unreached_nodes(judged)
+    judged = [(o, r) for o, r in judged if not any(n.name in unreached for n in o.pair.nodes)]
     racks = {n.name: n.rack for n in nodes}
     runs: dict[str, list[tuple[PairOutcome, Result]]] = {n.name: [] for n in nodes}
     for o, r in judged:
@@ -700,7 +709,19 @@ def assess(nodes: Sequence[NodeSpec], judged: Sequence[tuple[PairOutcome, Result
     links = {
         k: rs for k, rs in link_candidates(judged, standing).items() if not any(id(o) in explained for o, _r in rs)
     }
-    return Findings(standing, named, links)
+    return Findings(standing, named, links, unreached)
+
+
+def unreached_nodes(judged: Sequence[tuple[PairOutcome, Result]]) -> dict[str, str]:
+    """Nodes ssh could not run gpucert on, in any pair job so far, with what ssh said. Such a node ran nothing, so
+    it is no suspect (it is ERROR, not reached: a name, DNS or key to fix on this host) and is not paired again;
+    its partner in that job was stopped by localize, so the job says nothing of the partner either."""
+    found: dict[str, str] = {}
+    for o, _r in judged:
+        for n in o.pair.nodes:
+            if n.name not in found and (said := ssh_failure(o, n.name)):
+                found[n.name] = said
+    return found
 
 
 def _transient(judged: Sequence[tuple[PairOutcome, Result]]) -> set[int]:
@@ -843,7 +864,9 @@ def plan_round(
 
     goods = [n for n in nodes if standing[n.name].passes and not standing[n.name].suspect and n.name not in slow]
     rng.shuffle(goods)
-    suspects = [n for n in nodes if (standing[n.name].suspect or not standing[n.name].runs)]
+    suspects = [
+        n for n in nodes if (standing[n.name].suspect or not standing[n.name].runs) and n.name not in findings.unreached
+    ]
     for node in suspects:
         st = standing[node.name]
         if st.settled:
@@ -859,7 +882,11 @@ def plan_round(
         if again and not busy & {n.name for n in o.pair.nodes}:
             add(o.pair.head, o.pair.other)
     if round_no <= min(screens, last - 2):
-        free = [n for n in nodes if n.name not in busy and not standing[n.name].condemned]
+        free = [
+            n
+            for n in nodes
+            if n.name not in busy and not standing[n.name].condemned and n.name not in findings.unreached
+        ]
         racks_known = bool(nodes) and all(n.rack is not None for n in nodes)
         more, _ = screen_pairs(free, seed, round_no, across=racks_known and round_no % 2 == 0)
         for p in more:
@@ -923,6 +950,19 @@ def conclude(
         st = standing[node.name]
         subject: dict[str, Any] = dict(subject=node.name, node=node.name, category=CLUSTER, name="localize.node")
         gpus = slow_gpus.get(node.name)
+        if node.name in findings.unreached:
+            # ssh's own failure (exit 255): the host ran nothing, so there is nothing to suspect it of
+            # (unreached_nodes' docstring); more nodes or rounds would not tell anything apart.
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.ERROR,
+                    message=f"not reached: {findings.unreached[node.name]}",
+                    remediation=f"check the name {node.host}, DNS and ssh from this host (BatchMode: key login, "
+                    "known_hosts; `ssh -o BatchMode=yes HOST true`), then rerun localize",
+                )
+            )
+            continue
         if st.condemned:
             o, r = latest(st.fails, node)
             partner = _other(o, node.name)
@@ -1006,7 +1046,16 @@ def conclude(
             continue
         o, r = mine[0]
         partner = _other(o, node.name)
-        if r.status is Status.PASS:
+        if partner in findings.unreached:
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.INFO,
+                    message=f"not judged: its pair's partner {partner} was not reached (localize stopped "
+                    f"{node.name}'s side), and no known-good node was free to pair it with",
+                )
+            )
+        elif r.status is Status.PASS:
             results.append(
                 Result(**subject, status=Status.PASS, message=f"{node.name} passes with {partner} ({r.message})")
             )
@@ -1022,18 +1071,6 @@ def conclude(
                     status=Status.INFO,  # measured, and not to be held against it: shown, not judged
                     message=f"not judged: {node.name}'s only pair failed, which its partner {partner}'s slow GPU "
                     "explains; no known-good node was free to clear it",
-                )
-            )
-        elif unreached := ssh_failure(o, node.name):
-            # ssh's own failure (exit 255): the host ran nothing, so there is nothing to suspect it of, and more
-            # nodes would not tell anything apart. Its partner is judged by its own exit like any other.
-            results.append(
-                Result(
-                    **subject,
-                    status=Status.ERROR,
-                    message=f"not reached: {unreached}",
-                    remediation=f"check the name {node.host}, DNS and ssh from this host (BatchMode: key login, "
-                    "known_hosts; `ssh -o BatchMode=yes HOST true`), then rerun localize",
                 )
             )
         else:
