@@ -143,3 +143,17 @@ def test_node_0_lingers_until_this_rounds_ack_not_an_earlier_rounds() -> None:
     t0 = time.monotonic()
     node0.linger()
     assert time.monotonic() - t0 < 4.0  # ended by the ack, not the bound
+
+
+def test_node_rank_0_says_at_once_that_its_own_address_does_not_resolve(capsys: pytest.CaptureFixture[str]) -> None:
+    """The server connects to itself by --master-addr: a name that does not resolve held TCPStore's constructor
+    (deaf to Ctrl-C) for 211 s on one machine, then was blamed on the port."""
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError) as raised:
+        connect_store("node-a.invalid", free_port(), True, 1.5, "node rank 0 (host h)")
+    assert time.monotonic() - t0 < 1.5 + 2 * RETRY_S + within(0.5)
+    message = str(raised.value)
+    assert message.startswith("node rank 0 (host h): 'node-a.invalid' does not resolve on this host"), message
+    assert "within 1.5 s (runtime.rendezvous_timeout_s)" in message and "port" not in message
+    [line] = capsys.readouterr().err.splitlines()  # said at once, then retried quietly until the limit
+    assert "'node-a.invalid' does not resolve on this host" in line and "a typo in --master-addr" in line

@@ -126,13 +126,22 @@ class Waiting:
 
 def _try_port(addr: str, port: int, limit_s: float) -> str | None:
     """None if something accepts connections at addr:port, else why not, in words."""
+    if (unresolved := _resolves(addr, port)) is not None:
+        return unresolved
     try:
         with socket.create_connection((addr, port), timeout=max(limit_s, 0.05)):
             return None
-    except socket.gaierror as exc:
-        return f"{addr!r} does not resolve on this host ({exc.strerror or exc})"
     except OSError as exc:
         return (exc.strerror or str(exc) or type(exc).__name__).lower()
+
+
+def _resolves(addr: str, port: int) -> str | None:
+    """None where addr resolves here, else what says it does not."""
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"{addr!r} does not resolve on this host ({exc.strerror or exc})"
+    return None
 
 
 def connect_store(
@@ -153,7 +162,27 @@ def connect_store(
     once: a Kubernetes Service name resolves only once its pod is up, but on a cluster it is most often a typo.
     `setting` names where timeout_s comes from; a watcher's short reconnect passes tell=False (its caller names
     a store gone quiet)."""
+    wait = Waiting(timeout_s, say_after_s, every_s)
+    limit = f"{timeout_s:g} s ({setting})"
     if serve:
+        # The server connects to itself by this name: one that does not resolve held the constructor (C++, deaf
+        # to Ctrl-C) past the timeout, then was blamed on the port. Said at once and retried, as a client does
+        # (a Kubernetes pod's own name resolves only once the pod is ready).
+        while (why := _resolves(addr, port)) is not None:
+            if wait.left() <= 0:
+                raise RendezvousError(
+                    f"{who}: {why} within {limit}, and node rank 0 serves the job's store under that name; give "
+                    "--master-addr / MASTER_ADDR as this host's name or IP address as the other nodes reach it"
+                )
+            if tell:
+                wait.tell(
+                    lambda why=why: (  # type: ignore[misc]
+                        f"{who}: {why}; a typo in --master-addr / MASTER_ADDR? waited {wait.elapsed():.0f} s, "
+                        f"gives up after {limit}"
+                    ),
+                    now=not wait.told,
+                )
+            time.sleep(max(0.0, min(RETRY_S, wait.left())))
         try:
             return dist.TCPStore(
                 addr, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=True
@@ -163,8 +192,6 @@ def connect_store(
                 f"{who}: cannot serve the job's store on port {port}: {str(exc).splitlines()[0]}; "
                 "is another job using that port? choose another (--master-port / MASTER_PORT)"
             ) from None
-    wait = Waiting(timeout_s, say_after_s, every_s)
-    limit = f"{timeout_s:g} s ({setting})"
     said_unresolved = False
     while True:
         why = _try_port(addr, port, min(wait.left(), 2 * RETRY_S))
