@@ -258,3 +258,21 @@ def test_a_checkpoint_past_the_runs_last_step_is_said_not_passed_over(
     run_finetune(replace(cfg, resume="auto"))
     err = capsys.readouterr().err
     assert "note: the checkpoint is at step 4, at this run's last step 4" in err and "warning" not in err, err[-2000:]
+
+
+def test_a_run_that_starts_over_in_a_directory_with_an_earlier_runs_checkpoints_is_refused(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --resume, a second run into the same output_dir once trained, pruned its own checkpoints beside the
+    earlier run's by step number, and reported the earlier run's step-40 as its own."""
+    from gpucert.cli import main
+
+    out = tmp_path / "run"
+    write_checkpoint(out, 20)
+    write_checkpoint(out, 40)
+    assert main(["finetune", "--output", str(out), "--set", "train.max_steps=30"]) == 3
+    err = capsys.readouterr().err
+    assert f"output_dir {out} holds checkpoints of an earlier run (step-20, step-40): --resume auto continues" in err
+    assert "Traceback" not in err, err[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-20", "step-40"]
+    assert not (out / "metrics.json").exists()

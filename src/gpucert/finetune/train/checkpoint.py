@@ -131,6 +131,21 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names the file and why."""
 
 
+def check_fresh_output(cfg: FinetuneConfig) -> None:
+    """Refuse a run that starts over (resume: none) in an output_dir holding an earlier run's checkpoints: its own
+    would be pruned beside them by step number, and the report and a later --resume auto would take the earlier
+    run's newest as this run's. Checked before any work, by the command and by rank 0."""
+    if cfg.resume != "none" or not cfg.output_dir:
+        return
+    found = complete_checkpoints(Path(cfg.output_dir))
+    if found:
+        steps = ", ".join(path.name for _step, path in found[-3:])
+        raise CheckpointError(
+            f"output_dir {cfg.output_dir} holds checkpoints of an earlier run ({steps}): --resume auto continues "
+            f"that run; to start over, give another --output or remove {checkpoint_root(Path(cfg.output_dir))}"
+        )
+
+
 def read_trainer_state(path: Path) -> TrainerState:
     """The trainer state of a complete checkpoint (cheap: no tensors), or an error naming the file and the fault."""
     path = Path(path)

@@ -48,7 +48,7 @@ from gpucert.finetune.data.formats import DataError
 from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.train import metrics as flops
-from gpucert.finetune.train.checkpoint import CheckpointError, what_resumes
+from gpucert.finetune.train.checkpoint import CheckpointError, check_fresh_output, what_resumes
 from gpucert.finetune.train.loop import (
     train,
 )
@@ -131,6 +131,8 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
             # (prepared on a login node, trained offline); preparation asks the hub only for raw rows.
             check_model_source(cfg.model)
             check_data_source(cfg.data)
+            if rt.is_main:
+                check_fresh_output(cfg)
             run = open_run_dir(cfg, rt)
             result = train(cfg, rt, run, resolve_peak(cfg, profile_peak), marks)
         except (Exception, KeyboardInterrupt) as exc:
