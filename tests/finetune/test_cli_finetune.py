@@ -111,8 +111,8 @@ def test_a_failed_run_says_on_the_terminal_which_criterion_failed_and_what_to_do
     criterion with its threshold and remedy, not only the verdict and the report's path."""
     monkeypatch.chdir(tmp_path)
     assert main(["finetune", "--output", str(tmp_path / "run"), "--set", "train.max_steps=2"]) == 2
-    err = capsys.readouterr().err
-    failed = [line for line in err.splitlines() if line.startswith("[finetune] FAIL  | final_loss | run | ")]
-    assert len(failed) == 1, err[-2000:]
+    out = capsys.readouterr().out  # results on stdout, progress on stderr, as every verb prints them
+    failed = [line for line in out.splitlines() if line.startswith("FAIL  | final_loss | run | ")]
+    assert len(failed) == 1, out[-2000:]
     assert "<= 6.5, found" in failed[0] and "[threshold: config train.final_loss_max] → train longer" in failed[0]
-    assert "checkpoint_present" not in err and "[finetune] FAIL: report in" in err
+    assert "checkpoint_present" not in out and out.splitlines()[-1].startswith("FAIL: report in")

@@ -325,14 +325,16 @@ def train(
     if rt.is_main:
         rt.set_phase("writing the report")
         write_run_files(run_dir, result, run_report(result, rt, peak, started))
-        # Why a run did not pass, on the terminal: the verdict line alone sent the user to report.json. Each WARN,
-        # FAIL or ERROR as gpucert's plain output prints it (threshold source and remedy included).
+        # Why a run did not pass, on stdout as every verb's results are (progress is stderr's): the verdict line
+        # alone sent the user to report.json. Each WARN, FAIL or ERROR as gpucert's plain output prints it
+        # (threshold source and remedy included), so `grep '^FAIL'` finds it in a job log.
         for criterion in map(Result.from_dict, result["criteria"]):
             if criterion.status >= Status.WARN:
-                log(result_line(criterion))
-        log(
+                print(result_line(criterion), flush=True)
+        print(
             f"{result['status']}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html draws it), "
-            f"metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}"
+            f"metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}",
+            flush=True,
         )
     log.close()
     return result
