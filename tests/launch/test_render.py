@@ -228,6 +228,31 @@ def test_a_recipe_path_becomes_absolute_and_a_recipe_name_stays_a_name(tmp_path:
     assert "--config qwen2-7b-glaive" in capsys.readouterr().out
 
 
+def test_every_path_the_nodes_read_is_absolute_in_the_script(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The script runs as printed from any directory: a relative --output once made the logs' directory absolute
+    but left the report's relative to wherever sbatch ran, and a --profile file or fs's PATH stayed relative."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site.yaml").write_text("name: site\n")  # launch reads no profile: the nodes do
+    argv = ["launch", "slurm", "accept", "--nodes", "2", "--gpus-per-node", "0", "--dry-run", "--output", "rel/out"]
+    assert main([*argv, "--profile", "cpu"]) == 0
+    line = capsys.readouterr().out.splitlines()[-2]
+    assert f"--output={tmp_path}/rel/out/logs/" in line and f"--output {tmp_path}/rel/out " in line, line
+    assert main(["launch", "slurm", "fs", "--nodes", "2", "--gpus-per-node", "0", "--dry-run", "./scratch/"]) == 0
+    assert f"gpucert cluster fs {tmp_path}/scratch --output" in capsys.readouterr().out
+    assert main(["launch", "torchrun", "accept", "--nodes", "2", "--head", "a", "-o", "r", "--profile", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"-o {tmp_path}/r" in out and "--profile cpu" in out  # a profile name stays a name
+    assert main(["launch", "torchrun", "accept", "--nodes", "2", "--head", "a", "--profile=site.yaml"]) == 0
+    assert f"--profile={tmp_path}/site.yaml" in capsys.readouterr().out
+
+
+def test_a_config_file_that_is_not_there_is_refused_before_anything_is_printed(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nothere.yaml"
+    assert main(["launch", "slurm", "accept", "--nodes", "2", "--config", str(missing), "--dry-run"]) == 3
+    captured = capsys.readouterr()
+    assert f"{missing}: cannot read: No such file or directory" in captured.err and captured.out == ""
+
+
 @pytest.mark.parametrize(
     "argv, said",
     [

@@ -53,7 +53,14 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         s.add_argument(flag)
     s.add_argument("--cpus-per-task", type=int)
     s.add_argument("--venv", help="a virtual environment every node activates (on the shared filesystem)")
-    s.add_argument("--setup", action="append", default=[], help="a shell line every node runs first")
+    s.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        help="a shell line the batch script runs before gpucert, on the job's first node: what it exports (a venv, "
+        "`module load`, variables) reaches every node through srun; an action each node must take itself needs "
+        "srun, e.g. --setup 'srun --ntasks-per-node=1 nvidia-smi -pm 1'",
+    )
     s.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     s.add_argument("--follow-timeout", type=float, help="seconds to follow the job (default: --time + 10 min, or 24 h)")
     backends.choices["torchrun"].add_argument("--head", required=True, help="node rank 0's address")
@@ -95,12 +102,13 @@ def check_verb_args(verb: str, rest: list[str]) -> None:
 
         # A local file or a shipped recipe (else a ConfigError naming it), with its --set values.
         load_finetune_config(resolve_recipe(config), overrides, False)
-    elif verb != "localize" or overrides:
+    elif verb != "localize" or overrides or config is not None:
         from gpucert.config.loader import load_config
         from gpucert.config.run import RunConfig
 
-        local = config if config is not None and Path(config).exists() else None
-        load_config(RunConfig, local, overrides)
+        # A --config that is not here is refused here, not by every node of the job (the rendered script makes
+        # it absolute: the nodes read this host's path on the shared filesystem).
+        load_config(RunConfig, Path(config) if config is not None else None, overrides)
 
 
 def _value_of(args: list[str], *flags: str) -> str | None:
@@ -113,10 +121,29 @@ def _value_of(args: list[str], *flags: str) -> str | None:
     return None
 
 
+def _replace_values(args: list[str], flags: tuple[str, ...], new: Callable[[str], str]) -> list[str]:
+    """args with each value of these flags (`--flag VALUE` or `--flag=VALUE`) replaced by new(VALUE)."""
+    out = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if i > 0 and args[i - 1] in flags and not arg.startswith("-"):
+            out.append(new(arg))
+        elif eq and flag in flags:
+            out.append(f"{flag}={new(value)}")
+        else:
+            out.append(arg)
+    return out
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).absolute())
+
+
 def _verb_args(verb: str, rest: list[str]) -> list[str]:
-    """The launched verb's own options, as every node will read them: a --config that names a file here becomes
-    its absolute path (each node starts elsewhere); a recipe name stays a name (it ships with gpucert). finetune
-    without --config is refused: every node would train the tiny offline recipe."""
+    """The launched verb's own options, as every node will read them, from whatever directory it starts in: a
+    --config or --profile that names a file here, the --output directory and `fs`'s PATH become absolute paths;
+    a recipe or profile name stays a name (it ships with gpucert). finetune without --config is refused: every
+    node would train the tiny offline recipe."""
     config = _value_of(rest, "--config")
     if verb == "finetune" and config is None:
         raise ConfigError(
@@ -124,28 +151,28 @@ def _verb_args(verb: str, rest: list[str]) -> list[str]:
             "e.g. --config qwen2-7b-glaive, or a YAML path); without it every node would train the offline tiny "
             "recipe"
         )
-    if config is None or not Path(config).exists():
-        return rest
-    absolute = str(Path(config).absolute())
-    out = []
-    for i, arg in enumerate(rest):
-        if arg == config and i > 0 and rest[i - 1] == "--config":
-            out.append(absolute)
-        elif arg == f"--config={config}":
-            out.append(f"--config={absolute}")
-        else:
-            out.append(arg)
+    out = _replace_values(rest, ("--config", "--profile"), lambda v: _absolute(v) if Path(v).is_file() else v)
+    out = _replace_values(out, ("--output", "-o"), _absolute)
+    if verb == "fs":
+        from gpucert.cli import build_parser as verb_parser
+
+        given = verb_parser().parse_args([*slurm.VERB_ARGV[verb][1:], *rest]).path
+        # The positional PATH: the argument that names it and is no option's value.
+        at = [i for i, a in enumerate(out) if Path(a) == given and (i == 0 or not out[i - 1].startswith("-"))]
+        if at:
+            out[at[-1]] = _absolute(str(given))
     return out
 
 
 def _with_run_dir(verb: str, rest: list[str]) -> tuple[list[str], str]:
-    """The verb's output directory (made absolute: every node must find the same path), added when absent."""
+    """The verb's output directory (made absolute by _verb_args: every node must find the same path), added when
+    absent."""
     flags = ("--output", "-o")
     given = _value_of(rest, *flags)
     if given is not None:
-        return rest, str(Path(given).absolute())
+        return rest, _absolute(given)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = str(Path("runs", f"{stamp}-launch-{verb}").absolute())
+    run_dir = _absolute(str(Path("runs", f"{stamp}-launch-{verb}")))
     return [*rest, flags[0], run_dir], run_dir
 
 
