@@ -270,3 +270,12 @@ def test_the_verbs_own_options_are_checked_before_anything_is_printed_or_submitt
     assert main(["launch", *argv, "--nodes", "2"]) == 3
     captured = capsys.readouterr()
     assert said in captured.err and captured.out == ""
+
+
+def test_torchrun_finetune_runs_on_each_nodes_own_gpus_unless_told(capsys) -> None:
+    """--gpus-per-node once defaulted to 8 and printed `--nproc 8` for nodes of 4 GPUs."""
+    argv = ["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "qwen2-7b-glaive"]
+    assert main(argv) == 0
+    assert "--nproc" not in capsys.readouterr().out
+    assert main([*argv, "--gpus-per-node", "4"]) == 0
+    assert capsys.readouterr().out.count("--nproc 4") == 2

@@ -26,6 +26,8 @@ from gpucert.launch.presets import preset_env
 from gpucert.status import Status
 
 ERROR_EXIT = Status.ERROR.exit_code
+# GPUs a node asks Slurm or Kubernetes for when --gpus-per-node is not given: an HGX node's.
+DEFAULT_GPUS = 8
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -43,7 +45,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         p = backends.add_parser(name, help=text, description=text, allow_abbrev=False)
         p.add_argument("verb", choices=slurm.VERBS)
         p.add_argument("--nodes", type=int, required=True, help="nodes in the job")
-        p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (0: a CPU job, gloo)")
+        p.add_argument(
+            "--gpus-per-node",
+            type=int,
+            help="GPUs per node (0: a CPU job, gloo); Slurm and Kubernetes request them, default 8; torchrun: each "
+            "node's own count unless given",
+        )
         p.add_argument("--preset", action="append", default=[], help="network preset (ib, roce, socket, debug)")
         p.add_argument("--iface", help="network interface of the socket preset (NCCL_SOCKET_IFNAME)")
         p.add_argument("--port", type=int, help="node rank 0's rendezvous port")
@@ -217,7 +224,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
             args.nodes,
             args.head,
             port,
-            args.gpus_per_node,
+            args.gpus_per_node,  # None: every node trains on the GPUs it has
             env,
             args.rendezvous_timeout,
         )
@@ -229,7 +236,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
                 args.verb,
                 tuple(_verb_args(args.verb, rest)),
                 args.nodes,
-                args.gpus_per_node,
+                DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node,
                 args.image,
                 args.name or f"gpucert-{args.verb}",
                 args.port or 29500,
@@ -249,7 +256,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
         verb=args.verb,
         args=tuple(_verb_args(args.verb, rest)),
         nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
+        gpus_per_node=DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node,
         run_dir=run_dir,
         cpus_per_task=args.cpus_per_task,
         mem=args.mem,

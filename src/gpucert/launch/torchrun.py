@@ -19,11 +19,12 @@ def node_commands(
     nodes: int,
     head: str,
     port: int,
-    gpus_per_node: int,
+    gpus_per_node: int | None,
     env: dict[str, str],
     rendezvous_timeout_s: float,
 ) -> list[str]:
-    """One shell command per node rank, quoted."""
+    """One shell command per node rank, quoted. gpus_per_node None: finetune gets no --nproc, so each node runs
+    one rank per GPU it has (as accept does)."""
     if verb not in VERBS:
         raise ConfigError(f"verb {verb!r}: expected one of {', '.join(VERBS)}")
     if nodes < 1:
