@@ -279,3 +279,22 @@ def test_torchrun_finetune_runs_on_each_nodes_own_gpus_unless_told(capsys) -> No
     assert "--nproc" not in capsys.readouterr().out
     assert main([*argv, "--gpus-per-node", "4"]) == 0
     assert capsys.readouterr().out.count("--nproc 4") == 2
+
+
+def test_a_kubernetes_run_writes_on_the_shared_volume_and_reads_files_only_from_it(tmp_path: Path, capsys) -> None:
+    """A pod sees its image and the claim: the report once went to the pod's own filesystem, lost with it, and a
+    --config path of the submitting host was copied into the manifest."""
+    argv = ["launch", "k8s", "accept", "--nodes", "2", "--image", "reg/gpucert:1"]
+    assert main([*argv, "--pvc", "shared"]) == 0
+    command = yaml.safe_load_all(capsys.readouterr().out)
+    (job,) = [m for m in command if m["kind"] == "Job"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--output") + 1].startswith("/shared/runs/"), args
+    local = tmp_path / "mine.yaml"
+    local.write_text("runtime: {heartbeat_timeout_s: 40}\n")
+    for extra in (["--pvc", "shared", "--config", str(local)], ["--config", "/shared/mine.yaml"], ["-o", "rel"]):
+        assert main([*argv, *extra]) == 3
+        captured = capsys.readouterr()
+        assert "a pod sees only its image and the shared volume" in captured.err and captured.out == ""
+    assert main([*argv, "--pvc", "shared", "--config", "/shared/mine.yaml", "--profile", "h100"]) == 0
+    assert "- /shared/mine.yaml" in capsys.readouterr().out

@@ -84,7 +84,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     return parser
 
 
-def check_verb_args(verb: str, rest: list[str]) -> None:
+def check_verb_args(verb: str, rest: list[str], here: bool = True) -> None:
     """The options passed on to the verb, checked here with the verb's own parser and config schema, so a
     mistyped option or --set key is refused now, not by every node of a job that was already submitted."""
     import contextlib
@@ -114,8 +114,10 @@ def check_verb_args(verb: str, rest: list[str]) -> None:
         from gpucert.config.run import RunConfig
 
         # A --config that is not here is refused here, not by every node of the job (the rendered script makes
-        # it absolute: the nodes read this host's path on the shared filesystem).
-        load_config(RunConfig, Path(config) if config is not None else None, overrides)
+        # it absolute: the nodes read this host's path on the shared filesystem). here=False (Kubernetes): the
+        # pods read it from their volume, which this host need not mount; its keys are checked where it is here.
+        given = Path(config) if config is not None and (here or Path(config).is_file()) else None
+        load_config(RunConfig, given, overrides)
 
 
 def _value_of(args: list[str], *flags: str) -> str | None:
@@ -171,6 +173,31 @@ def _verb_args(verb: str, rest: list[str]) -> list[str]:
     return out
 
 
+def _pod_args(verb: str, rest: list[str], pvc: str | None, mount: str, name: str) -> list[str]:
+    """The verb's options as a pod reads them: it sees only its image and the shared volume, so a --config or
+    --profile file and the --output directory must be on that volume (absolute paths under the mount; a name
+    stays a name), and with a volume and no --output the run directory goes on it, not into the pod's own
+    filesystem, which goes with the pod."""
+    _verb_args(verb, rest)  # finetune's --config, as every backend asks for it
+    problems = []
+    for flag in ("--config", "--profile", "--output", "-o"):
+        value = _value_of(rest, flag)
+        if value is None or (flag in ("--config", "--profile") and "/" not in value and not value.endswith(".yaml")):
+            continue  # absent, or a recipe or profile name that ships with gpucert
+        if not (pvc and Path(value).is_absolute() and Path(value).is_relative_to(mount)):
+            problems.append(f"{flag} {value}")
+    if problems:
+        where = f"on the shared volume, under {mount}" if pvc else "on a shared volume (--pvc CLAIM, at --mount)"
+        raise ConfigError(
+            f"launch k8s {verb}: {', '.join(problems)}: a pod sees only its image and the shared volume; give "
+            f"paths {where}"
+        )
+    if pvc and _value_of(rest, "--output", "-o") is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        return [*rest, "--output", f"{mount.rstrip('/')}/runs/{stamp}-{name}"]
+    return rest
+
+
 def _with_run_dir(verb: str, rest: list[str]) -> tuple[list[str], str]:
     """The verb's output directory (made absolute by _verb_args: every node must find the same path), added when
     absent."""
@@ -214,7 +241,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
     problems = launch_problems(args)
     if problems:
         raise ConfigError(f"gpucert launch {args.backend}: " + "; ".join(problems))
-    check_verb_args(args.verb, rest)
+    check_verb_args(args.verb, rest, here=args.backend != "k8s")
     env = preset_env(args.preset, args.iface)
     if args.backend == "torchrun":
         port = args.port or 29500
@@ -234,7 +261,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
         print(
             k8s.render_manifests(
                 args.verb,
-                tuple(_verb_args(args.verb, rest)),
+                tuple(_pod_args(args.verb, rest, args.pvc, args.mount, args.name or f"gpucert-{args.verb}")),
                 args.nodes,
                 DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node,
                 args.image,
