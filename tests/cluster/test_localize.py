@@ -71,6 +71,9 @@ def test_hosts_parse_with_gpu_subsets_and_refuse_what_cannot_be_one_node(tmp_pat
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# the rack\ngpu01 slots=8\n\ngpu02  # spare PSU\n")
     assert read_hostfile(hostfile) == ["gpu01", "gpu02"]
+    hostfile.write_text("gpu01 slots=8\ngpu02 gpu03\n")  # gpu03 was dropped without a word
+    with pytest.raises(ConfigError, match=r"hosts:2: expected one host a line .*found gpu02 and gpu03"):
+        read_hostfile(hostfile)
 
 
 def test_round_one_pairs_are_disjoint_seeded_and_leave_one_out_when_odd() -> None:

@@ -122,12 +122,24 @@ def parse_hosts(items: Sequence[str]) -> list[NodeSpec]:
 
 
 def read_hostfile(path: Path) -> list[str]:
-    """One node per line (MPI-style `host slots=8` keeps the first word); `#` starts a comment."""
+    """One node per line (MPI-style `host slots=8`: words with `=` after the host are its settings, not
+    nodes); `#` starts a comment. A second host on a line is refused, naming the line: it was dropped unsaid."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise ConfigError(f"--hostfile {path}: {exc.strerror or exc}") from exc
-    return [line.split("#")[0].split()[0] for line in lines if line.split("#")[0].strip()]
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        words = line.split("#")[0].split()
+        if not words:
+            continue
+        if others := [w for w in words[1:] if "=" not in w]:
+            raise ConfigError(
+                f"--hostfile {path}:{number}: expected one host a line (then settings like slots=8), found "
+                f"{words[0]} and {' '.join(others)}: put each host on its own line"
+            )
+        hosts.append(words[0])
+    return hosts
 
 
 def slurm_nodes(env: Mapping[str, str], run: Callable[[list[str]], str]) -> list[NodeSpec]:
