@@ -41,6 +41,7 @@ CASES = [
     # health and discover
     (["health", "--config", "bad.yaml"], ["bad.yaml: line 2"]),
     (["health", "--drain", "--replay", BUNDLE], ["--drain acts on this live node"]),
+    (["health", "--resume-after", "3"], ["--resume-after says when --drain resumes", "give it with --drain"]),
     (["health", "--replay", "nope"], ["nope: not a capture bundle"]),
     (["health", "--set", "runtime.rendezvous_timeout_s=0"], ["runtime.rendezvous_timeout_s must be > 0"]),
     (["health", "--set", "health.liveness=maybe"], ["health.liveness: expected bool, found 'maybe'"]),
@@ -53,6 +54,7 @@ CASES = [
     (["report", "a", "b", "c"], ["report takes one run (render) or two runs"]),
     (["report", "corrupt.json", "corrupt.json", "--threshold", "-5"], ["--threshold", "found -5.0"]),
     (["report", "merge", "a"], ["two or more per-node run directories"]),
+    (["report", "history", "n", ".", "--metrics-file", "h.prom"], ["report history writes no metrics"]),
     (["report", "merge", "a", "b"], ["report merge needs --output"]),
     (["report", "merge", "nope1", "nope2", "-o", "merged"], ["nope1: not a readable gpucert report"]),
     # cluster fs

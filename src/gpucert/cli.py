@@ -289,6 +289,8 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
     overrides += _duration_override(args)
     if getattr(args, "resume_after", 1) < 1:
         raise ConfigError(f"--resume-after counts passing runs: it must be >= 1, found {args.resume_after}")
+    if getattr(args, "resume_after", 1) != 1 and not getattr(args, "drain", False):
+        raise ConfigError("--resume-after says when --drain resumes a node it drained: give it with --drain")
     if getattr(args, "drain", False) and (args.replay or getattr(args, "nnodes", None) not in (None, 1)):
         raise ConfigError("--drain acts on this live node: not with --replay or --nnodes (run it on every node)")
     if benchmarks and args.replay:
@@ -386,6 +388,12 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     if args.runs[0] == "history":
         from gpucert.fleet.history import run_history
 
+        if args.metrics_file:
+            # A flag the report verb shares that history has nothing to write with: refused, not ignored.
+            raise ConfigError(
+                "report history writes no metrics: --metrics-file is for a run's report (gpucert report RUN "
+                "--metrics-file PATH, or the verb that ran it)"
+            )
         return run_history(args.runs[1:], args.threshold, console)
     args.runs = [Path(run) for run in args.runs]
     if len(args.runs) > 2:
