@@ -13,6 +13,8 @@ job wrote (3 with every node's log tail when it wrote none).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import re
 import shlex
@@ -87,9 +89,6 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
 def check_verb_args(verb: str, rest: list[str], here: bool = True) -> None:
     """The options passed on to the verb, checked here with the verb's own parser and config schema, so a
     mistyped option or --set key is refused now, not by every node of a job that was already submitted."""
-    import contextlib
-    import io
-
     from gpucert.cli import build_parser as verb_parser
 
     argv = [*slurm.VERB_ARGV[verb][1:], *rest]
@@ -165,7 +164,11 @@ def _verb_args(verb: str, rest: list[str]) -> list[str]:
     if verb == "fs":
         from gpucert.cli import build_parser as verb_parser
 
-        given = verb_parser().parse_args([*slurm.VERB_ARGV[verb][1:], *rest]).path
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                given = verb_parser().parse_args([*slurm.VERB_ARGV[verb][1:], *rest]).path
+        except SystemExit:  # no PATH yet: the job's problems (check_verb_args, render_sbatch) say what is missing
+            return out
         # The positional PATH: the argument that names it and is no option's value.
         at = [i for i, a in enumerate(out) if Path(a) == given and (i == 0 or not out[i - 1].startswith("-"))]
         if at:
