@@ -456,3 +456,21 @@ def test_accept_whose_reader_left_stops_before_the_next_benchmark_and_says_what_
     assert stopped.name == "run.aborted" and "before benchmark matmul" in stopped.message
     assert "not run: matmul, memory" in stopped.message and "reader of gpucert's output closed it" in stopped.message
     assert any(r.name == "node.xid" for r in report.results)  # the node checks ran, and stand
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "shown"),
+    [(32646.3, "tokens/s", "32,646 tokens/s"), (989.43, "TFLOP/s", "989.4 TFLOP/s"), (0.029134, None, "0.02913"),
+     (2.5e15, "B", "2.5e+15 B"), (7, "GPUs", "7 GPUs")],
+)  # fmt: skip
+def test_a_value_reads_as_the_other_views_show_it_never_as_an_exponent_below_1e15(
+    value: float, unit: str | None, shown: str
+) -> None:
+    """The terminal printed 3.265e+04 tokens/s where the comparison view showed 32,646 (one rule now: numbers.short)."""
+    from gpucert.report.schema import Result
+    from gpucert.status import Status
+
+    assert (
+        terminal.format_value(Result(name="x", subject="run", status=Status.INFO, message="", value=value, unit=unit))
+        == shown
+    )

@@ -32,6 +32,7 @@ from typing import Any
 
 from gpucert.config.profiles import Profile, load_profile
 from gpucert.report.direction import HIGHER, direction_of
+from gpucert.report.numbers import short
 from gpucert.report.schema import Report, Result, RunMeta, Value
 from gpucert.runtime.identity import node_labels
 from gpucert.status import Status, worst
@@ -253,8 +254,7 @@ def _number(value: Value) -> float | None:
 
 
 def _fmt(value: float, unit: str | None = None) -> str:
-    text = f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
-    return f"{text} {unit}" if unit else text
+    return f"{short(value)} {unit}" if unit else short(value)
 
 
 def per_gpu_figures(results: Sequence[Result]) -> dict[str, list[Result]]:

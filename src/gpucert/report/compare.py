@@ -34,6 +34,7 @@ from rich.text import Text
 
 from gpucert.report.cluster import is_cluster
 from gpucert.report.direction import HIGHER, LOWER, direction_of, noise_band_pct
+from gpucert.report.numbers import short
 from gpucert.report.schema import Report, Result, Value
 from gpucert.report.terminal import STATUS_STYLE, plain_fields, plain_output, print_line
 from gpucert.status import Status, worst
@@ -288,11 +289,7 @@ def _value_text(value: Value, unit: str | None) -> str:
         return "-"
     if isinstance(value, bool):
         return "on" if value else "off"
-    if isinstance(value, float):
-        # Grouped thousands rather than an exponent: 44,590 tokens/s.
-        text = f"{value:,.0f}" if 1e4 <= abs(value) < 1e15 else f"{value:.4g}"
-    else:
-        text = str(value)
+    text = short(value) if isinstance(value, float) else str(value)
     return f"{text} {unit}" if unit else text
 
 

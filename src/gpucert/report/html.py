@@ -29,6 +29,7 @@ from gpucert.report.cluster import (
     split_by_node,
     worst_first,
 )
+from gpucert.report.numbers import short
 from gpucert.report.plots import Plot, evaluation_plots, report_plots, training_plots
 from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import STATUS_COLOUR, format_value
@@ -145,13 +146,6 @@ def _td(text: object, css: str = "", title: str | None = None) -> str:
     return f"<td{attrs}>{_e(text)}</td>"
 
 
-def _format_value(r: Result) -> str:
-    """The terminal's value text, with thousands grouped instead of an exponent (44,590 tokens/s)."""
-    if isinstance(r.value, float) and 1e4 <= abs(r.value) < 1e15:
-        return f"{r.value:,.0f}" + (f" {r.unit}" if r.unit else "")
-    return format_value(r)
-
-
 def _tooltip(r: Result) -> str:
     parts = [f"{r.status.value}: {r.message}"]
     if r.expected:
@@ -214,7 +208,7 @@ def _problems(results: list[Result]) -> str:
         if r.expected:
             why.append(f"expected {_e(r.expected)}")
         if r.value is not None:
-            why.append(f"found {_e(_format_value(r))}")
+            why.append(f"found {_e(format_value(r))}")
         if r.threshold_source:
             why.append(f"threshold: {_e(r.threshold_source)}")
         items.append(
@@ -242,7 +236,7 @@ def _gpu_grid(results: list[Result], title: str) -> str:
                 row.append("<td></td>")
             else:
                 css = f"cell s-{r.status.value}" + (" bad" if r.status >= Status.WARN else "")
-                row.append(_td(_format_value(r), css, _tooltip(r)))
+                row.append(_td(format_value(r), css, _tooltip(r)))
         rows.append(row)
     return f"<h3>{_e(title)}</h3>" + _table(["check", *[f"GPU{i}" for i in gpus]], rows, "grid")
 
@@ -253,7 +247,7 @@ def _node_table(results: list[Result], title: str) -> str:
             _td(r.status.value, f"s-{r.status.value}" + (" bad" if r.status >= Status.WARN else "")),
             _td(r.name, "check"),
             _td(r.subject, "subject"),
-            _td(_format_value(r), "num"),
+            _td(format_value(r), "num"),
             _td(r.expected or ""),
             _td(r.message),
         ]
@@ -648,7 +642,7 @@ def _problem(r: Result) -> str:
     if r.expected:
         why.append(f"expected {_e(r.expected)}")
     if r.value is not None:
-        why.append(f"found {_e(_format_value(r))}")
+        why.append(f"found {_e(format_value(r))}")
     if r.threshold_source:
         why.append(f"threshold: {_e(r.threshold_source)}")
     return (
@@ -678,7 +672,7 @@ def _cluster_problems(results: list[Result], anchors: dict[str, str]) -> str:
             lines = "".join(
                 "<li>"
                 + (f'<a href="#{anchors[r.node]}">{_e(r.subject)}</a>' if r.node in anchors else _e(r.subject))
-                + f": {_e(_format_value(r))}</li>"
+                + f": {_e(format_value(r))}</li>"
                 for r in rest[:_PROBLEM_LINES_MAX]
             )
             more = len(rest) - _PROBLEM_LINES_MAX
@@ -732,10 +726,6 @@ def _problem_nodes(report: Report, sections: list[NodeSection], anchors: dict[st
     )
 
 
-def _short(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
-
-
 def _heat_class(value: float, figure: Figure) -> str:
     """A cell's shade: its deviation from the cluster median against the cluster rule (10 % unless the
     profile says otherwise): below the rule, past half of it, past a fifth, within, above a fifth."""
@@ -768,7 +758,7 @@ def _heatmap(report: Report, sections: list[NodeSection], anchors: dict[str, str
     for f in figures:
         head.append(
             f'<th colspan="{n}" title="{_e(f.name)}">{_e(f.name)}<br><span class="unit">{_e(f.unit or "")}'
-            f", median {_e(_short(f.median))}</span></th>"
+            f", median {_e(short(f.median))}</span></th>"
         )
     sub = "".join(f"<th>{i}</th>" for i in gpus) * (1 + len(figures))
     rows = []
@@ -799,7 +789,7 @@ def _heatmap(report: Report, sections: list[NodeSection], anchors: dict[str, str
                 outlier = f.outliers.get((label, i))
                 css = " ".join(c for c in (_heat_class(value, f), "out" if outlier else "") if c)
                 attrs = (f' class="{css}"' if css else "") + (f' title="{_e(outlier.message)}"' if outlier else "")
-                cells.append(f"<td{attrs}>{_short(value)}</td>")
+                cells.append(f"<td{attrs}>{short(value)}</td>")
         rows.append(f'<tr id="hm-{anchors[label]}">' + "".join(cells) + "</tr>")
     legend = (
         '<div class="legend heat-legend">shade: deviation from the cluster median '
@@ -865,9 +855,7 @@ def _compact_node(section: NodeSection) -> str:
     html = _node_table(problems, "problems") if problems else ""
     html += _compact_grid(per_gpu) if per_gpu else ""
     if rest:
-        phrases = "; ".join(
-            f'<span class="s-{r.status.value}">{_e(r.name)}</span> {_e(_format_value(r))}' for r in rest
-        )
+        phrases = "; ".join(f'<span class="s-{r.status.value}">{_e(r.name)}</span> {_e(format_value(r))}' for r in rest)
         html += f'<p class="phrases">{phrases}</p>'
     return html
 

@@ -24,6 +24,7 @@ from gpucert.report.cluster import (
     split_by_node,
     worst_first,
 )
+from gpucert.report.numbers import short
 from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import format_value
 
@@ -80,10 +81,6 @@ def _verdict(report: Report) -> str:
 _PROBLEM_ROWS_MAX = 20
 
 
-def _short(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
-
-
 def _big_cluster_markdown(report: Report, cluster: list[Result], sections: list[NodeSection]) -> str:
     meta = report.meta
     tally = ", ".join(f"{n:,} {s.value}" for s, n in node_tally(sections).items())
@@ -128,8 +125,8 @@ def _big_cluster_markdown(report: Report, cluster: list[Result], sections: list[
             values = [float(r.value) for r in f.cells.values() if isinstance(r.value, (int, float))]
             unit = f" {f.unit}" if f.unit else ""
             lines.append(
-                f"| {f.name} | {len(values):,} | {_short(f.median)}{unit} | {_short(min(values))}{unit} | "
-                f"{_short(max(values))}{unit} | {len(f.outliers)} |"
+                f"| {f.name} | {len(values):,} | {short(f.median)}{unit} | {short(min(values))}{unit} | "
+                f"{short(max(values))}{unit} | {len(f.outliers)} |"
             )
         lines.append("")
     for s in bad:

@@ -24,3 +24,9 @@ def sig(value: float, digits: int = SIGNIFICANT) -> str:
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
     text = f"{value:.{decimals}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def short(value: float) -> str:
+    """A value column's figure: thousands grouped from 10,000 (44,590 tokens/s, never 4.459e+04), four significant
+    figures below (989.4, 0.02913), an exponent only where grouping would not help (1e15 and up)."""
+    return f"{value:,.0f}" if 1e4 <= abs(value) < 1e15 else f"{value:.4g}"

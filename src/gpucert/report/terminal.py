@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpucert.report.cluster import cluster_summary, is_cluster, split_by_node
+from gpucert.report.numbers import short
 from gpucert.report.schema import Report, Result
 from gpucert.status import Status
 
@@ -160,7 +161,7 @@ def format_value(result: Result) -> str:
         return "-"
     if isinstance(result.value, bool):
         return "on" if result.value else "off"
-    text = f"{result.value:.4g}" if isinstance(result.value, float) else str(result.value)
+    text = short(result.value) if isinstance(result.value, float) else str(result.value)
     return f"{text} {result.unit}" if result.unit and not isinstance(result.value, bool) else text
 
 
