@@ -244,11 +244,18 @@ def compare_reports(
     single_node = not is_cluster(baseline) and not is_cluster(candidate)
     base, cand = _keyed(baseline, single_node), _keyed(candidate, single_node)
     # A misspelt name would leave its tolerance silently unused.
-    unknown = sorted(set(tolerances) - {name for name, _, _ in [*base, *cand]})
+    names = {name for name, _, _ in [*base, *cand]}
+    unknown = sorted(set(tolerances) - names)
     if unknown:
+        # The names these reports do have that hold a number (a tolerance applies to nothing else), nearest first.
+        import difflib
+
+        numeric = sorted({k[0] for k, r in [*base.items(), *cand.items()] if _number(r.value) is not None})
+        near = difflib.get_close_matches(unknown[0], numeric, n=3, cutoff=0.5)
+        listed = near or numeric[:8]
         raise ValueError(
-            f"tolerance for {', '.join(unknown)}: no result of that name in either report; "
-            "names are the check column's, e.g. matmul.bf16.max"
+            f"tolerance for {', '.join(unknown)}: no result of that name in either report; the check column names "
+            f"them, here {', '.join(listed)}{'' if near or len(numeric) <= 8 else ', ...'}"
         )
     comparisons = []
     for key in [*base, *(k for k in cand if k not in base)]:
