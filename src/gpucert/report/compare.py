@@ -250,12 +250,12 @@ def compare_reports(
         # The names these reports do have that hold a number (a tolerance applies to nothing else), nearest first.
         import difflib
 
-        numeric = sorted({k[0] for k, r in [*base.items(), *cand.items()] if _number(r.value) is not None})
-        near = difflib.get_close_matches(unknown[0], numeric, n=3, cutoff=0.5)
-        listed = near or numeric[:8]
+        figures = sorted({k[0] for k, r in [*base.items(), *cand.items()] if _number(r.value) is not None})
+        near = difflib.get_close_matches(unknown[0], figures, n=3, cutoff=0.5)
+        listed = near or figures[:8]
         raise ValueError(
             f"tolerance for {', '.join(unknown)}: no result of that name in either report; the check column names "
-            f"them, here {', '.join(listed)}{'' if near or len(numeric) <= 8 else ', ...'}"
+            f"them, here {', '.join(listed)}{'' if near or len(figures) <= 8 else ', ...'}"
         )
     comparisons = []
     for key in [*base, *(k for k in cand if k not in base)]:
