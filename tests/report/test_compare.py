@@ -614,3 +614,11 @@ def test_terminal_table_keeps_check_names_whole() -> None:
     text = console.export_text()
     assert "│ train.tokens_per_s_per_gpu │" in text and "│ collective.broadcast " in text
     assert max(len(line) for line in text.splitlines() if line.startswith("│")) <= 120
+
+
+def test_markdown_cells_show_quoted_markup_and_keep_comparisons_readable() -> None:
+    """An evaluation's `found a malformed <tool_call> block` lost its tag in rendered Markdown (HTML escaped it)."""
+    from gpucert.report.markdown import md_cell
+
+    assert md_cell("found a malformed <tool_call> block") == "found a malformed &lt;tool_call> block"
+    assert md_cell("<= 6.5 | GPU 1 -> GPU 2\nnext") == "<= 6.5 \\| GPU 1 -> GPU 2<br>next"

@@ -34,6 +34,7 @@ from rich.text import Text
 
 from gpucert.report.cluster import is_cluster
 from gpucert.report.direction import HIGHER, LOWER, direction_of, noise_band_pct
+from gpucert.report.markdown import md_cell
 from gpucert.report.numbers import short
 from gpucert.report.schema import Report, Result, Value
 from gpucert.report.terminal import STATUS_STYLE, plain_fields, plain_output, print_line
@@ -397,7 +398,7 @@ def render_comparison_markdown(
     if not rows:
         lines += ["No result changed.", ""]
         return "\n".join(lines)
-    headers = [*COLUMNS, "change", "band", "direction", ""]
+    headers = [*COLUMNS, "change", "band", "direction", "verdict"]
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for c in rows:
         flag = _verdict_text(c)
@@ -414,7 +415,7 @@ def render_comparison_markdown(
             c.direction or "",
             flag,
         ]
-        lines.append("| " + " | ".join(str(x).replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
+        lines.append("| " + " | ".join(md_cell(x) for x in cells) + " |")
     lines.append("")
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ report.html.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpucert.report.cluster import (
@@ -29,8 +30,15 @@ from gpucert.report.schema import Report, Result
 from gpucert.report.terminal import format_value
 
 
-def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", "<br>")
+def md_cell(text: object) -> str:
+    """Text for a Markdown table cell: `|` escaped, line breaks as <br>, and a `<` that would open a tag as an
+    entity, so a message that quotes markup (`found a malformed <tool_call> block`) shows it instead of a renderer
+    taking it for a tag and dropping it; `<= 6.5` and `->` stay as they read."""
+    return _TAG_OPEN.sub("&lt;", str(text)).replace("|", "\\|").replace("\n", "<br>")
+
+
+# A `<` that starts an HTML tag, comment or declaration for a Markdown renderer.
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
 
 
 def _gpu_lines(inv: dict[str, Any], heading: str) -> list[str]:
@@ -65,8 +73,8 @@ def _result_lines(results: list[Result], heading: str) -> list[str]:
             f" → {r.remediation}" if r.remediation and r.status.value in ("WARN", "FAIL", "ERROR") else ""
         )
         lines.append(
-            f"| {r.status.value} | {r.name} | {_cell(r.subject)} | {_cell(format_value(r))} | "
-            f"{_cell(r.expected or '')} | {_cell(message)} |"
+            f"| {r.status.value} | {md_cell(r.name)} | {md_cell(r.subject)} | {md_cell(format_value(r))} | "
+            f"{md_cell(r.expected or '')} | {md_cell(message)} |"
         )
     return [*lines, ""]
 
@@ -114,7 +122,7 @@ def _big_cluster_markdown(report: Report, cluster: list[Result], sections: list[
         for s in bad:
             mine = [r for r in s.results if r.status in PROBLEM]
             names = ", ".join(dict.fromkeys(r.name for r in mine)) or "cluster judgements only"
-            lines.append(f"| {_cell(s.label)} | {s.status.value} | {len(mine)} | {_cell(names)} |")
+            lines.append(f"| {md_cell(s.label)} | {s.status.value} | {len(mine)} | {md_cell(names)} |")
         lines.append("")
     lines += _result_lines(cluster, "## Cluster")
     figures = key_figures(report.results)
