@@ -256,6 +256,14 @@ def test_a_new_failing_result_is_a_warning() -> None:
     assert comparison_status(comparisons) is Status.WARN
 
 
+def test_a_candidate_that_could_not_run_to_its_end_fails_the_comparison() -> None:
+    """A partial candidate (its run.aborted ERROR, only in it) compared as WARN, exit 1, though its own verdict
+    was ERROR: a result newly ERROR is FAIL (docs/reports.md)."""
+    aborted = result("run.aborted", None, None, status=Status.ERROR)
+    comparisons = compare_reports(report(result("kept", 1.0, "GB/s")), report(result("kept", 1.0, "GB/s"), aborted))
+    assert comparison_status(comparisons) is Status.FAIL
+
+
 def test_two_nodes_pair_by_gpu_index_and_node() -> None:
     def node(host: str, bus: str, tflops: float, busbw: float) -> Report:
         return report(

@@ -102,6 +102,10 @@ class Comparison:
         not get worse is PASS here (docs/reports.md)."""
         if self.regressed or self.newly_failing:
             return Status.FAIL
+        if self.only_in == "candidate" and self.candidate_status is Status.ERROR:
+            # Could not run now (a partial candidate's run.aborted, a benchmark that crashed): never a pass, and
+            # newly so. A new check that FAILs is a WARN below: the baseline never ran it to compare.
+            return Status.FAIL
         lost = self.only_in == "baseline"
         new_problem = (
             self.only_in == "candidate" and self.candidate_status is not None and (self.candidate_status >= Status.WARN)
