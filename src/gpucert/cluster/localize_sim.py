@@ -327,7 +327,9 @@ SCENARIOS: tuple[tuple[str, ...], ...] = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpucert.cluster.localize_sim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpucert.cluster.localize_sim", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--nodes", type=int, nargs="+", help="N (default: 64; with --table, 16 64 256 1024)")
     parser.add_argument("--faults", default="node", help=f"comma-separated, of {', '.join(KINDS)}; 'none' for none")
     parser.add_argument("--seeds", type=int, default=20)
