@@ -168,3 +168,17 @@ def test_no_message_says_none() -> None:
     bare = "NodeName=node1 State=IDLE Partitions=debug\n"
     results = checks(Slurm(PARTITIONS.replace(" State=UP", ""), bare))
     assert not [r.message for r in results if "None" in r.message]
+
+
+def test_a_host_without_slurm_configuration_is_told_to_run_on_a_login_node_or_set_slurm_conf() -> None:
+    """scontrol's own words (a failed DNS SRV lookup) were the whole message, with nothing to do."""
+    from gpucert.cluster.slurm_checks import judge_controller
+
+    no_config = (
+        "`scontrol ping` exited 1: scontrol: error: fetch_config: DNS SRV lookup failed; scontrol: fatal: Could not "
+        "establish a configuration source"
+    )
+    result = judge_controller(None, no_config)
+    assert result.status is Status.ERROR and "SLURM_CONF" in (result.remediation or "")
+    down = judge_controller(None, "slurm_load_ctl_conf error: Unable to contact slurm controller")
+    assert "slurmctld runs and answers" in (down.remediation or "")

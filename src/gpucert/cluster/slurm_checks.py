@@ -96,7 +96,17 @@ def parse_partitions(text: str) -> list[dict[str, str]]:
 def judge_controller(ping: str | None, error: str | None) -> Result:
     base: dict[str, Any] = dict(name="slurm.controller", subject="slurmctld", category="cluster")
     if ping is None:
-        return Result(**base, status=Status.ERROR, message=f"could not ask the controller: {error}")
+        said = error or ""
+        if "configuration source" in said or "fetch_config" in said or "slurm.conf" in said:
+            # scontrol found no slurm.conf and no DNS SRV record for slurmctld: this host is not set up as a
+            # client of the cluster, whatever slurmctld's state.
+            fix = (
+                "this host has no Slurm configuration: run on a login node of the cluster, or point SLURM_CONF at "
+                "the cluster's slurm.conf (export SLURM_CONF=/etc/slurm/slurm.conf)"
+            )
+        else:
+            fix = "check that slurmctld runs and answers from this host (`scontrol ping`), then rerun"
+        return Result(**base, status=Status.ERROR, message=f"could not ask the controller: {error}", remediation=fix)
     up = re.search(r"is UP", ping) is not None
     return Result(
         **base,
