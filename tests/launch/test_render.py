@@ -276,7 +276,10 @@ def test_torchrun_finetune_runs_on_each_nodes_own_gpus_unless_told(capsys) -> No
     """--gpus-per-node once defaulted to 8 and printed `--nproc 8` for nodes of 4 GPUs."""
     argv = ["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "qwen2-7b-glaive"]
     assert main(argv) == 0
-    assert "--nproc" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--nproc" not in out
+    # A node or job started again continues from the checkpoints instead of being refused for having some.
+    assert out.count("--resume auto") == 2
     assert main([*argv, "--gpus-per-node", "4"]) == 0
     assert capsys.readouterr().out.count("--nproc 4") == 2
 

@@ -151,7 +151,7 @@ def _verb_args(verb: str, rest: list[str]) -> list[str]:
     """The launched verb's own options, as every node will read them, from whatever directory it starts in: a
     --config or --profile that names a file here, the --output directory and `fs`'s PATH become absolute paths;
     a recipe or profile name stays a name (it ships with gpucert). finetune without --config is refused: every
-    node would train the tiny offline recipe."""
+    node would train the tiny offline recipe; without --resume it gets --resume auto."""
     config = _value_of(rest, "--config")
     if verb == "finetune" and config is None:
         raise ConfigError(
@@ -160,6 +160,10 @@ def _verb_args(verb: str, rest: list[str]) -> list[str]:
             "recipe"
         )
     out = _replace_values(rest, ("--config", "--profile"), lambda v: _absolute(v) if Path(v).is_file() else v)
+    if verb == "finetune" and _value_of(rest, "--resume") is None and not any(a.startswith("resume=") for a in rest):
+        # A job started again (a requeue, a resubmission, a node restarted by hand) continues from its checkpoints:
+        # a fresh run into a directory that holds some is refused (finetune/train/checkpoint.check_fresh_output).
+        out += ["--resume", "auto"]
     out = _replace_values(out, ("--output", "-o"), _absolute)
     if verb == "fs":
         from gpucert.cli import build_parser as verb_parser
