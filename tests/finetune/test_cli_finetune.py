@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpucert.cli import main
 from gpucert.finetune.data.formats import SAMPLE_PATH
 from gpucert.report.store import load_report
@@ -116,3 +118,21 @@ def test_a_failed_run_says_on_the_terminal_which_criterion_failed_and_what_to_do
     assert len(failed) == 1, out[-2000:]
     assert "<= 6.5, found" in failed[0] and "[threshold: config train.final_loss_max] → train longer" in failed[0]
     assert "checkpoint_present" not in out and out.splitlines()[-1].startswith("FAIL: report in")
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("model.attn_implementation=varlen", "model.attn_implementation: varlen runs on CUDA GPUs only, this is cpu"),
+        ("data.format=alpaca", "format 'alpaca' needs 'instruction', 'output': set data.format to glaive"),
+    ],
+)
+def test_a_setting_that_cannot_run_here_is_one_line_without_a_traceback(
+    tmp_path: Path, monkeypatch, capsys, setting: str, said: str
+) -> None:
+    """varlen on a CPU came after the data was prepared, with a 12-line traceback; a format whose columns the
+    data lacks did not say which format they are."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["finetune", "--output", str(tmp_path / "run"), "--set", setting]) == 3
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err[-3000:]

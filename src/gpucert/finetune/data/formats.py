@@ -397,16 +397,18 @@ def load_conversations(data_cfg: DataConfig) -> tuple[list[Conversation], ParseR
     """Load data.source and convert it by data.format; bad rows are counted in the report, never raised. Bad
     lines are counted there too (report.bad_lines); too many of them, or no rows, raise a DataError."""
     if data_cfg.format not in FORMATS:
-        raise ValueError(f"data.format: unknown format {data_cfg.format!r}; expected one of {', '.join(FORMATS)}")
+        raise DataError(f"data.format: unknown format {data_cfg.format!r}; expected one of {', '.join(FORMATS)}")
     source = read_source(data_cfg)
     judge_source(data_cfg, source)
     rows = source.rows
     present = set().union(*(row.keys() for row in rows)) if rows else set()
     missing = [c for c in COLUMNS[data_cfg.format] if c not in present]
     if rows and missing:
-        raise ValueError(
+        fits = [f for f in FORMATS if all(c in present for c in COLUMNS[f])]
+        raise DataError(
             f"data.source {data_cfg.source!r} has columns {sorted(present)}; format {data_cfg.format!r} "
             f"needs {', '.join(repr(c) for c in missing)}"
+            + (f": set data.format to {' or '.join(fits)}, whose columns these are" if fits else "")
         )
     if data_cfg.format == "glaive":
         conversations, report = parse_rows(rows, source.locations)

@@ -30,6 +30,7 @@ from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
+from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import LoraConfig, ModelConfig
 from gpucert.finetune.data.hub import pretrained_source
 from gpucert.finetune.data.packing import (
@@ -237,22 +238,23 @@ def defer_head(base: PreTrainedModel) -> torch.Tensor | None:
 
 def check_attention(attn: str, device: torch.device) -> None:
     """Refuse an attention implementation that cannot train here before a 7B model is built, not at load or at
-    the first step: flex attention has no backward off CUDA, and flash attention needs its package and GPU."""
+    the first step: flex attention has no backward off CUDA, and flash attention needs its package and GPU. A
+    ConfigError: its message says what to set, so the run prints it in one line, without a traceback."""
     if attn == "flex_attention" and device.type != "cuda":
-        raise ValueError(f"model.attn_implementation: flex_attention trains on CUDA GPUs only, this is {device.type}")
+        raise ConfigError(f"model.attn_implementation: flex_attention trains on CUDA GPUs only, this is {device.type}")
     if attn not in FLASH_PACKAGES:
         return
     module, package, majors = FLASH_PACKAGES[attn]
     if device.type != "cuda":
-        raise ValueError(f"model.attn_implementation: {attn} runs on CUDA GPUs only, this is {device.type}: use sdpa")
+        raise ConfigError(f"model.attn_implementation: {attn} runs on CUDA GPUs only, this is {device.type}: use sdpa")
     capability = torch.cuda.get_device_capability(device)
     if capability[0] not in majors:
-        raise ValueError(
+        raise ConfigError(
             f"model.attn_implementation: {attn} does not run on {torch.cuda.get_device_name(device)} (compute "
             f"capability {capability[0]}.{capability[1]}): use sdpa"
         )
     if importlib.util.find_spec(module) is None:
-        raise ValueError(
+        raise ConfigError(
             f"model.attn_implementation: {attn} needs {package}, which is not installed here: install it, or use "
             f"flex_attention (packed rows) or sdpa"
         )

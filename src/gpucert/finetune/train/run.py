@@ -47,6 +47,7 @@ from gpucert.finetune.config import FinetuneConfig, check_data_source, load_fine
 from gpucert.finetune.data.formats import DataError
 from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.disk import NoSpaceError
+from gpucert.finetune.model.lora import check_attention
 from gpucert.finetune.train import metrics as flops
 from gpucert.finetune.train.checkpoint import CheckpointError, check_fresh_output, what_resumes
 from gpucert.finetune.train.loop import (
@@ -131,6 +132,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
             # (prepared on a login node, trained offline); preparation asks the hub only for raw rows.
             check_model_source(cfg.model)
             check_data_source(cfg.data)
+            check_attention(cfg.model.attn_implementation, rt.device)  # before the data is prepared
             if rt.is_main:
                 check_fresh_output(cfg)
             run = open_run_dir(cfg, rt)
