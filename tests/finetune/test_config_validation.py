@@ -231,3 +231,15 @@ def test_run_finetune_refuses_a_bad_config_built_in_code(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match=r"train\.micro_batch must be >= 1, found 0"):
         run_finetune(cfg)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shipped_recipes_model_directory_is_found_from_any_directory(empty_cwd: Path) -> None:
+    """qwen2-7b-speed named configs/finetune/models/qwen2-7b relative to a checkout: from anywhere else it was
+    'no directory ... Check the path'. A relative model.name in a file is read beside the file; a --set one
+    from here."""
+    from gpucert.finetune.config import load_finetune_config, resolve_recipe
+
+    cfg = load_finetune_config(resolve_recipe("qwen2-7b-speed"))
+    assert Path(cfg.model.name).is_absolute() and (Path(cfg.model.name) / "config.json").is_file()
+    mine = load_finetune_config(resolve_recipe("qwen2-7b-speed"), ["model.name=models/qwen2-7b"])
+    assert mine.model.name == "models/qwen2-7b"  # the user's own, as typed: named if missing when the run starts

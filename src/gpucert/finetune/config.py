@@ -414,10 +414,25 @@ def load_finetune_config(
     resume against the filesystem.
     """
     cfg = load_config(FinetuneConfig, path, overrides)
+    cfg = _model_beside_recipe(cfg, path, overrides)
     found = cfg.problems() + (cfg.path_problems() if training else [])
     if found:
         raise ConfigError("; ".join(blame_sources(found, path, overrides, flags=flags, top_keys=TOP_KEYS)))
     return cfg
+
+
+def _model_beside_recipe(cfg: FinetuneConfig, path: Path | None, overrides: Sequence[str]) -> FinetuneConfig:
+    """A relative model.name that a config file sets is read beside that file, as a shipped recipe's
+    `models/qwen2-7b` (an architecture's config.json shipped with gpucert) must be from any directory; a
+    --set model.name, or a path that exists from here, is the user's own."""
+    name = cfg.model.name
+    if path is None or any(o.split("=", 1)[0].strip() in ("model", "model.name") for o in overrides):
+        return cfg
+    if Path(name).is_absolute() or Path(name).exists() or not (Path(path).parent / name).is_dir():
+        return cfg
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, name=str((Path(path).parent / name).absolute()))
+    )
 
 
 # FinetuneConfig's keys outside any section (output_dir, resume, ...): the sections are built by a factory.
