@@ -292,9 +292,9 @@ def _first_step(metrics: dict[str, Any]) -> Result:
         if warm is not None
         else ""
     )
-    # Rank 0's set-up before the warm-up (loop.py setup_s): where the rest of the time went.
+    # Rank 0's set-up before the warm-up (loop.py setup_s): where the rest of the time went, compiled or not.
     first = ((ranks[0] or {}).get("first_step") or {}) if ranks else {}
-    setup = first.get("setup_s") or {}
+    setup = metrics.get("first_step_setup_s") or first.get("setup_s") or {}
     steps = ("imports", "join", "run_setup", "data", "model_load")
     parts = [(k.replace("_", " "), setup[k]) for k in steps if k in setup]
     if parts:

@@ -93,6 +93,8 @@ def compile_summary(
     return {
         "time_to_first_step_s": max(f["time_to_first_step_s"] for f in firsts) if firsts else None,
         "first_step_s": max(f["first_step_s"] for f in firsts) if firsts else None,
+        # Rank 0's start-up split (imports, joining, data, the model's load), compiled or not.
+        "first_step_setup_s": (ranks[0]["first_step"] or {}).get("setup_s"),
         "compile": {
             "cache_dir": str(cache_dir),
             "warm_up_s": max(w["seconds"] + w["waited_s"] for w in warms) if warms else None,
