@@ -197,9 +197,12 @@ def node_table(results: list[Result], title: str = "node checks", check_width: i
     table.add_column("check", overflow="fold", max_width=check_width)
     table.add_column("subject", overflow="fold", max_width=20)
     table.add_column("value", overflow="fold", max_width=16)
+    # What a judged value was held to, beside it: a PASS says both (README, Reading a result).
+    table.add_column("expected", overflow="fold", max_width=16)
     table.add_column("message", overflow="fold", min_width=30, ratio=1)
     for r in node:
-        table.add_row(Text(r.status.value, style=STATUS_STYLE[r.status]), r.name, r.subject, format_value(r), r.message)
+        status = Text(r.status.value, style=STATUS_STYLE[r.status])
+        table.add_row(status, r.name, r.subject, format_value(r), r.expected or "-", r.message)
     return table
 
 
