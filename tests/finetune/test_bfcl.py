@@ -170,7 +170,7 @@ def test_each_category_is_judged_against_its_threshold_with_the_base_model_besid
     assert judged[0].threshold_source == "eval.thresholds.bfcl_simple_min_pct in recipe.yaml"
     verdict = verdict_result(judged)
     assert verdict.status is Status.FAIL
-    assert verdict.message.startswith("not good enough: 1 of 2 thresholds the recipe sets not met: bfcl.simple 66.67 %")
+    assert verdict.message.startswith("not good enough: 1 of 2 thresholds not met: bfcl.simple 66.67 %")
 
 
 def test_a_category_without_entries_is_an_error() -> None:

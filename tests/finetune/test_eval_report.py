@@ -311,12 +311,10 @@ def test_the_verdict_says_whether_the_result_is_good() -> None:
     assert unjudged.message.startswith("not judged: the recipe sets no eval.thresholds, so nothing says whether")
     good = evaluation_results(scores, 0.5, EvalThresholds(overall_min_pct=40, loss_max=1.0), "recipe.yaml")[-1]
     assert good.status is Status.PASS
-    assert good.message == "good: all 2 thresholds the recipe sets are met (eval.overall, eval.loss)"
+    assert good.message == "good: all 2 thresholds met (eval.overall, eval.loss)"
     bad = evaluation_results(scores, 0.5, EvalThresholds(overall_min_pct=40, args_match_min_pct=50), "recipe.yaml")[-1]
     assert bad.status is Status.FAIL
-    assert bad.message == (
-        "not good enough: 1 of 2 thresholds the recipe sets not met: eval.args_match 42.86 % (expected >= 50 %)"
-    )
+    assert bad.message == ("not good enough: 1 of 2 thresholds not met: eval.args_match 42.86 % (expected >= 50 %)")
     assert bad.details["not_met"] == ["eval.args_match"]
 
 

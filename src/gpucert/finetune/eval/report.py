@@ -178,12 +178,12 @@ def verdict_result(
     if short:
         return verdict(
             max(r.status for r in short),
-            f"not good enough: {len(short)} of {len(judged)} thresholds the recipe sets not met: {listed(short)}",
+            f"not good enough: {len(short)} of {len(judged)} thresholds not met: {listed(short)}",
             FAIL_REMEDIATION,
         )
     if judged:
         names = ", ".join(r.name for r in judged)
-        return verdict(Status.PASS, f"good: all {len(judged)} thresholds the recipe sets are met ({names})")
+        return verdict(Status.PASS, f"good: all {len(judged)} thresholds met ({names})")
     return verdict(
         Status.INFO,
         "not judged: the recipe sets no eval.thresholds, so nothing says whether these scores are good; they are "
