@@ -189,9 +189,12 @@ def test_hosts_ssh_cannot_reach_are_errors_saying_so_not_suspects(tmp_path: Path
 
 def test_the_partner_of_a_host_ssh_cannot_reach_is_not_judged_and_the_host_is_not_paired_again() -> None:
     """gpu04 does not resolve: its pair job's other side was stopped by localize, which says nothing of gpu03.
-    Round 2 re-pairs gpu03 with a node of the pair that ran, never gpu04; gpu04 is ERROR, not a bad node."""
+    Round 2 re-pairs gpu03 with a node of the pair that ran, never gpu04; gpu04 is ERROR, not a bad node. (A
+    node that does not answer, `No route to host`, may be down: it is re-paired and named like any other, as the
+    simulator's dead nodes are.)"""
     dead = outcome(1, 1, C, D, None)
     dead.exits = {"gpu03": 143, "gpu04": 255}
+    dead.error = "gpu04: exit code 255: ssh: Could not resolve hostname gpu04: Name or service not known"
     first = judged_round([outcome(1, 0, A, B, 40.0), dead])
     assert first[1][1].status is Status.ERROR  # nothing ran on gpu04: the pair could not be checked
     (repair,) = plan_round([A, B, C, D], first, {}, round_no=2, seed=1, screens=0, last=3)

@@ -524,7 +524,7 @@ def judge_pair(
     """One `localize.pair` result. others: busbw of the pairs this one is compared with. A pair job that gave
     no figure is FAIL where other pair jobs of the run did (these nodes could not run what others ran), and
     ERROR where none did (then the run itself is in question: config, install, shared run directory) or where
-    ssh could not reach one of its nodes (nothing ran there: `unreached_nodes`)."""
+    ssh could not reach one of its nodes for a reason on this host (nothing ran there: `unreached_nodes`)."""
     pair = outcome.pair
     base: dict[str, Any] = dict(
         name="localize.pair",
@@ -539,7 +539,7 @@ def judge_pair(
         },
     )
     where = f"on {pair.subject} (round {pair.round}, {what})"
-    unreached = [n.name for n in pair.nodes if ssh_failure(outcome, n.name)]
+    unreached = [n.name for n in pair.nodes if this_hosts_fault(ssh_failure(outcome, n.name))]
     if not outcome.ran:
         return Result(
             **base,
@@ -724,14 +724,34 @@ def assess(nodes: Sequence[NodeSpec], judged: Sequence[tuple[PairOutcome, Result
     return Findings(standing, named, links, unreached)
 
 
+# What ssh says when the fault is this host's way to a node (its name, DNS, keys), not the node: no pair job
+# can say anything of such a node. A node that does not answer (no route, refused, timed out) may be down: that
+# is a node that cannot run a pair job, re-paired and named like any other.
+NOT_THE_NODES = (
+    "Could not resolve hostname",
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "Permission denied",
+    "Host key verification failed",
+    "Bad configuration option",
+)
+
+
+def this_hosts_fault(said: str | None) -> bool:
+    """Whether ssh's words (ssh_failure) put the fault on this host's way to the node (NOT_THE_NODES)."""
+    return said is not None and any(words in said for words in NOT_THE_NODES)
+
+
 def unreached_nodes(judged: Sequence[tuple[PairOutcome, Result]]) -> dict[str, str]:
-    """Nodes ssh could not run gpucert on, in any pair job so far, with what ssh said. Such a node ran nothing, so
-    it is no suspect (it is ERROR, not reached: a name, DNS or key to fix on this host) and is not paired again;
-    its partner in that job was stopped by localize, so the job says nothing of the partner either."""
+    """Nodes ssh could not run gpucert on for a reason on this host (NOT_THE_NODES), in any pair job so far, with
+    what ssh said. Such a node ran nothing, so it is no suspect (it is ERROR, not reached: a name, DNS or key to
+    fix here) and is not paired again; its partner in that job was stopped by localize, so the job says nothing
+    of the partner either."""
     found: dict[str, str] = {}
     for o, _r in judged:
         for n in o.pair.nodes:
-            if n.name not in found and (said := ssh_failure(o, n.name)):
+            said = ssh_failure(o, n.name)
+            if n.name not in found and said and this_hosts_fault(said):
                 found[n.name] = said
     return found
 
@@ -1083,6 +1103,18 @@ def conclude(
                     status=Status.INFO,  # measured, and not to be held against it: shown, not judged
                     message=f"not judged: {node.name}'s only pair failed, which its partner {partner}'s slow GPU "
                     "explains; no known-good node was free to clear it",
+                )
+            )
+        elif unreached := ssh_failure(o, node.name):
+            # A host that did not answer ssh (no route, refused, timed out) in its only pair, with no known-good
+            # node to try it again with: it ran nothing, so nothing says it is bad rather than down for a while.
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.ERROR,
+                    message=f"not reached: {unreached}",
+                    remediation=f"check that {node.host} is up and sshd answers (`ssh -o BatchMode=yes HOST true` "
+                    "from this host), then rerun localize",
                 )
             )
         else:
