@@ -141,7 +141,11 @@ def test_missing_sweep_with_a_floor_is_an_error_not_a_pass() -> None:
     rank = matmul_rank(0, 795.0)
     rank["sweep"] = None
     (err,) = [r for r in matmul.judge({"ranks": [rank]}, H200, MatmulBenchConfig()) if r.name == "matmul.bf16.max"]
-    assert err.status is Status.ERROR
+    assert err.status is Status.ERROR and "bench.matmul.sweep_budget_s 60" in err.message
+    # Turned off by the config (localize's pair jobs): said, not an error that made every pair report ERROR.
+    off = MatmulBenchConfig(sweep_budget_s=0)
+    (skip,) = [r for r in matmul.judge({"ranks": [rank]}, H200, off) if r.name == "matmul.bf16.max"]
+    assert skip.status is Status.SKIP and skip.message.startswith("not run: bench.matmul.sweep_budget_s is 0")
 
 
 def memory_rank(gpu: int, copy_tbps: float, h2d: float) -> dict:
