@@ -209,6 +209,17 @@ def test_the_partner_of_a_host_ssh_cannot_reach_is_not_judged_and_the_host_is_no
     assert next(r.message for r in found if r.subject == "gpu04").startswith("not reached: exit code 255: ssh:")
 
 
+def test_with_two_hosts_one_that_does_not_answer_is_not_reached_and_its_partner_is_not_judged() -> None:
+    """No route to gpu04 and no node to re-pair with: gpu04 ran nothing, and gpu01, stopped by localize, was a
+    WARN suspect for it."""
+    down = outcome(1, 0, A, D, None)  # "gpu04: exit code 255: ssh: connect to host gpu04 port 22: No route"
+    down.exits = {"gpu01": 143, "gpu04": 255}
+    found = conclude([A, D], judged_round([down]), {}, [])
+    assert verdicts(found) == {"gpu01": Status.INFO, "gpu04": Status.ERROR}
+    assert "its pair's partner gpu04 was not reached" in found[0].message
+    assert "is up and sshd answers" in (found[1].remediation or "")
+
+
 def test_a_node_left_out_of_round_one_is_judged_by_its_re_pair() -> None:
     first = judged_round([outcome(1, 0, A, B, 40.0)], Rule(25.0, "config: localize.pair_busbw_gbps_min", None, None))
     again = [(o, judge_pair(o, [40.0], RELATIVE, "x")) for o in [outcome(2, 0, A, C, None)]]

@@ -697,7 +697,8 @@ class Findings:
 def assess(nodes: Sequence[NodeSpec], judged: Sequence[tuple[PairOutcome, Result]], slow: Collection[str]) -> Findings:
     """A condemned node explains its partners' failures and a named rack the failed pairs through its uplinks,
     which can clear nodes and so make them vouch for others: repeated until nothing changes (a few passes).
-    A pair job with a node ssh could not reach says nothing of either node: it is left out."""
+    A pair job with a node ssh could not reach for a reason on this host (`unreached_nodes`) says nothing of
+    either node: it is left out."""
     unreached = unreached_nodes(judged)
     judged = [(o, r) for o, r in judged if not any(n.name in unreached for n in o.pair.nodes)]
     racks = {n.name: n.rack for n in nodes}
@@ -1078,7 +1079,8 @@ def conclude(
             continue
         o, r = mine[0]
         partner = _other(o, node.name)
-        if partner in findings.unreached:
+        if partner in findings.unreached or ssh_failure(o, partner):
+            # Its partner ran nothing (ssh failed there) and localize stopped this side: nothing is said of it.
             results.append(
                 Result(
                     **subject,
