@@ -147,23 +147,34 @@ def _absolute(path: str) -> str:
     return str(Path(path).absolute())
 
 
-def _verb_args(verb: str, rest: list[str]) -> list[str]:
-    """The launched verb's own options, as every node will read them, from whatever directory it starts in: a
-    --config or --profile that names a file here, the --output directory and `fs`'s PATH become absolute paths;
-    a recipe or profile name stays a name (it ships with gpucert). finetune without --config is refused: every
-    node would train the tiny offline recipe; without --resume it gets --resume auto."""
-    config = _value_of(rest, "--config")
-    if verb == "finetune" and config is None:
+def _absolute_if_file(value: str) -> str:
+    """A file here as its absolute path; anything else (a recipe or profile name) as it is."""
+    return _absolute(value) if Path(value).is_file() else value
+
+
+def _finetune_args(verb: str, rest: list[str]) -> list[str]:
+    """finetune's options on every backend: without --config it is refused (every node would train the offline
+    tiny recipe); without --resume it gets --resume auto, so a job started again (a requeue, a resubmission, a
+    node restarted by hand) continues from its checkpoints, where a fresh run into a directory holding some is
+    refused (finetune/train/checkpoint.check_fresh_output)."""
+    if verb != "finetune":
+        return rest
+    if _value_of(rest, "--config") is None:
         raise ConfigError(
             "launch ... finetune: name the recipe with --config (a name from `gpucert finetune --list-recipes`, "
             "e.g. --config qwen2-7b-glaive, or a YAML path); without it every node would train the offline tiny "
             "recipe"
         )
-    out = _replace_values(rest, ("--config", "--profile"), lambda v: _absolute(v) if Path(v).is_file() else v)
-    if verb == "finetune" and _value_of(rest, "--resume") is None and not any(a.startswith("resume=") for a in rest):
-        # A job started again (a requeue, a resubmission, a node restarted by hand) continues from its checkpoints:
-        # a fresh run into a directory that holds some is refused (finetune/train/checkpoint.check_fresh_output).
-        out += ["--resume", "auto"]
+    if _value_of(rest, "--resume") is None and not any(a.startswith("resume=") for a in rest):
+        return [*rest, "--resume", "auto"]
+    return rest
+
+
+def _verb_args(verb: str, rest: list[str]) -> list[str]:
+    """The launched verb's own options, as every node will read them, from whatever directory it starts in: a
+    --config or --profile that names a file here, the --output directory and `fs`'s PATH become absolute paths;
+    a recipe or profile name stays a name (it ships with gpucert). finetune's as _finetune_args says."""
+    out = _replace_values(_finetune_args(verb, rest), ("--config", "--profile"), _absolute_if_file)
     out = _replace_values(out, ("--output", "-o"), _absolute)
     if verb == "fs":
         from gpucert.cli import build_parser as verb_parser
@@ -185,7 +196,7 @@ def _pod_args(verb: str, rest: list[str], pvc: str | None, mount: str, name: str
     --profile file and the --output directory must be on that volume (absolute paths under the mount; a name
     stays a name), and with a volume and no --output the run directory goes on it, not into the pod's own
     filesystem, which goes with the pod."""
-    _verb_args(verb, rest)  # finetune's --config, as every backend asks for it
+    rest = _finetune_args(verb, rest)
     problems = []
     for flag in ("--config", "--profile", "--output", "-o"):
         value = _value_of(rest, flag)
