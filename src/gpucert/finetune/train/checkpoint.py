@@ -134,7 +134,7 @@ class CheckpointError(ValueError):
 def check_fresh_output(cfg: FinetuneConfig) -> None:
     """Refuse a run that starts over (resume: none) in an output_dir holding an earlier run's checkpoints: its own
     would be pruned beside them by step number, and the report and a later --resume auto would take the earlier
-    run's newest as this run's. Checked before any work, by the command and by rank 0."""
+    run's newest as this run's. Checked by rank 0 before any work."""
     if cfg.resume != "none" or not cfg.output_dir:
         return
     found = complete_checkpoints(Path(cfg.output_dir))
