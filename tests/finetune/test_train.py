@@ -88,6 +88,7 @@ METRICS_KEYS = {
     "outputs",
     "time_to_first_step_s",
     "first_step_s",
+    "first_step_setup_s",
     "compile",
 }
 
