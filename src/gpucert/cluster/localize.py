@@ -539,8 +539,8 @@ def judge_pair(
         },
     )
     where = f"on {pair.subject} (round {pair.round}, {what})"
-    unreached = [n.name for n in pair.nodes if this_hosts_fault(ssh_failure(outcome, n.name))]
     if not outcome.ran:
+        unreached = any(this_hosts_fault(ssh_failure(outcome, n.name)) for n in pair.nodes)
         return Result(
             **base,
             status=Status.FAIL if others_ran and not unreached else Status.ERROR,

@@ -275,15 +275,18 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
         )
         print(torchrun.render_commands(commands, args.head), end="")
         return 0
+    # Slurm and Kubernetes request the GPUs, so they need a count; torchrun's nodes use what they have.
+    gpus = DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node
     if args.backend == "k8s":
+        name = args.name or f"gpucert-{args.verb}"
         print(
             k8s.render_manifests(
                 args.verb,
-                tuple(_pod_args(args.verb, rest, args.pvc, args.mount, args.name or f"gpucert-{args.verb}")),
+                tuple(_pod_args(args.verb, rest, args.pvc, args.mount, name)),
                 args.nodes,
-                DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node,
+                gpus,
                 args.image,
-                args.name or f"gpucert-{args.verb}",
+                name,
                 args.port or 29500,
                 env,
                 args.pvc,
@@ -301,7 +304,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
         verb=args.verb,
         args=tuple(_verb_args(args.verb, rest)),
         nodes=args.nodes,
-        gpus_per_node=DEFAULT_GPUS if args.gpus_per_node is None else args.gpus_per_node,
+        gpus_per_node=gpus,
         run_dir=run_dir,
         cpus_per_task=args.cpus_per_task,
         mem=args.mem,
