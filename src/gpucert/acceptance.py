@@ -522,6 +522,7 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         write_verdict(Status.ERROR.exit_code)
         if going_on:
             tell(f"{failed.name} failed; the next round of workers goes on: {record.message()}")
+            holder["cause_said"] = True
             return
         run_dir.release()
         run.set("over", f"the run stopped: {record.message()}; partial report {path}")
@@ -546,7 +547,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         if rt.is_main:
             # Nobody else named, or the operator: the job itself was stopped, not a round ended by a failure.
             write_partial(record, final=record.rank == rt.rank or record.operator)
-        tell(f"{rt.me.describe()} stops (SIGTERM): {record.message()}", record)
+        if not holder.get("cause_said"):  # rank 0 said the cause just now, with what happens next: once is enough
+            tell(f"{rt.me.describe()} stops (SIGTERM): {record.message()}", record)
 
     watch = TermWatch(terminated, Status.ERROR.exit_code).start()
     try:

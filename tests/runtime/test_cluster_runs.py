@@ -622,3 +622,26 @@ def test_a_stopped_worker_on_node_1_is_named_and_both_nodes_go_on(tmp_path: Path
         f"{socket.gethostname()}[n1]",
     }
     assert worker_processes(tmp_path) == []
+
+
+def test_a_killed_rank_beside_rank_0_is_said_once_and_the_run_goes_on(tmp_path: Path) -> None:
+    """One node, gpucert's own launcher, two ranks: rank 1 SIGKILLed in matmul. The launcher stops rank 0, which
+    says the cause once, with what happens next (a new round of workers), not again as its own stop; the next
+    benchmark runs."""
+    out = tmp_path / "run"
+    argv = [*GPUCERT, "accept", "--profile", "cpu", "--nproc", "2", "-o", str(out), "--skip", "p2p,collectives,train"]
+    argv += ["--set", "bench.matmul.warmup_s=60"]
+    proc = subprocess.Popen(argv, env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    victim = _worker_of_rank(psutil.Process(proc.pid), 1, 90)
+    wait_until_joined(tmp_path, 1)
+    time.sleep(1)
+    victim.kill()
+    _, err = proc.communicate(timeout=within(120))
+    assert proc.returncode == 3, err[-3000:]
+    cause = f"pid {victim.pid}) ended without a word"
+    assert err.count(cause) == 1, err[-3000:]
+    assert "bench.matmul failed; the next round of workers goes on: rank 1 (" in err, err[-3000:]
+    results = load(out)["results"]
+    assert any(r["name"] == "memory.copy" for r in results)
+    assert worker_processes(tmp_path) == []
