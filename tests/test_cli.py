@@ -183,6 +183,27 @@ def test_report_merge_builds_one_cluster_report_from_per_node_runs(tmp_path: Pat
     assert "two or more per-node run directories" in capsys.readouterr().err
 
 
+def test_report_merge_refuses_before_writing_what_would_lose_or_double_a_node(tmp_path: Path, capsys) -> None:
+    """An --output that is an input's run (the merge replaced node a's report), an input given twice, and a refused
+    merge into a new directory: refused, the inputs untouched and no directory left behind."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for node in (a, b):
+        assert main(["health", "--profile", "cpu", "-o", str(node)]) == 0
+    before = (a / "report.json").read_bytes()
+    capsys.readouterr()
+    assert main(["report", "merge", str(a), str(b), "-o", str(a)]) == 3
+    assert f"--output {a} is where {a}'s report is" in capsys.readouterr().err
+    assert (a / "report.json").read_bytes() == before
+    assert main(["report", "merge", str(a), str(a / "report.json"), "-o", str(tmp_path / "m1")]) == 3
+    assert "is given twice" in capsys.readouterr().err
+    other = json.loads((b / "report.json").read_text())
+    other["meta"]["method_version"] = "0"
+    (tmp_path / "old.json").write_text(json.dumps(other))
+    assert main(["report", "merge", str(a), str(tmp_path / "old.json"), "-o", str(tmp_path / "new" / "m2")]) == 3
+    assert "method versions differ" in capsys.readouterr().err
+    assert not (tmp_path / "m1").exists() and not (tmp_path / "new").exists()
+
+
 def test_node_labels_with_brackets_print_as_they_are(capsys) -> None:
     """Two nodes sharing a hostname are `vm[n0]` and `vm[n1]`: rich must not read `[n1]` as a style tag."""
     report = Path(__file__).parents[1] / "docs/results/2026-11-22-h200x2-two-nodes-accept.json"

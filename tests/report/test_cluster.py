@@ -421,14 +421,24 @@ def test_merge_of_a_2x_and_a_1x_report_is_a_valid_cluster_report(tmp_path: Path)
     assert merged.status is Status.FAIL
 
 
+def other_gpus(report: Report) -> Report:
+    """The same report from another machine: its GPUs' UUIDs changed."""
+    inv = copy.deepcopy(report.inventory)
+    for gpu in inv["gpus"]:
+        gpu["uuid"] = gpu["uuid"][:-4] + "beef"
+    return dataclasses.replace(report, inventory=inv)
+
+
 def test_merge_makes_shared_hostnames_unique(tmp_path: Path) -> None:
-    reports = [node_report("vm", [800] * 4), node_report("vm", [800] * 4, schema_1x=True)]
+    # Two machines that both call themselves vm (their GPUs differ): two nodes, labelled apart.
+    reports = [node_report("vm", [800] * 4), other_gpus(node_report("vm", [800] * 4, schema_1x=True))]
     merged = merge_reports(reports, ["r0", "r1"])
     assert merged.meta.nodes == ["vm[n0]", "vm[n1]"] and list(merged.nodes) == ["vm[n0]", "vm[n1]"]
     assert {r.subject for r in merged.results if r.name == "gpu.count"} == {"vm[n0]", "vm[n1]"}
     assert "vm[n1] GPU 3" in {r.subject for r in merged.results}
     assert VALIDATOR.is_valid(merged.to_dict())
-    three = merge_reports([node_report(h, [800]) for h in ("vm", "other", "vm")], ["r0", "r1", "r2"])
+    three = merge_reports([node_report("vm", [800]), node_report("other", [800]), other_gpus(node_report("vm", [800]))],
+                          ["r0", "r1", "r2"])  # fmt: skip
     assert three.meta.nodes == ["vm[n0]", "other", "vm[n2]"]
 
 
@@ -447,6 +457,14 @@ def test_merge_makes_shared_hostnames_unique(tmp_path: Path) -> None:
         (
             [node_report("a", [1]), node_report("b", [1], nodes=["b", "c"])],
             "b.json already holds several nodes (b, c)",
+        ),
+        (
+            [node_report("a", [1]), node_report("a", [1])],
+            "a.json and b.json are both node a with GPU GPU-",
+        ),
+        (
+            [node_report("a", [1]), node_report("b", [1], config={"profile": "auto", "health": {"expected_gpus": 8}})],
+            "judged under different settings: health.expected_gpus None in a.json, 8 in b.json",
         ),
     ],
 )
@@ -529,7 +547,7 @@ def test_html_of_two_nodes_has_anchored_node_sections_and_per_node_plots(two_nod
 
 
 def test_html_anchors_stay_unique_for_odd_labels() -> None:
-    merged = merge_reports([node_report("vm", [800]), node_report("vm", [800])], ["a", "b"])
+    merged = merge_reports([node_report("vm", [800]), other_gpus(node_report("vm", [800]))], ["a", "b"])
     page = render_html(merged)
     assert 'id="node-vm-n0"' in page and 'id="node-vm-n1"' in page
 

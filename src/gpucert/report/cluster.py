@@ -21,6 +21,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import shutil
 import statistics
 import tempfile
 from collections import Counter
@@ -641,6 +642,57 @@ def _refuse_unmergeable(reports: Sequence[Report], sources: Sequence[str]) -> No
         if len(seen) > 1:
             found = "; ".join(f"{value(r.meta)} in {s}" for r, s in zip(reports, sources, strict=True))
             raise ValueError(f"cannot merge reports whose {what} differ ({found}): they were judged differently")
+    _refuse_config_differences(reports, sources)
+    _refuse_shared_gpus(reports, sources)
+
+
+# Settings that say nothing about how a result was judged: where runs are kept, how long ranks wait for each other.
+UNJUDGED_CONFIG = ("runs_dir", "runtime")
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _refuse_config_differences(reports: Sequence[Report], sources: Sequence[str]) -> None:
+    """Reports judged under different settings (`--set health.expected_gpus=4` on one, 8 on another) do not make
+    one cluster verdict: refused, naming the first keys that differ and their values."""
+    first = _flat({k: v for k, v in reports[0].meta.config.items() if k not in UNJUDGED_CONFIG})
+    for report, source in zip(reports[1:], sources[1:], strict=True):
+        other = _flat({k: v for k, v in report.meta.config.items() if k not in UNJUDGED_CONFIG})
+        keys = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+        if keys:
+            shown = "; ".join(f"{k} {first.get(k)!r} in {sources[0]}, {other.get(k)!r} in {source}" for k in keys[:3])
+            more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
+            raise ValueError(
+                f"cannot merge reports judged under different settings: {shown}{more}; run the nodes with the same "
+                "config and --set flags"
+            )
+
+
+def _refuse_shared_gpus(reports: Sequence[Report], sources: Sequence[str]) -> None:
+    """One node's two runs (the same node label and the same GPUs, by UUID) are not two nodes: refused, naming both.
+    Nodes of different names are let through whatever their UUIDs: a synthetic cluster made from one captured
+    node (docs/fleet.md) carries one node's UUIDs under many names."""
+    owner: dict[tuple[str, str], str] = {}
+    for report, source in zip(reports, sources, strict=True):
+        label = _label_of(report)
+        for gpu in report.inventory.get("gpus") or []:
+            uuid = gpu.get("uuid") if isinstance(gpu, dict) else None
+            if not uuid:
+                continue
+            if (label, uuid) in owner and owner[(label, uuid)] != source:
+                raise ValueError(
+                    f"{owner[(label, uuid)]} and {source} are both node {label} with GPU {uuid}: two runs of one "
+                    "node, not two nodes; merge one report per node"
+                )
+            owner[(label, uuid)] = source
 
 
 def _load_profile(name: str) -> tuple[Profile | None, str | None]:
@@ -747,8 +799,7 @@ def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
     beside it), so a 1,024-node merge never holds every sweep and telemetry series: past DETAILED_NODES_MAX
     nodes the report kept for the views (and returned) has scalar details only; report.json has them all."""
     # store renders the views, which import this module: imported here so either can be imported first.
-    from gpucert.report.markdown import render_markdown
-    from gpucert.report.store import load_report, write_atomic, write_html
+    from gpucert.report.store import _missing_dirs
 
     # Every input is there before anything is created: a typo leaves no half-made output directory behind.
     missing = [str(p) for p in paths if not (p / "report.json" if p.is_dir() else p).is_file()]
@@ -756,7 +807,46 @@ def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
         raise ValueError(
             "; ".join(f"{m}: not a readable gpucert report (no such run directory or report.json)" for m in missing)
         )
+    _refuse_paths(paths, output)
+    created = _missing_dirs(output)  # deepest first
     output.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write_merged(paths, output, command)
+    except BaseException:
+        # Refused or failed part way (an unreadable report, profiles that differ): leave no directory made for it.
+        if created:
+            shutil.rmtree(created[-1], ignore_errors=True)
+        raise
+
+
+def _refuse_paths(paths: list[Path], output: Path) -> None:
+    """Before anything is created: an input named twice (one node counted as two), and an --output that is an
+    input's run directory or holds another verb's report (the cluster report would replace a node's own)."""
+    from gpucert.report.store import check_reuse
+
+    files = [(p / "report.json" if p.is_dir() else p).resolve() for p in paths]
+    seen: dict[Path, Path] = {}
+    for path, file in zip(paths, files, strict=True):
+        if file in seen:
+            raise ValueError(f"{path} is given twice (also as {seen[file]}): merge one report per node")
+        seen[file] = path
+    target = output.resolve()
+    inside = [path for path, file in zip(paths, files, strict=True) if file.parent == target]
+    if inside:
+        raise ValueError(
+            f"--output {output} is where {inside[0]}'s report is: the cluster report would replace it; "
+            "choose a new directory for the cluster report"
+        )
+    try:
+        check_reuse(output, MERGE_VERB)
+    except ValueError as exc:  # ConfigError: said as merge's other refusals are
+        raise ValueError(str(exc)) from None
+
+
+def _write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
+    from gpucert.report.markdown import render_markdown
+    from gpucert.report.store import load_report, write_atomic, write_html
+
     slim = len(paths) > DETAILED_NODES_MAX
     kept: list[Report] = []
     spans: list[tuple[int, int]] = []  # each report's lines in the spool
