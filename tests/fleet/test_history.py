@@ -104,8 +104,8 @@ def test_report_history_flags_drift_against_the_first_run(runs: Path, capsys: py
     # `grep '^FAIL'`: the figures whose latest run FAILs its profile; the last line says why the exit code is 2.
     assert len([line for line in lines if line.startswith("FAIL  | ")]) == 5
     assert lines[-1] == (
-        "verdict: FAIL  (the worse of two judgements: the latest run against its profile, 5 FAIL, 1 WARN, 43 PASS; "
-        "against the baseline, 7 WARN, 42 PASS; exit code 2)"
+        "verdict: FAIL  (the worse of two judgements: the latest run against its profile, 5 FAIL, 1 WARN, 17 PASS, "
+        "26 INFO; against the baseline, 7 WARN, 42 PASS; exit code 2)"
     )
     # A tolerance of 20 % lets every change pass; the profile's FAILs still give exit 2.
     assert main(["report", "history", NODE, str(runs), "--threshold", "20"]) == 2

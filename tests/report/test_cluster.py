@@ -392,7 +392,7 @@ def test_merge_of_a_2x_and_a_1x_report_is_a_valid_cluster_report(tmp_path: Path)
     # merged report shows them as INFO.
     unjudged = [r for r in merged.results if r.name in ("memory.read", "p2p.pair")]
     assert [r.status for r in unjudged] == [Status.INFO] * 4
-    assert unjudged[0].message == "shown, not judged (PASS with no threshold in node-a's report): ok"
+    assert unjudged[0].message == "shown, not judged (PASS with no threshold in a schema 2.0 report): ok"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "report.json", "report.md"]
 
     m = merged.meta

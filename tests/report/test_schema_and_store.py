@@ -186,13 +186,68 @@ def test_a_1x_report_without_nodes_is_still_read_and_valid() -> None:
     assert report.nodes == {} and all(r.node is None for r in report.results)
 
 
-@pytest.mark.parametrize(("version", "shown"), [("3.0", "'3.0'"), ("10.0", "'10.0'"), (None, "None")])
+@pytest.mark.parametrize(("version", "shown"), [("3.0", "'3.0'"), ("10.0", "'10.0'")])
 def test_from_dict_rejects_another_major_version(version: str | None, shown: str) -> None:
     data = make_report().to_dict()
     data["schema_version"] = version
     with pytest.raises(ValueError) as info:
         Report.from_dict(data)
     assert str(info.value) == f"report schema {shown} is not readable by this gpucert (reads 1.x, 2.x)"
+
+
+def _without(key: str) -> Any:
+    data = make_report().to_dict()
+    del data[key]
+    return data
+
+
+def _result_changed(**changes: Any) -> Any:
+    data = make_report().to_dict()
+    data["results"][1] = {k: v for k, v in {**data["results"][1], **changes}.items() if v is not None}
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ([], "the file holds a JSON list; a gpucert report is an object"),
+        (42, "the file holds a JSON number; a gpucert report is an object"),
+        ({"driver": "550"}, "no schema_version: not a gpucert report (every report.json gpucert writes has one)"),
+        (_without("meta"), "meta is missing, expected an object"),
+        (_without("results"), "results is missing, expected a list"),
+        ({**make_report().to_dict(), "results": {}}, "results is a JSON dict, expected a list"),
+        ({**make_report().to_dict(), "results": []}, "results is empty: this `gpucert health` report judged nothing"),
+        (_result_changed(name=None), "results[1] has no name: every result names its check, subject, status"),
+        (
+            _result_changed(status="OK"),
+            "results[1] (gpu.temperature): status 'OK' is not one of SKIP, INFO, PASS, WARN",
+        ),
+    ],
+)
+def test_from_dict_names_what_is_missing_or_wrong(data: Any, said: str) -> None:
+    """Not a report, or one missing a part: one line naming the key and what was expected, never Python's own
+    words (`'list' object has no attribute 'get'`, `__init__() missing 1 required positional argument`)."""
+    with pytest.raises(ValueError) as info:
+        Report.from_dict(data)
+    assert str(info.value).startswith(said), str(info.value)
+
+
+def test_a_newer_minor_versions_keys_are_left_unread() -> None:
+    data = make_report().to_dict()
+    data["schema_version"], data["meta"]["newmeta"], data["results"][0]["newkey"] = "2.9", 1, 2
+    assert Report.from_dict(data).results[0].name == make_report().results[0].name
+
+
+def test_a_pass_with_no_threshold_before_schema_2_1_is_read_as_info() -> None:
+    """Before 2.1 a figure held to nothing could read PASS; every view now reads it as what it was."""
+    data = make_report().to_dict()
+    data["schema_version"] = "1.0"
+    data["results"][0].update(status="PASS", expected=None, message="3.1 TB/s")
+    first = Report.from_dict(data).results[0]
+    assert first.status is Status.INFO
+    assert first.message == "shown, not judged (PASS with no threshold in a schema 1.0 report): 3.1 TB/s"
+    data["schema_version"] = "2.1"  # written by a gpucert that has INFO: read as written
+    assert Report.from_dict(data).results[0].status is Status.PASS
 
 
 # store
@@ -239,9 +294,12 @@ def test_corrupt_report_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as info:
         load_report(tmp_path)
     assert str(info.value) == (
-        f"{path}: not a readable gpucert report: Expecting property name enclosed in double quotes: "
-        "line 1 column 26 (char 25)"
+        f"{path}: not a readable gpucert report: not JSON: Expecting property name enclosed in double quotes at "
+        "line 1 column 26 (cut short, or not a report.json?)"
     )
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="the file is empty"):
+        load_report(path)
 
 
 def test_an_unfinished_fine_tuning_run_is_named_with_how_to_finish_it(tmp_path: Path) -> None:
@@ -263,7 +321,7 @@ def test_report_missing_a_section_names_the_path(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError) as info:
         load_report(path)
-    assert str(info.value) == f"{path}: not a readable gpucert report: 'meta'"
+    assert str(info.value) == f"{path}: not a readable gpucert report: meta is missing, expected an object"
 
 
 def test_report_of_another_major_version_names_the_path(tmp_path: Path) -> None:

@@ -227,12 +227,15 @@ def judge_drift(series: Series, tolerance_pct: float) -> Drift:
     change = 100.0 * (latest.value - base.value) / abs(base.value)
     worse = -change if series.direction == HIGHER else change
     way = "below" if change < 0 else "above"
+    moved = f"{abs(change):.1f} % {way}" if change else "the same as"
     said = (
-        f"{series.name} on {series.subject}: {latest.value:g}{unit}, {abs(change):.1f} % {way} its baseline "
+        f"{series.name} on {series.subject}: {latest.value:g}{unit}, {moved} its baseline "
         f"{base.value:g}{unit} ({base.started_at[:10]})"
     )
     if worse > band:
         return Drift(series, change, band, Status.WARN, f"{said}; more than the {band:.1f} % allowed: re-measure it")
+    if -worse > band:
+        return Drift(series, change, band, Status.PASS, f"{said}; better, by more than the {band:.1f} % band")
     return Drift(series, change, band, Status.PASS, f"{said}; within {band:.1f} %")
 
 

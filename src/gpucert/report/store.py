@@ -238,6 +238,15 @@ def load_report(path: Path) -> Report:
             )
         path = path / "report.json"
     try:
-        return Report.from_dict(json.loads(path.read_text()))
+        text = path.read_text()
+        if not text.strip():
+            raise ValueError("the file is empty (a run stopped while writing it, or a copy that did not finish?)")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (cut short, or not a report.json?)"
+            ) from None
+        return Report.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a readable gpucert report: {exc}") from exc
