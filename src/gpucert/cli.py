@@ -381,7 +381,7 @@ def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> in
 def run_report(args: argparse.Namespace, console: Console) -> int:
     from gpucert.report.markdown import render_markdown
     from gpucert.report.store import write_html
-    from gpucert.report.terminal import print_report
+    from gpucert.report.terminal import print_line, print_report
 
     if args.runs[0] == "merge":
         return run_merge(args, console)
@@ -405,6 +405,7 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
         from gpucert.report.compare import (
             compare_reports,
             comparison_status,
+            mismatches,
             parse_tolerances,
             print_comparison,
             render_comparison_markdown,
@@ -416,14 +417,21 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(str(exc)) from None
         comparisons = compare_reports(reports[0], reports[1], threshold_pct=args.threshold, tolerances=tolerances)
         base, new = (str(path) for path in args.runs)
+        notes = mismatches(*reports)
         if args.markdown:
-            print(render_comparison_markdown(comparisons, base, new, threshold_pct=args.threshold, changed_only=True))
+            print(
+                render_comparison_markdown(
+                    comparisons, base, new, threshold_pct=args.threshold, changed_only=True, notes=notes
+                )
+            )
         else:
+            for note in notes:  # above the rows: they say how far the rows can be read as like for like
+                print_line(console, f"note: {note}")
             print_comparison(console, comparisons, base, new, changed_only=True)
         if args.html:
             from gpucert.report.compare_html import render_comparison_html, write_comparison_html
 
-            page = render_comparison_html(comparisons, base, new, args.threshold, *reports)
+            page = render_comparison_html(comparisons, base, new, args.threshold, *reports, notes=notes)
             directory = args.output or (args.runs[1] if args.runs[1].is_dir() else args.runs[1].parent)
             print(f"html: {write_comparison_html(page, directory)}")  # a path whole, never wrapped
         return comparison_status(comparisons).exit_code

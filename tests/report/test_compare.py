@@ -24,6 +24,7 @@ from gpucert.report.compare import (
     Comparison,
     compare_reports,
     comparison_status,
+    mismatches,
     parse_tolerances,
     print_comparison,
     render_comparison_markdown,
@@ -634,3 +635,21 @@ def test_markdown_cells_show_quoted_markup_and_keep_comparisons_readable() -> No
 
     assert md_cell("found a malformed <tool_call> block") == "found a malformed &lt;tool_call> block"
     assert md_cell("<= 6.5 | GPU 1 -> GPU 2\nnext") == "<= 6.5 \\| GPU 1 -> GPU 2<br>next"
+
+
+def test_runs_that_are_not_like_for_like_are_said_so_and_other_methods_numbers_not_judged(tmp_path: Path) -> None:
+    """Another method version: numbers shown, not judged (its statuses still compared); another verb, profile or GPU
+    model: a note above the rows in every view."""
+    base = load_report(FIXTURES / "reports/accept-4xh200-synthetic.json")
+    worse = load_report(FIXTURES / "reports/accept-4xh200-synthetic-regressed.json")
+    older = dataclasses.replace(worse, meta=dataclasses.replace(worse.meta, method_version="0", profile="h100-sxm"))
+    comparisons = compare_reports(base, older)
+    assert not [c for c in comparisons if c.regressed] and not [c for c in comparisons if c.judged]
+    # Newly failing is a status change, judged against each run's own profile: it still counts.
+    assert comparison_status(comparisons) is Status.FAIL
+    notes = mismatches(base, older)
+    assert notes[0].startswith("method versions differ (1 in the baseline, 0 in the candidate")
+    assert notes[1] == "profiles differ (h200 in the baseline, h100-sxm in the candidate): not like for like"
+    assert mismatches(base, worse) == []
+    markdown = render_comparison_markdown(comparisons, notes=notes)
+    assert f"- **Note:** {notes[1]}" in markdown

@@ -182,7 +182,7 @@ JUDGED = frozenset({Status.PASS, Status.WARN, Status.FAIL})
 
 
 def _compare_pair(
-    name: str, subject: str, base: Result | None, cand: Result | None, tolerance_pct: float
+    name: str, subject: str, base: Result | None, cand: Result | None, tolerance_pct: float, by_value: bool = True
 ) -> Comparison:
     either = cand if cand is not None else base
     assert either is not None
@@ -191,7 +191,8 @@ def _compare_pair(
     # The threshold that says which way is better may be on one side only (a floor added to the profile).
     direction = direction_of(next((r for r in (cand, base) if r is not None and r.expected), either))
     judged = (
-        direction is not None
+        by_value
+        and direction is not None
         and base is not None
         and cand is not None
         and base.status in JUDGED
@@ -262,13 +263,42 @@ def compare_reports(
             f"tolerance for {', '.join(unknown)}: no result of that name in either report; the check column names "
             f"them, here {', '.join(listed)}{'' if near or len(figures) <= 8 else ', ...'}"
         )
+    # Measured by different methods, numbers are not comparable (docs/commands.md): shown, and statuses compared.
+    by_value = baseline.meta.method_version == candidate.meta.method_version
     comparisons = []
     for key in [*base, *(k for k in cand if k not in base)]:
-        comp = _compare_pair(key[0], key[1], base.get(key), cand.get(key), tolerances.get(key[0], threshold_pct))
+        tolerance = tolerances.get(key[0], threshold_pct)
+        comp = _compare_pair(key[0], key[1], base.get(key), cand.get(key), tolerance, by_value)
         numeric = _number(comp.baseline) is not None and _number(comp.candidate) is not None
         if numeric or comp.changed:
             comparisons.append(comp)
     return comparisons
+
+
+def _gpu_models(report: Report) -> str:
+    names = sorted({str(g.get("name")) for g in report.inventory.get("gpus") or [] if isinstance(g, dict)})
+    return ", ".join(names) or "no GPU"
+
+
+def mismatches(baseline: Report, candidate: Report) -> list[str]:
+    """What makes the two runs less than like for like, one line each, for every view to print above the rows: a
+    different method version (numbers then shown, not judged: compare_reports), verb, profile or GPU model."""
+    b, c = baseline.meta, candidate.meta
+    notes = []
+    if b.method_version != c.method_version:
+        notes.append(
+            f"method versions differ ({b.method_version} in the baseline, {c.method_version} in the candidate; "
+            f"gpucert {b.tool_version} and {c.tool_version}): numbers measured differently are shown, not judged; "
+            "statuses are still compared"
+        )
+    for what, one, other in (
+        ("verbs", f"gpucert {b.verb}", f"gpucert {c.verb}"),
+        ("profiles", b.profile, c.profile),
+        ("GPU models", _gpu_models(baseline), _gpu_models(candidate)),
+    ):
+        if one != other:
+            notes.append(f"{what} differ ({one} in the baseline, {other} in the candidate): not like for like")
+    return notes
 
 
 def parse_tolerances(items: Sequence[str]) -> dict[str, float]:
@@ -388,6 +418,7 @@ def render_comparison_markdown(
     candidate_label: str = "candidate",
     threshold_pct: float | None = None,
     changed_only: bool = False,
+    notes: Sequence[str] = (),
 ) -> str:
     rows = [c for c in comparisons if c.changed] if changed_only else list(comparisons)
     lines = [
@@ -395,6 +426,7 @@ def render_comparison_markdown(
         "",
         f"- **Baseline:** {baseline_label}",
         f"- **Candidate:** {candidate_label}",
+        *(f"- **Note:** {md_cell(note)}" for note in notes),
     ]
     if threshold_pct is not None:
         lines.append(f"- **Rule:** {rule_text(threshold_pct)}")

@@ -110,6 +110,7 @@ def render_comparison_html(
     threshold_pct: float = 5.0,
     baseline: Report | None = None,
     candidate: Report | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
     """The comparison as one HTML page: verdict and rule, what changed, then every compared result."""
     status = comparison_status(comparisons)
@@ -119,7 +120,8 @@ def render_comparison_html(
         f'<span class="badge s-{status.value}">{_e(status.value)}</span></h1>'
         f"<div>Baseline: {_run_text(baseline_label, baseline)}</div>"
         f"<div>Candidate: {_run_text(candidate_label, candidate)}</div>"
-        f"<p>{_e(summary_line(comparisons))}</p>"
+        + "".join(f'<p class="note">Note: {_e(note)}</p>' for note in notes)
+        + f"<p>{_e(summary_line(comparisons))}</p>"
         f'<p class="rule">Rule: {_e(rule_text(threshold_pct))}.</p></header>'
     )
     what_changed = (
