@@ -64,6 +64,17 @@ def test_a_count_from_the_profile_fails_saying_how_to_declare_this_node() -> Non
     assert given.status is Status.FAIL and "--set" not in (given.remediation or "")
 
 
+def test_more_gpus_than_expected_is_not_read_as_a_gpu_fallen_off_the_bus() -> None:
+    """The cpu profile on a 4-GPU node once read SKIP "no NVIDIA GPU found; profile cpu expects none"."""
+    inv = collect_inventory(bundle_sources(NODE_BUNDLES / "h200x4"))
+    (result,) = check_gpu_count(inv, load_profile("cpu"), HealthConfig())
+    assert result.status is Status.FAIL
+    assert result.message == "expected 0 GPUs (profile cpu: gpu.gpus_per_node), found 4 on h200x4"
+    assert result.remediation and "leave --profile out" in result.remediation and "bus" not in result.remediation
+    (given,) = check_gpu_count(inv, load_profile("h200"), HealthConfig(expected_gpus=2))
+    assert given.status is Status.FAIL and given.remediation and "fence the job" in given.remediation
+
+
 def test_nvml_named_once_in_the_count_message() -> None:
     """The inventory's reason names NVML already ("NVML: NVML Shared Library Not Found"): read `NVML: NVML:`."""
     inv = collect_inventory(bundle_sources(NODE_BUNDLES / "h100"))
@@ -191,3 +202,12 @@ def test_a_cpu_burn_and_memory_row_never_print_their_value_as_0() -> None:
     row = {"tbps": 0.026, "timing": {"cv": 0.0004}}
     (copy,) = memory.judge({"ranks": [{**identity, "rows": {"copy": row}}]}, cpu, None)  # type: ignore[arg-type]
     assert ": 0.026 TB/s (cv 0.0004)" in copy.message, copy.message
+
+
+def test_a_gpu_past_its_slowdown_temperature_is_said_to_be_above_it() -> None:
+    from gpucert.health.checks import check_temperature
+
+    inv = collect_inventory(bundle_sources(NODE_BUNDLES / "h200x4"))
+    hot = inv.gpu.gpus[0].__class__(**{**inv.gpu.gpus[0].__dict__, "temperature_c": 91})
+    (result,) = check_temperature(hot, load_profile("h200"))
+    assert result.message.endswith(", 2 C above slowdown at 89 C"), result.message

@@ -94,8 +94,8 @@ def check_gpu_count(inv: NodeInventory, profile: Profile, config: HealthConfig) 
                 "gpu.gpus_per_node in the profile)",
             )
         ]
-    if expected == 0:
-        message = f"no NVIDIA GPU found{nvml_note}; profile {profile.name} expects none"
+    if expected == 0 and found == 0:
+        message = f"no NVIDIA GPU found{nvml_note}; none expected ({source})"
         return [Result(**base, status=Status.SKIP, expected="== 0", message=message)]
     if found == expected:
         return [Result(**base, status=Status.PASS, expected=f"== {expected}", message=f"{found} GPUs found")]
@@ -108,6 +108,23 @@ def check_gpu_count(inv: NodeInventory, profile: Profile, config: HealthConfig) 
                 expected=f"== {expected}",
                 message=f"expected the {expected} GPUs Slurm gave this job, found {found} visible on {inv.hostname}",
                 remediation="fence jobs to their GPUs: ConstrainDevices=yes in Slurm's cgroup.conf",
+            )
+        ]
+    if found > expected:
+        # No GPU is missing: the count this node was held to is wrong for it (the cpu profile on a GPU node).
+        return [
+            Result(
+                **base,
+                status=Status.FAIL,
+                expected=f"== {expected}",
+                message=f"expected {expected} GPUs ({source}), found {found} on {inv.hostname}",
+                remediation=(
+                    f"{found} GPUs are visible where the operator set {expected}: fence the job to its GPUs "
+                    "(CUDA_VISIBLE_DEVICES, cgroups) or correct health.expected_gpus"
+                    if source.startswith("config:")
+                    else "judge the node by its own GPUs' profile (leave --profile out to detect it) or give the "
+                    f"count it should have; {_how_to_set_count(found)}"
+                ),
             )
         ]
     return [
@@ -328,7 +345,13 @@ def check_temperature(gpu: GpuInfo, profile: Profile) -> list[Result]:
     warn, fail = profile.gpu.temperature_c_warn, profile.gpu.temperature_c_fail
     headroom = None if gpu.temperature_slowdown_c is None else gpu.temperature_slowdown_c - gpu.temperature_c
     status = Status.FAIL if gpu.temperature_c >= fail else Status.WARN if gpu.temperature_c >= warn else Status.PASS
-    slow = f", {headroom:g} C below slowdown at {gpu.temperature_slowdown_c:g} C" if headroom is not None else ""
+    slow = (
+        ""
+        if headroom is None
+        else f", {headroom:g} C below slowdown at {gpu.temperature_slowdown_c:g} C"
+        if headroom >= 0
+        else f", {-headroom:g} C above slowdown at {gpu.temperature_slowdown_c:g} C"
+    )
     message = (
         f"{gpu.temperature_c:g} C{slow}"
         if status is Status.PASS
