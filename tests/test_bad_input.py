@@ -54,7 +54,14 @@ CASES = [
     (["report", "a", "b", "c"], ["report takes one run (render) or two runs"]),
     (["report", "corrupt.json", "corrupt.json", "--threshold", "-5"], ["--threshold", "found -5.0"]),
     (["report", "merge", "a"], ["two or more per-node run directories"]),
-    (["report", "history", "n", ".", "--metrics-file", "h.prom"], ["report history writes no metrics"]),
+    (["report", "history", "n", ".", "--metrics-file", "h.prom"], ["report history does not use --metrics-file"]),
+    # A flag one use of report reads, given to another: refused, not ignored.
+    (["report", "corrupt.json", "--tolerance", "x=5"], ["gpucert report RUN does not use --tolerance"]),
+    (["report", "corrupt.json", "-o", "out"], ["does not use --output: --output is for"]),
+    (["report", "history", "n", ".", "--html"], ["report history does not use --html"]),
+    (["report", "a", "b", "--metrics-file", "c.prom"], ["BASELINE CANDIDATE does not use --metrics-file"]),
+    (["report", "a", "b", "-o", "out"], ["writes a file only with --html"]),
+    (["report", "merge", "a", "b", "-o", "m", "--markdown"], ["report merge does not use --markdown"]),
     (["report", "merge", "a", "b"], ["report merge needs --output"]),
     (["report", "merge", "nope1", "nope2", "-o", "merged"], ["nope1: not a readable gpucert report"]),
     # cluster fs

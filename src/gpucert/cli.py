@@ -47,11 +47,21 @@ if TYPE_CHECKING:
 ERROR_EXIT = Status.ERROR.exit_code
 
 
+class UsageError(SystemExit):
+    """The command line was refused: said on stderr, exit 3. A SystemExit, as argparse's own exits are, carrying
+    the message for health --npd, whose contract answers on stdout (main)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ERROR_EXIT)
+        self.message = message
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse exits 2 on usage errors, which our contract reserves for FAIL.
         self.print_usage(sys.stderr)
-        self.exit(ERROR_EXIT, f"gpucert: error: {message}\n")
+        print(f"gpucert: error: {message}", file=sys.stderr)
+        raise UsageError(message)
 
 
 def _common_options() -> _Parser:
@@ -154,7 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--metrics-file", type=metrics_path, metavar="PATH", help="one run or merge: also write Prometheus metrics"
     )
-    report.add_argument("--threshold", type=float, default=5.0, help="%% worse that counts as a regression (compare)")
+    report.add_argument(
+        "--threshold",
+        type=float,
+        help="compare: %% worse that counts as a regression; history: %% worse than the baseline that is a drift "
+        "(default 5)",
+    )
     report.add_argument(
         "--tolerance",
         action="append",
@@ -383,17 +398,14 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     from gpucert.report.store import write_html
     from gpucert.report.terminal import print_line, print_report
 
-    if args.runs[0] == "merge":
+    mode = args.runs[0] if args.runs[0] in ("merge", "history") else "compare" if len(args.runs) == 2 else "render"
+    _refuse_unused_report_flags(args, mode)
+    if mode == "merge":
         return run_merge(args, console)
-    if args.runs[0] == "history":
+    args.threshold = DEFAULT_THRESHOLD_PCT if args.threshold is None else args.threshold
+    if mode == "history":
         from gpucert.fleet.history import run_history
 
-        if args.metrics_file:
-            # A flag the report verb shares that history has nothing to write with: refused, not ignored.
-            raise ConfigError(
-                "report history writes no metrics: --metrics-file is for a run's report (gpucert report RUN "
-                "--metrics-file PATH, or the verb that ran it)"
-            )
         return run_history(args.runs[1:], args.threshold, console)
     args.runs = [Path(run) for run in args.runs]
     if len(args.runs) > 2:
@@ -440,15 +452,57 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
         from gpucert.fleet.metrics import write_metrics
 
         write_metrics(report, args.metrics_file)
+    if args.markdown:
+        print(render_markdown(report))
+    elif not args.html:
+        print_report(report, console, show_inventory=True, report_path=None)
     if args.html:
         directory = args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent
         path = write_html(report, directory)
-        console.print(f"html: {path}")
-    elif args.markdown:
-        print(render_markdown(report))
-    else:
-        print_report(report, console, show_inventory=True, report_path=None)
+        print(f"html: {path}")  # a path whole, never wrapped
     return report.status.exit_code
+
+
+DEFAULT_THRESHOLD_PCT = 5.0
+
+# The report verb's flags, and what each of its four uses reads: a flag given to a use that does not read it is
+# refused, not ignored (a --tolerance on one run, --html on history would otherwise do nothing, silently).
+REPORT_FLAGS = {
+    "html": "--html",
+    "markdown": "--markdown",
+    "metrics_file": "--metrics-file",
+    "threshold": "--threshold",
+    "tolerance": "--tolerance",
+    "output": "--output",
+}
+REPORT_USES = {
+    "render": ("html", "markdown", "metrics_file"),
+    "compare": ("html", "markdown", "threshold", "tolerance", "output"),
+    "merge": ("metrics_file", "output"),
+    "history": ("threshold",),
+}
+REPORT_USE_TEXT = {
+    "render": "gpucert report RUN",
+    "compare": "gpucert report BASELINE CANDIDATE",
+    "merge": "gpucert report merge",
+    "history": "gpucert report history",
+}
+
+
+def _refuse_unused_report_flags(args: argparse.Namespace, mode: str) -> None:
+    given = [key for key in REPORT_FLAGS if getattr(args, key) not in (None, False, [])]
+    unused = [key for key in given if key not in REPORT_USES[mode]]
+    if unused:
+        takes = [use for use, keys in REPORT_USES.items() if unused[0] in keys]
+        raise ConfigError(
+            f"{REPORT_USE_TEXT[mode]} does not use {', '.join(REPORT_FLAGS[k] for k in unused)}: "
+            f"{REPORT_FLAGS[unused[0]]} is for {' and '.join(REPORT_USE_TEXT[u] for u in takes)}"
+        )
+    if mode == "compare" and args.output is not None and not args.html:
+        raise ConfigError(
+            "gpucert report BASELINE CANDIDATE writes a file only with --html: --output says where its "
+            "comparison.html goes (add --html, or leave --output out)"
+        )
 
 
 def _load_run(path: Path) -> Report:
@@ -595,7 +649,15 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
     if getattr(args, "npd", False):
         from gpucert.fleet.npd import run_plugin
 
-        return run_plugin(lambda: run_suite(args, console))
+        def plugin() -> int:
+            if args.json:
+                raise ConfigError(
+                    "--npd answers node-problem-detector with one line on stdout and --json prints the report "
+                    "there: give one of them"
+                )
+            return run_suite(args, console)
+
+        return run_plugin(plugin)
     return run_suite(args, console)
 
 
@@ -608,7 +670,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     if argv[:1] == ["launch"]:
         return run_launch(argv[1:])
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        if argv[:1] != ["health"] or "--npd" not in argv:
+            raise
+        from gpucert.fleet.npd import MESSAGE_CHARS, UNKNOWN
+
+        # NPD's contract: one line on stdout and 2, whatever went wrong (the reason is on stderr already).
+        print(f"UNKNOWN gpucert could not check this node: the command line was refused: {exc.message}"[:MESSAGE_CHARS])
+        return UNKNOWN
     args.argv = argv  # what a node's ranks run again (runtime/launcher.py)
     set_format(args.format)
     console = make_console()

@@ -90,3 +90,15 @@ def test_the_installed_command_keeps_the_contract(tmp_path: Path) -> None:
         check=False,
     )
     assert (done.returncode, done.stdout) == (1, "FAIL gpu.count: expected 8 GPUs, found 4 on h200x4\n")
+
+
+def test_a_refused_command_line_still_answers_npd_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    """NPD reads stdout and the exit code: a flag it does not know is Unknown (2) with the reason, not exit 3."""
+    assert main(["health", "--npd", "--bogus"]) == 2
+    out = capsys.readouterr().out
+    assert out == (
+        "UNKNOWN gpucert could not check this node: the command line was refused: unrecognized arguments: --bogus\n"
+    )
+    # --json would print the report on the one line's stdout: refused, answered the same way.
+    assert main(["health", "--npd", "--json", "--replay", str(NODE_BUNDLES / "h200x4")]) == 2
+    assert capsys.readouterr().out.startswith("UNKNOWN gpucert could not check this node: --npd answers")

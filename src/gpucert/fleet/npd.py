@@ -58,7 +58,14 @@ def run_plugin(run: Callable[[], int]) -> int:
     try:
         code = run()
     except Exception as exc:
-        print(f"UNKNOWN gpucert could not check this node: {' '.join(str(exc).split())}"[:MESSAGE_CHARS])
-        print(f"gpucert: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return UNKNOWN
+        # A refusal (ValueError, ConfigError among them) is said as the CLI says it; anything else names its type.
+        said = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        return unknown(said)
     return code if code in (OK, PROBLEM) else UNKNOWN
+
+
+def unknown(reason: str) -> int:
+    """NPD's answer for a node gpucert could not check: the reason on stdout (NPD's one line) and stderr."""
+    print(f"UNKNOWN gpucert could not check this node: {' '.join(reason.split())}"[:MESSAGE_CHARS])
+    print(f"gpucert: error: {reason}", file=sys.stderr)
+    return UNKNOWN
