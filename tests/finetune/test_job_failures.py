@@ -230,9 +230,10 @@ def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_nod
 
 
 def test_a_sigterm_ends_a_run_saying_where_and_releases_its_directory(tmp_path: Path) -> None:
-    """SIGTERM (a launcher stopping every rank because one ended, a cancelled job) reaches a lone run mid-step:
-    it says where it was and why, and its output directory is left as a failure leaves it, its lock released
-    (runtime/sigterm.py). Before, the default action ended it with no word and the lock file left."""
+    """SIGTERM (a kill, scancel, a time limit) reaches a lone run mid-step: nothing failed, the operator stopped
+    it. It says where it was and what resumes, exits 143 (the shell's code for SIGTERM, as Ctrl-C's is 130, so a
+    requeue script does not read it as ERROR), and its output directory is left as a failure leaves it, its lock
+    released (runtime/sigterm.py). Before, the default action ended it with no word and the lock file left."""
     config = tmp_path / "tiny.yaml"
     config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
     run, log = tmp_path / "run", tmp_path / "out.log"
@@ -247,8 +248,10 @@ def test_a_sigterm_ends_a_run_saying_where_and_releases_its_directory(tmp_path: 
     wait_until_training(lambda: log.read_text(errors="replace"), [proc])
     assert (run / ".gpucert.lock").exists()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=within(END_TIMEOUT_S)) == 3
+    assert proc.wait(timeout=within(END_TIMEOUT_S)) == 143
     said = log.read_text(errors="replace")
-    where = r"gpucert: rank 0 \(.*\) stops \(SIGTERM\) in step \d+: .*stopped by SIGTERM \(a `kill`, .*it ran alone"
+    where = r"gpucert: stopped by SIGTERM \(a kill, scancel, a time limit\) during step \d+\n"
     assert re.search(where, said), said[-3000:]
+    resumes = r"gpucert: (the latest complete checkpoint is .* --resume auto continues|no complete checkpoint in)"
+    assert re.search(resumes, said), said[-3000:]
     assert not (run / ".gpucert.lock").exists()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -72,8 +73,9 @@ from gpucert.status import Status
 # When this module's imports (torch, transformers, PEFT: most of a run's start-up) were done.
 IMPORTED_AT = time.time()
 
-# The shell's convention for a run ended by Ctrl-C (128 + SIGINT).
+# The shell's convention for a run ended by Ctrl-C (128 + SIGINT), and by SIGTERM (128 + SIGTERM).
 INTERRUPTED_EXIT = 130
+TERMINATED_EXIT = 143
 
 
 class FinetuneFailed(RuntimeError):
@@ -108,7 +110,19 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
 
     def terminated() -> None:
         """SIGTERM (a launcher stopping every rank because one ended, a cancelled job): say who and where, and
-        leave the run directory as a failure leaves it, even while the main thread is blocked in a collective."""
+        leave the run directory as a failure leaves it, even while the main thread is blocked in a collective.
+        A lone process (no launcher, no peer) was stopped by the operator (a kill, scancel, a time limit): said as
+        Ctrl-C is, with what resumes, and the shell's code for SIGTERM."""
+        # Under gpucert's own node process that process was signalled too, and says it (say_stop).
+        if rt is not None and rt.world_size == 1 and not os.environ.get("GPUCERT_AGENT_PID"):
+            say(f"stopped by SIGTERM (a kill, scancel, a time limit) during {rt.phase}")
+            if run is not None:
+                run.close(failed=True)
+                hint = what_resumes(run.path, cfg)
+                if hint:
+                    say(hint)
+            watch.exit_code = TERMINATED_EXIT
+            return
         if rt is not None:
             record = stopped_by_launcher(rt)
             say_stop(rt, f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {record.message()}", record)
