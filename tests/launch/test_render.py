@@ -222,9 +222,10 @@ def test_a_recipe_path_becomes_absolute_and_a_recipe_name_stays_a_name(tmp_path:
     """Every node starts in its own directory: a path must resolve there; a name resolves from the package."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.yaml").write_text("model: {name: tiny}\n")
-    assert main(["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "mine.yaml"]) == 0
+    argv = ["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "-o", "/shared/ft"]
+    assert main([*argv, "--config", "mine.yaml"]) == 0
     assert f"--config {tmp_path / 'mine.yaml'}" in capsys.readouterr().out
-    assert main(["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "qwen2-7b-glaive"]) == 0
+    assert main([*argv, "--config", "qwen2-7b-glaive"]) == 0
     assert "--config qwen2-7b-glaive" in capsys.readouterr().out
 
 
@@ -257,7 +258,18 @@ def test_a_config_file_that_is_not_there_is_refused_before_anything_is_printed(t
     "argv, said",
     [
         (
-            ["torchrun", "--head", "a", "finetune", "--config", "qwen2-7b-glaive", "--set", "train.bogus=1"],
+            [
+                "torchrun",
+                "--head",
+                "a",
+                "finetune",
+                "--config",
+                "qwen2-7b-glaive",
+                "-o",
+                "/s",
+                "--set",
+                "train.bogus=1",
+            ],
             "train.bogus",
         ),
         (["torchrun", "--head", "a", "accept", "--set", "bench.nope=3"], "bench.nope"),
@@ -275,6 +287,10 @@ def test_the_verbs_own_options_are_checked_before_anything_is_printed_or_submitt
 def test_torchrun_finetune_runs_on_each_nodes_own_gpus_unless_told(capsys) -> None:
     """--gpus-per-node once defaulted to 8 and printed `--nproc 8` for nodes of 4 GPUs."""
     argv = ["launch", "torchrun", "finetune", "--nodes", "2", "--head", "a", "--config", "qwen2-7b-glaive"]
+    # Without --output the nodes' own `--resume auto` was refused by each of them (it needs the directory).
+    assert main(argv) == 3
+    assert "give --output DIR on the shared filesystem" in capsys.readouterr().err
+    argv += ["--output", "/shared/runs/qwen"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "--nproc" not in out

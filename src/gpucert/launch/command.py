@@ -262,10 +262,18 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
     check_verb_args(args.verb, rest, here=args.backend != "k8s")
     env = preset_env(args.preset, args.iface)
     if args.backend == "torchrun":
+        verb_args = tuple(_verb_args(args.verb, rest))  # a finetune without --config is refused here first
+        if args.verb == "finetune" and _value_of(rest, "--output", "-o") is None:
+            # Every node writes and resumes from the same directory; nothing here can pick one the nodes share
+            # (launch slurm uses the submitting directory, which a Slurm cluster shares).
+            raise ConfigError(
+                "launch torchrun finetune: give --output DIR on the shared filesystem: every node's ranks write "
+                "their checkpoints there, and --resume auto (added for a restarted node) continues from them"
+            )
         port = args.port or 29500
         commands = torchrun.node_commands(
             args.verb,
-            tuple(_verb_args(args.verb, rest)),
+            verb_args,
             args.nodes,
             args.head,
             port,
