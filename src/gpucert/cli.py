@@ -443,7 +443,7 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
         if args.html:
             from gpucert.report.compare_html import render_comparison_html, write_comparison_html
 
-            page = render_comparison_html(comparisons, base, new, args.threshold, *reports, notes=notes)
+            page = render_comparison_html(comparisons, base, new, args.threshold, reports[0], reports[1], notes=notes)
             directory = args.output or (args.runs[1] if args.runs[1].is_dir() else args.runs[1].parent)
             print(f"html: {write_comparison_html(page, directory)}")  # a path whole, never wrapped
         return comparison_status(comparisons).exit_code

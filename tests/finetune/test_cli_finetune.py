@@ -136,3 +136,55 @@ def test_a_setting_that_cannot_run_here_is_one_line_without_a_traceback(
     assert main(["finetune", "--output", str(tmp_path / "run"), "--set", setting]) == 3
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--set", "data.source=data/missing.jsonl"], "data.source data/missing.jsonl: no such file"),
+        (["--set", "model.name=./nomodel"], "model.name: no directory ./nomodel"),
+        (["--output", "/proc/nope"], "output_dir /proc/nope: cannot write in /proc"),
+        (["--nproc", "0"], "--nproc must be >= 1, found 0"),
+    ],
+)
+def test_bad_input_is_refused_before_any_rank_starts(tmp_path: Path, monkeypatch, capsys, argv, said) -> None:
+    """Once refused by rank 0 seconds later, in a line wrapped as a rank's failure (`rank 0 ... failed during
+    setup: ConfigError: ... (raised at ...)`); now one line, before torch loads."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "gpucert.finetune.train.run", raising=False)
+    assert main(["finetune", *argv]) == 3
+    err = capsys.readouterr().err
+    assert err.strip() == f"gpucert: error: {err.strip().removeprefix('gpucert: error: ')}" and said in err, err
+    assert "rank 0" not in err and "gpucert.finetune.train.run" not in sys.modules
+
+
+def test_a_live_runs_directory_and_another_verbs_report_are_refused_at_once(tmp_path: Path, capsys) -> None:
+    """A second run into a live run's directory was told to remove the live run's checkpoints as an earlier run's;
+    a run into a health report's directory replaced that report without a word."""
+    import subprocess
+    import sys
+    import time
+
+    live = tmp_path / "live"
+    live.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from gpucert.runtime.dirlock import "
+         "lock_dir; lock_dir(Path(sys.argv[1]), 'output_dir'); print('held', flush=True); time.sleep(60)", str(live)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        (live / "checkpoints" / "step-10").mkdir(parents=True)
+        assert main(["finetune", "--output", str(live)]) == 3
+        err = capsys.readouterr().err
+        assert f"output_dir {live} is in use by another gpucert run (pid {holder.pid} on host" in err, err
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    assert main(["health", "--profile", "cpu", "-o", str(tmp_path / "h")]) == 0
+    capsys.readouterr()
+    assert main(["finetune", "--output", str(tmp_path / "h")]) == 3
+    assert f"output_dir {tmp_path / 'h'}: holds a gpucert health report" in capsys.readouterr().err

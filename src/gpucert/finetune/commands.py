@@ -71,7 +71,13 @@ def finetune(args: argparse.Namespace) -> int:
     if args.stage == "prepare":
         check_data_source(cfg.data)  # a missing data file is named before torch and the tokenizer load
         return prepare(cfg)
+    if args.nproc is not None and args.nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, found {args.nproc}")
     plan = node_plan(args)
+    if not _in_a_rank() and (plan is None or plan.num_nodes == 1):
+        # One node: refused here, at once. Across nodes the ranks check it: a node that refused before joining
+        # would leave the others waiting out the rendezvous, where a rank's refusal ends every node, named.
+        check_before_start(cfg)
     if plan is not None:
         return launch(args, cfg, plan)
     # Imported once the config is checked: torch and transformers take seconds, a bad key a few milliseconds.
@@ -86,6 +92,46 @@ def finetune(args: argparse.Namespace) -> int:
             write_verdict(code)
         return 0 if code != Status.ERROR.exit_code else code
     return code
+
+
+def _in_a_rank() -> bool:
+    from gpucert.runtime.launch_env import read_rank_env
+
+    return read_rank_env(os.environ) is not None
+
+
+def check_before_start(cfg: FinetuneConfig) -> None:
+    """What the ranks would refuse, refused here before any rank starts or torch loads: a local data file or model
+    directory that is not there, and an output_dir that another live run holds, that holds another verb's report,
+    that cannot be written, or that holds an earlier run's checkpoints for a run that does not resume. The ranks
+    check again (a run may start in between); this is for the one line, at once."""
+    from gpucert.report.store import NOT_A_DIRECTORY, UNREADABLE, earlier_verb, write_problem
+    from gpucert.runtime.dirlock import check_free
+
+    check_data_source(cfg.data)
+    if cfg.model.name.startswith(("/", ".", "~")):  # a local directory: cheap to look at (a hub id is not)
+        from gpucert.finetune.data.hub import check_model_source
+
+        check_model_source(cfg.model)
+    if not cfg.output_dir:
+        return
+    out = Path(cfg.output_dir)
+    nearest, problem = write_problem(out.absolute())
+    if problem == NOT_A_DIRECTORY:
+        raise ConfigError(f"output_dir {out}: {nearest} is not a directory")
+    if problem is not None:
+        raise ConfigError(f"output_dir {out}: cannot write in {nearest}: {problem}")
+    if out.is_dir():
+        check_free(out, "output_dir")  # first: a live run's checkpoints are not an earlier run's
+    verb = earlier_verb(out)
+    if verb not in (None, "finetune"):
+        what = "a report.json that is no gpucert report" if verb == UNREADABLE else f"a gpucert {verb} report"
+        raise ConfigError(
+            f"output_dir {out}: holds {what}, which this run's report would replace; choose another --output"
+        )
+    from gpucert.finetune.train.checkpoint import check_fresh_output
+
+    check_fresh_output(cfg)
 
 
 def node_plan(args: argparse.Namespace) -> NodeEnv | None:

@@ -93,6 +93,37 @@ def lock_dir(path: Path, what: str) -> int | None:
         return fd
 
 
+def check_free(path: Path, what: str) -> None:
+    """DirBusy where another live run holds `path`'s lock now; nothing is taken or written. For a refusal before
+    any work (a second run started into a live run's directory is told so, not told to delete its checkpoints).
+    Not a claim: the run still takes the lock with lock_dir, and a run that starts in between is refused there."""
+    key = os.path.realpath(path)
+    if key in _HELD:
+        raise DirBusy(f"{what} {path} is in use by another gpucert run ({_HELD[key]}): choose another {what}")
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file: nobody holds it (a run takes it by creating the file)
+    try:
+        # F_GETLK-style probe: lockf cannot test a write lock through a read-only descriptor, so ask with fcntl.
+        import struct
+
+        layout = "hh4xqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+        probe = struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, probe)
+        held = struct.unpack(layout, answer)[0] != fcntl.F_UNLCK
+        holder = _read_holder(fd) if held else ""
+    except OSError:
+        held = False  # a filesystem that keeps no locks: lock_dir warns when the run starts
+    finally:
+        os.close(fd)  # this process holds no lock on it (checked above): closing drops nothing
+    if held:
+        raise DirBusy(
+            f"{what} {path} is in use by another gpucert run ({holder}): wait for it to finish, or choose another "
+            f"{what}"
+        )
+
+
 def unlock_dir(path: Path, fd: int | None) -> None:
     """Release a lock_dir lock: the file goes first (unlinked while still held), then the lock with the fd."""
     if fd is None:
