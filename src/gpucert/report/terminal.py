@@ -165,8 +165,17 @@ def format_value(result: Result) -> str:
     return f"{text} {result.unit}" if result.unit and not isinstance(result.value, bool) else text
 
 
+def _gpu_cell(result: Result) -> Text:
+    # The status in words beside a value that is not PASS: colour does not survive a log file or a reader who
+    # cannot tell red from green, and the grid must read right without it.
+    value = format_value(result)
+    text = value if result.status is Status.PASS else f"{value} {result.status.value}"
+    return Text(text, style=STATUS_STYLE[result.status])
+
+
 def gpu_matrix(results: list[Result], title: str = "per-GPU checks") -> Table | None:
-    """Per-GPU checks as a check x GPU grid of values coloured by status: a bad GPU stands out as a column.
+    """Per-GPU checks as a check x GPU grid of values coloured by status: a bad GPU stands out as a column. A
+    value that is not PASS says its status in words (`691.4 TFLOP/s FAIL`).
 
     Columns are NVML indices, so give it one node's results at a time."""
     per_gpu = [r for r in results if r.gpu_index is not None]
@@ -183,7 +192,7 @@ def gpu_matrix(results: list[Result], title: str = "per-GPU checks") -> Table | 
         row: list[Text | str] = [check]
         for index in gpus:
             r = cells.get((check, index))
-            row.append(Text(format_value(r), style=STATUS_STYLE[r.status]) if r else "")
+            row.append(_gpu_cell(r) if r else "")
         table.add_row(*row)
     return table
 
