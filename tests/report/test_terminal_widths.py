@@ -22,6 +22,7 @@ from rich.table import Table
 from tests.conftest import FIXTURES
 
 import gpucert.report.terminal as terminal
+from gpucert.report.compare import compare_reports, print_comparison
 from gpucert.report.schema import Result
 from gpucert.report.store import load_report
 from gpucert.report.terminal import (
@@ -143,6 +144,18 @@ def test_a_table_forced_into_a_file_keeps_the_expectation_at_its_natural_width(
         rf"│ {_cell(xid.name)} {_cell(xid.subject)} {_cell(format_value(xid))} {_cell(xid.expected or '')}", text
     )
     assert "collective.reduce_scatter " in text and "…" not in text
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_comparison_keeps_every_name_and_figure_whole(width: int) -> None:
+    comparisons = [c for c in compare_reports(load_report(ACCEPT), load_report(REGRESSED)) if c.changed]
+    text = on_terminal(width, lambda console: print_comparison(console, comparisons, "A", "B", changed_only=True))
+    assert_tables_whole(text, width)
+    for fragment in ("sub", "jec", "794", "TFL"):  # a header or a figure folded to the width of a narrow column
+        assert f"│ {fragment} " not in text
+    plain = "FAIL  | matmul.bf16.8192 | GPU 2 | 794.4 TFLOP/s | 675.3 TFLOP/s | PASS | REGRESSED, -15.0 %"
+    row = r"│ FAIL +│ matmul.bf16.8192 +│ GPU 2 +│ 794.4 TFLOP/s +│ 675.3 TFLOP/s +│ PASS +│ -15.0 % +│"
+    assert plain in text if width < 140 else re.search(row, text), text
 
 
 def test_a_grid_too_wide_for_the_terminal_is_split_into_fewer_gpus_each() -> None:
