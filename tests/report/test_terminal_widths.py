@@ -91,7 +91,7 @@ def test_a_report_keeps_every_name_and_figure_whole_at_any_width(path: Path, wid
         assert_result_whole(text, r)
     # Too narrow for the node checks with their names and figures whole: the lines a pipe gets, and why.
     if width == 80:
-        assert re.match(r"one line per result: a table of these results needs \d+ columns", text) and "┏" not in text
+        assert re.match(r"one line per result: the table needs \d+ columns", text) and "┏" not in text
     if width == 200:
         assert "┏" in text
 

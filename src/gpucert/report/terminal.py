@@ -159,9 +159,9 @@ def fit_tables(console: Console, tables: Sequence[Table]) -> int | None:
 
 
 def too_narrow_line(need: int, console: Console) -> Text:
-    """Why a terminal shows lines rather than tables, and what to do for tables."""
+    """Why a terminal shows lines rather than tables: the window a table needs (80 columns fit the line)."""
     return Text(
-        f"one line per result: a table of these results needs {need} columns, this terminal has {console.width}",
+        f"one line per result: the table needs {need} columns, this terminal has {console.width}",
         style="dim",
     )
 
