@@ -4,8 +4,10 @@ over time, drift against its own baseline (the first run of the same method), `g
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -13,9 +15,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from gpucert.cli import main
-from gpucert.fleet.history import HISTORY_FILE, Point, Series, index_runs, judge_drift, node_series, open_history
+from gpucert.fleet.history import (
+    HISTORY_FILE,
+    Point,
+    Series,
+    index_runs,
+    judge_drift,
+    node_series,
+    open_history,
+    run_history,
+)
 from gpucert.report.direction import HIGHER
 from gpucert.report.schema import Report
 from gpucert.report.store import load_report
@@ -212,3 +224,27 @@ def test_unknown_node_and_bad_reports_are_named(runs: Path, capsys: pytest.Captu
     assert "no such runs directory" in capsys.readouterr().err
     assert main(["report", "history", NODE, str(runs), "--threshold", "-1"]) == 3
     assert "--threshold (the % worse than the baseline that is a drift) must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_on_a_terminal_every_check_subject_and_figure_is_whole(runs: Path, width: int) -> None:
+    """At 120 columns `matmul.bf16.…` hid which of 4096, 8192 and 16384 a row was, and at 80 `716.…` the figure:
+    a table where it fits with every name and figure whole, else one line per figure, never an ellipsis."""
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None, highlight=False, markup=False)
+    assert run_history([NODE, str(runs)], 5.0, console) == 2
+    text = out.getvalue()
+    assert "…" not in text
+    with open_history(runs / HISTORY_FILE) as conn:
+        series = node_series(conn, NODE)
+    assert {s.name for s in series} >= {"matmul.bf16.4096", "matmul.bf16.8192", "matmul.bf16.16384"}
+    for s in series:
+        unit = f" {s.unit}" if s.unit else ""
+        base, latest = f"{s.points[0].value:g}{unit}", f"{s.points[-1].value:g}{unit}"
+        cells = [re.escape(cell) for cell in (s.name, s.subject, base)]
+        line = rf" [|│] {cells[0]} +[|│] {cells[1]} +[|│] {cells[2]} .*[|│] {re.escape(latest)} +[|│]"
+        assert re.search(line, text), f"{s.name} on {s.subject}: not whole in\n{text}"
+    for line in text.splitlines():
+        if line.startswith(("┏", "┃", "┡", "│", "└")):
+            assert len(line) <= width and line.endswith(("┓", "┃", "┩", "│", "┘")), line
+    assert ("┏" in text) == (width >= 146)

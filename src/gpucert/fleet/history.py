@@ -12,8 +12,9 @@ twice: against the profile (the status the run gave it) and against the baseline
 tolerance (--threshold, 5 %; or twice the repeats' spread where wider) is a WARN drift, e.g. "matmul.bf16.max
 on node GPU 2: 688.6 TFLOP/s, 14.0 % below its baseline 800.5 (2026-11-22)". One run only is INFO: nothing to
 compare yet. Each figure's row leads with the worse of the two; the exit code is the worst row, as for any
-report (0 PASS, 1 WARN, 2 FAIL), and the last line (the verdict) says so with both judgements counted. Piped,
-rows are `status | check | subject | baseline | latest | change | profile | drift | message` lines.
+report (0 PASS, 1 WARN, 2 FAIL), and the last line (the verdict) says so with both judgements counted. Piped, or
+on a terminal too narrow for the table with its names and figures whole, rows are `status | check | subject |
+baseline | latest | change | profile | drift | message` lines.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from gpucert.config.loader import ConfigError
 from gpucert.report.direction import HIGHER, NOISE_SIGMAS, direction_of, relative_spread
 from gpucert.report.schema import Report
 from gpucert.report.store import load_report
-from gpucert.report.terminal import STATUS_STYLE, plain_fields, plain_output, print_line
+from gpucert.report.terminal import (
+    STATUS_STYLE,
+    fit_tables,
+    plain_fields,
+    plain_output,
+    print_line,
+    too_narrow_line,
+)
 from gpucert.status import Status, worst
 
 HISTORY_FILE = "history.sqlite"
@@ -297,41 +305,84 @@ def verdict_line(drifts: list[Drift]) -> str:
     )
 
 
+# The narrowest the values over time wrap to on a narrow terminal: two values a line.
+VALUES_MIN_WIDTH = 14
+
+
+@dataclass(frozen=True)
+class _Row:
+    status: Status
+    baseline: tuple[str, str]  # the figure and, in brackets, when it was measured
+    cells: list[str]  # check, subject, baseline, latest, change, profile, drift
+    values: str
+
+
+def _row(d: Drift) -> _Row:
+    s, base, latest = d.series, d.series.points[0], d.series.points[-1]
+    unit = f" {s.unit}" if s.unit else ""
+    values = " ".join(f"{p.value:g}" for p in s.points[-SHOWN_VALUES:])
+    if len(s.points) > SHOWN_VALUES:
+        values = "... " + values
+    baseline = (f"{base.value:g}{unit}", f"({_short(base.started_at)})")
+    cells = [
+        s.name,
+        s.subject,
+        " ".join(baseline),
+        f"{latest.value:g}{unit}",
+        "" if d.change_pct is None else f"{d.change_pct:+.1f} %",
+        latest.status.value,
+        d.status.value,
+    ]
+    return _Row(row_status(d), baseline, cells, values)
+
+
+def _history_table(rows: list[_Row], stacked: bool) -> Table:
+    """The rows as a table, names and figures whole (report/terminal.py fit_tables): the values over time wrap
+    between values where the terminal is narrow, and `stacked` puts a baseline's date under its figure."""
+    table = Table(show_lines=False)
+    for column in COLUMNS:
+        table.add_column(column, no_wrap=True)
+    longest = max((len(value) for row in rows for value in row.values.split()), default=0)
+    table.add_column("values over time (newest last)", overflow="fold", min_width=max(VALUES_MIN_WIDTH, longest))
+    for row in rows:
+        cells = list(row.cells)
+        if stacked:
+            cells[2] = "\n".join(row.baseline)
+        table.add_row(Text(row.status.value, style=STATUS_STYLE[row.status]), *cells, row.values)
+    return table
+
+
+def _fitted_history_table(rows: list[_Row], console: Console) -> tuple[Table, int | None]:
+    """The table that fits the terminal, a baseline on one line where there is room, and the width it needs
+    where none does (fit_tables)."""
+    table = _history_table(rows, stacked=False)
+    if fit_tables(console, [table]) is None:
+        return table, None
+    table = _history_table(rows, stacked=True)
+    return table, fit_tables(console, [table])
+
+
 def print_history(node: str, runs_dir: Path, drifts: list[Drift], console: Console) -> None:
+    """A table on a terminal wide enough for it; piped, written to a file with `--format plain` or on a narrow
+    terminal, one line per figure."""
     runs = {p.run for d in drifts for p in d.series.points}
     print_line(console, f"{node}: {len(drifts)} figures from {len(runs)} runs in {runs_dir}")
-    plain = plain_output(console)  # gpucert --format, or a pipe
-    table = None if plain else Table(*COLUMNS, "values over time (newest last)", show_lines=False)
-    if plain:
-        print_line(console, PLAIN_HEADER)
-    for d in drifts:
-        s, base, latest = d.series, d.series.points[0], d.series.points[-1]
-        unit = f" {s.unit}" if s.unit else ""
-        values = " ".join(f"{p.value:g}" for p in s.points[-SHOWN_VALUES:])
-        if len(s.points) > SHOWN_VALUES:
-            values = "... " + values
-        status = row_status(d)
-        cells = [
-            s.name,
-            s.subject,
-            f"{base.value:g}{unit} ({_short(base.started_at)})",
-            f"{latest.value:g}{unit}",
-            "" if d.change_pct is None else f"{d.change_pct:+.1f} %",
-            latest.status.value,
-            d.status.value,
-        ]
-        if table is not None:
-            table.add_row(Text(status.value, style=STATUS_STYLE[status]), *cells, values)
-        else:
-            line = Text(plain_fields(status.value, *cells, f"{d.message}; values (newest last): {values}"))
-            line.stylize(STATUS_STYLE[status], 0, len(status.value))  # shows only where the console has colour
-            print_line(console, line)
-    if table is not None:
+    rows = [_row(d) for d in drifts]
+    table, need = (None, None) if plain_output(console) else _fitted_history_table(rows, console)
+    if need is not None:
+        console.print(too_narrow_line(need, console))
+    if table is not None and need is None:
         console.print(table)
         # Piped, each drift's row says it in full already: once, so `grep -c '^WARN'` counts each figure once.
         for d in drifts:
             if d.status is Status.WARN:
                 print_line(console, f"WARN {d.message}")
+    else:
+        print_line(console, PLAIN_HEADER)
+        for d, row in zip(drifts, rows, strict=True):
+            line = Text(plain_fields(row.status.value, *row.cells, f"{d.message}; values (newest last): {row.values}"))
+            line.stylize(STATUS_STYLE[row.status], 0, len(row.status.value))  # shows only where the console has colour
+            print_line(console, line)
     older = sum(d.series.older_method for d in drifts)
     if older:
         console.print(f"{older} older values measured with another method version are not compared", style="dim")

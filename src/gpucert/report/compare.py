@@ -37,7 +37,14 @@ from gpucert.report.direction import HIGHER, LOWER, direction_of, noise_band_pct
 from gpucert.report.markdown import md_cell
 from gpucert.report.numbers import short
 from gpucert.report.schema import Report, Result, Value
-from gpucert.report.terminal import STATUS_STYLE, plain_fields, plain_output, print_line
+from gpucert.report.terminal import (
+    STATUS_STYLE,
+    fit_tables,
+    plain_fields,
+    plain_output,
+    print_line,
+    too_narrow_line,
+)
 from gpucert.status import Status, worst
 
 
@@ -456,28 +463,12 @@ def render_comparison_markdown(
     return "\n".join(lines)
 
 
-def print_comparison(
-    console: Console,
-    comparisons: Sequence[Comparison],
-    baseline_label: str = "baseline",
-    candidate_label: str = "candidate",
-    changed_only: bool = False,
-) -> None:
-    rows = [c for c in comparisons if c.changed] if changed_only else list(comparisons)
-    plain = plain_output(console)
-    if plain and rows:
-        print_line(console, f"{baseline_label} → {candidate_label}")
-        print_line(console, PLAIN_HEADER)
-        for c in rows:
-            line = Text(_plain_row(c))
-            line.stylize(STATUS_STYLE[c.status], 0, len(c.status.value))  # shows only where the console has colour
-            print_line(console, line)
-    table = Table(title=f"{baseline_label} → {candidate_label}")
+def _comparison_table(rows: Sequence[Comparison], title: str) -> Table:
+    """The pairs as a table; every cell is a name, a figure or a word, never wrapped or cut (fit_tables)."""
+    table = Table(title=title)
     table.add_column("status", no_wrap=True, min_width=5)
-    # A check's name is what a reader looks for: the other columns wrap first (rich narrows the wrappable ones).
-    table.add_column("check", overflow="fold", no_wrap=True)
-    for column in (*COLUMNS[2:], "change", "band", ""):
-        table.add_column(column, overflow="fold")
+    for column in (*COLUMNS[1:], "change", "band", ""):
+        table.add_column(column, no_wrap=True)
     for c in rows:
         bad = c.regressed or c.newly_failing
         change_style = "bold red" if c.regressed else "green" if c.improved else ""
@@ -493,7 +484,32 @@ def print_comparison(
             _band_text(c),
             Text(_verdict_text(c), style="bold red" if bad else "green" if c.improved else "dim"),
         )
-    if rows and not plain:
+    return table
+
+
+def print_comparison(
+    console: Console,
+    comparisons: Sequence[Comparison],
+    baseline_label: str = "baseline",
+    candidate_label: str = "candidate",
+    changed_only: bool = False,
+) -> None:
+    """The pairs as a table on a terminal wide enough for it, else (a pipe, a file, a narrow terminal) as lines."""
+    rows = [c for c in comparisons if c.changed] if changed_only else list(comparisons)
+    title = f"{baseline_label} → {candidate_label}"
+    plain = plain_output(console)
+    table = _comparison_table(rows, title) if rows and not plain else None
+    need = fit_tables(console, [table]) if table is not None else None
+    if need is not None:
+        console.print(too_narrow_line(need, console))
+    if rows and (plain or need is not None):
+        print_line(console, title)
+        print_line(console, PLAIN_HEADER)
+        for c in rows:
+            line = Text(_plain_row(c))
+            line.stylize(STATUS_STYLE[c.status], 0, len(c.status.value))  # shows only where the console has colour
+            print_line(console, line)
+    elif table is not None:
         console.print(table)
     status = comparison_status(comparisons)
     print_line(

@@ -1,6 +1,7 @@
 """Terminal rendering (rich) of a report: the inventory for `discover`, the judged results for the rest.
 
-Two formats. On a terminal, tables (rich fits them to the window). Where stdout is not a terminal (a pipe,
+Two formats. On a terminal, tables fitted to the window (fit_table): names and figures whole, free text wrapped at
+word boundaries; a window too narrow for that gets the plain lines instead. Where stdout is not a terminal (a pipe,
 `tee`, a Slurm job log, CI) or with `gpucert --format plain`, plain lines: rich would fit a table to 80
 columns there and fold every message into fragments of a few characters. A plain result is one line, never
 wrapped, in the same layout for every verb:
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -100,6 +103,69 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, "the reader of gpucert's output closed it")
 
 
+def _natural_width(console: Console, options: ConsoleOptions, renderables: Iterable[Any], least: int) -> int:
+    """The width of the widest line of `renderables`, at least `least` (padding not counted)."""
+    return max([least, *(Measurement.get(console, options, renderable).maximum for renderable in renderables)])
+
+
+def _water_fill(highs: list[int], lows: list[int], room: int) -> list[int]:
+    """Widths between lows and highs that sum to at most room, the widest lowered first."""
+    cap, widths = max(highs, default=0), highs
+    while sum(widths) > room and cap > 0:
+        cap -= 1
+        widths = [max(low, min(high, cap)) for low, high in zip(lows, highs, strict=True)]
+    return widths
+
+
+def fit_table(table: Table, console: Console) -> int:
+    """Narrow a table's free-text columns until it fits the console; the narrowest width it can take.
+
+    Names and figures sit in columns made with `no_wrap`: they keep their natural width, never folded mid-token
+    nor cut with an ellipsis, which is what made a check read `matmu…` or a value `794`/`.4`/`TFL`. Free text sits
+    in columns that wrap, their `min_width` the narrowest they may take; the widest of them gives way first, at
+    word boundaries, their headers before their cells. Where even the narrowest is wider than the console,
+    nothing changes: the caller prints lines.
+    """
+    room = console.options.update_width(_UNLIMITED_WIDTH)
+    natural = console.measure(table, options=room).maximum
+    free = [column for column in table.columns if not column.no_wrap]
+    cells = [_natural_width(console, room, column.cells, column.min_width or 0) for column in free]
+    whole = [
+        max(width, _natural_width(console, room, [column.header], 0)) for column, width in zip(free, cells, strict=True)
+    ]
+    least = [min(width, column.min_width or width) for column, width in zip(free, cells, strict=True)]
+    narrowest = natural - sum(whole) + sum(least)
+    if natural <= console.width or narrowest > console.width:
+        return narrowest
+    room_left = sum(whole) - (natural - console.width)
+    # Wrapping a header (`values over time (newest last)`) is enough where it is wider than its cells.
+    enough = room_left >= sum(cells)
+    narrowed = _water_fill(whole, cells, room_left) if enough else _water_fill(cells, least, room_left)
+    for column, width, was in zip(free, narrowed, whole, strict=True):
+        if width < was:
+            column.width = width
+    return narrowest
+
+
+def fit_tables(console: Console, tables: Sequence[Table]) -> int | None:
+    """Fit each table to the terminal (fit_table); None where all fit, else the width the widest needs.
+
+    A console that is not a terminal (a file, a pipe: `--format table > f`) takes every table at its natural
+    width (_Console.print): long lines for a pager to keep, nothing to fit."""
+    if not console.is_terminal or not tables:
+        return None
+    need = max(fit_table(table, console) for table in tables)
+    return need if need > console.width else None
+
+
+def too_narrow_line(need: int, console: Console) -> Text:
+    """Why a terminal shows lines rather than tables: the window a table needs (80 columns fit the line)."""
+    return Text(
+        f"one line per result: the table needs {need} columns, this terminal has {console.width}",
+        style="dim",
+    )
+
+
 def print_line(console: Console, line: str | Text) -> None:
     """One line as it is: never wrapped or cropped to the console's width (a pipe's is 80 columns)."""
     console.print(line if isinstance(line, Text) else Text(line), soft_wrap=True)
@@ -165,41 +231,83 @@ def format_value(result: Result) -> str:
     return f"{text} {result.unit}" if result.unit and not isinstance(result.value, bool) else text
 
 
-def gpu_matrix(results: list[Result], title: str = "per-GPU checks") -> Table | None:
-    """Per-GPU checks as a check x GPU grid of values coloured by status: a bad GPU stands out as a column.
+def _gpu_cell(result: Result) -> Text:
+    # The status in words beside a value that is not PASS: colour does not survive a log file or a reader who
+    # cannot tell red from green, and the grid must read right without it.
+    value = format_value(result)
+    text = value if result.status is Status.PASS else f"{value} {result.status.value}"
+    return Text(text, style=STATUS_STYLE[result.status])
 
-    Columns are NVML indices, so give it one node's results at a time."""
-    per_gpu = [r for r in results if r.gpu_index is not None]
+
+def gpu_matrix(results: list[Result], title: str = "per-GPU checks", gpus: Sequence[int] | None = None) -> Table | None:
+    """Per-GPU checks as a check x GPU grid of values coloured by status: a bad GPU stands out as a column. A
+    value that is not PASS says its status in words (`691.4 TFLOP/s FAIL`).
+
+    Columns are NVML indices, so give it one node's results at a time; `gpus` picks some of its GPUs."""
+    per_gpu = [r for r in results if r.gpu_index is not None and (gpus is None or r.gpu_index in gpus)]
     if not per_gpu:
         return None
-    gpus = sorted({r.gpu_index for r in per_gpu if r.gpu_index is not None})
+    columns = sorted({r.gpu_index for r in per_gpu if r.gpu_index is not None})
     checks = list(dict.fromkeys(r.name for r in per_gpu))
     cells = {(r.name, r.gpu_index): r for r in per_gpu}
     table = Table(title=title)
     table.add_column("check", no_wrap=True)
-    for index in gpus:
-        table.add_column(f"GPU{index}", overflow="fold")
+    for index in columns:
+        table.add_column(f"GPU{index}", no_wrap=True)
     for check in checks:
         row: list[Text | str] = [check]
-        for index in gpus:
+        for index in columns:
             r = cells.get((check, index))
-            row.append(Text(format_value(r), style=STATUS_STYLE[r.status]) if r else "")
+            row.append(_gpu_cell(r) if r else "")
         table.add_row(*row)
     return table
 
 
-def node_table(results: list[Result], title: str = "node checks", check_width: int = 24) -> Table | None:
+def gpu_matrices(results: list[Result], console: Console, title: str = "per-GPU checks") -> list[Table]:
+    """The per-GPU grid as one table, or as several of fewer GPUs each (each with the check column) where the
+    terminal is too narrow for every GPU side by side: eight GPUs' figures need about 160 columns."""
+    gpus = sorted({r.gpu_index for r in results if r.gpu_index is not None})
+    if not gpus:
+        return []
+    room = console.options.update_width(_UNLIMITED_WIDTH)
+    tables: list[Table] = []
+    for count in range(1, len(gpus) + 1):
+        size = math.ceil(len(gpus) / count)
+        chunks = [gpus[i : i + size] for i in range(0, len(gpus), size)]
+        tables = [
+            table
+            for chunk in chunks
+            if (table := gpu_matrix(results, title if len(chunks) == 1 else _gpus_title(title, chunk), chunk))
+        ]
+        if not console.is_terminal or all(console.measure(t, options=room).maximum <= console.width for t in tables):
+            break
+    return tables
+
+
+def _gpus_title(title: str, gpus: list[int]) -> str:
+    return f"{title}, GPU{gpus[0]}" if len(gpus) == 1 else f"{title}, GPU{gpus[0]} to GPU{gpus[-1]}"
+
+
+# The narrowest the free text of a result wraps to on a narrow terminal: a message at 20 columns reads as a few
+# words a line, an expectation (`>= 340 GB/s busbw at 4 GiB`) at 12 keeps a figure and its unit on one line.
+MESSAGE_MIN_WIDTH = 20
+EXPECTED_MIN_WIDTH = 12
+
+
+def node_table(results: list[Result], title: str = "node checks") -> Table | None:
+    """Results without a GPU as a table: names and figures whole, the expectation and the message (free text)
+    wrap at word boundaries where the terminal is narrow (fit_table)."""
     node = [r for r in results if r.gpu_index is None]
     if not node:
         return None
-    table = Table(title=title, expand=True)
+    table = Table(title=title)
     table.add_column("status", no_wrap=True, min_width=5)
-    table.add_column("check", overflow="fold", max_width=check_width)
-    table.add_column("subject", overflow="fold", max_width=20)
-    table.add_column("value", overflow="fold", max_width=16)
+    table.add_column("check", no_wrap=True)
+    table.add_column("subject", no_wrap=True)
+    table.add_column("value", no_wrap=True)
     # What a judged value was held to, beside it: a PASS says both (README, Reading a result).
-    table.add_column("expected", overflow="fold", max_width=16)
-    table.add_column("message", overflow="fold", min_width=30, ratio=1)
+    table.add_column("expected", overflow="fold", min_width=EXPECTED_MIN_WIDTH)
+    table.add_column("message", overflow="fold", min_width=MESSAGE_MIN_WIDTH)
     for r in node:
         status = Text(r.status.value, style=STATUS_STYLE[r.status])
         table.add_row(status, r.name, r.subject, format_value(r), r.expected or "-", r.message)
@@ -329,9 +437,24 @@ def header_line(report: Report) -> Text:
     )
 
 
-def _print_cluster(report: Report, console: Console, show_inventory: bool) -> None:
-    """The cluster's line and judgements first, then each node as a one-node report shows it."""
+def _without_none(*tables: Table | None) -> list[Table]:
+    return [table for table in tables if table is not None]
+
+
+def _cluster_tables(report: Report, console: Console) -> tuple[list[Table], list[list[Table]]]:
+    """The cluster's own table (empty or one), then each node's tables, in split_by_node's order."""
     cluster, sections = split_by_node(report)
+    # Every cluster result sits in one table, per-GPU outliers included (they name their node and GPU).
+    own = _without_none(node_table([dataclasses.replace(r, gpu_index=None) for r in cluster], "cluster checks"))
+    return own, [[*gpu_matrices(s.results, console), *_without_none(node_table(s.results))] for s in sections]
+
+
+def _print_cluster(
+    report: Report, console: Console, show_inventory: bool, own: list[Table], per_node: list[list[Table]]
+) -> None:
+    """The cluster's line and judgements first, then each node as a one-node report shows it; the tables are
+    _cluster_tables'."""
+    _cluster, sections = split_by_node(report)
     summary = cluster_summary(report.nodes) if report.nodes else f"{len(sections)} nodes"
     console.print(Text(f"cluster: {summary}", style="bold"))
     if show_inventory:
@@ -343,17 +466,14 @@ def _print_cluster(report: Report, console: Console, show_inventory: bool) -> No
     console.print(header_line(report))
     if not report.results:
         return
-    # Every cluster result sits in one table, per-GPU outliers included (they name their node and GPU).
-    cluster_table = node_table([dataclasses.replace(r, gpu_index=None) for r in cluster], "cluster checks", 36)
-    if cluster_table is not None:
-        console.print(cluster_table)
-    for section in sections:
+    for table in own:
+        console.print(table)
+    for section, parts in zip(sections, per_node, strict=True):
         console.rule(Text.assemble(f"node {section.label} ", (section.status.value, STATUS_STYLE[section.status])))
         if section.inventory.get("summary"):
             console.print(Text(section.inventory["summary"], style="dim"))
-        for part in (gpu_matrix(section.results), node_table(section.results)):
-            if part is not None:
-                console.print(part)
+        for part in parts:
+            console.print(part)
 
 
 def verdict_line(report: Report) -> Text:
@@ -436,13 +556,27 @@ def _print_plain(report: Report, console: Console, show_inventory: bool) -> None
 
 
 def print_report(report: Report, console: Console, show_inventory: bool, report_path: str | None) -> None:
-    if plain_output(console):
+    """The report as tables on a terminal, as lines elsewhere (plain_output) or on a terminal too narrow for its
+    tables with every name and figure whole."""
+    plain = plain_output(console)
+    own: list[Table] = []
+    per_node: list[list[Table]] = []
+    tables: list[Table] = []
+    if not plain and is_cluster(report):
+        own, per_node = _cluster_tables(report, console)
+        tables = [*own, *(table for parts in per_node for table in parts)]
+    elif not plain:
+        tables = [*gpu_matrices(report.results, console), *_without_none(node_table(report.results))]
+    need = fit_tables(console, tables)
+    if need is not None:
+        console.print(too_narrow_line(need, console))
+    if plain or need is not None:
         _print_plain(report, console, show_inventory)
         if report_path:
             print_line(console, f"report: {report_path}")
         return
     if is_cluster(report):
-        _print_cluster(report, console, show_inventory)
+        _print_cluster(report, console, show_inventory, own, per_node)
         if report.results:
             _print_verdict(report, console)
         if report_path:
@@ -457,9 +591,8 @@ def print_report(report: Report, console: Console, show_inventory: bool, report_
             console.print(table)
     console.print(header_line(report))
     if report.results:
-        for section in (gpu_matrix(report.results), node_table(report.results)):
-            if section is not None:
-                console.print(section)
+        for table in tables:
+            console.print(table)
         _print_verdict(report, console)
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
