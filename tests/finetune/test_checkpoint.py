@@ -199,7 +199,7 @@ def test_resume_refuses_another_global_batch(tmp_path: Path, single_process: Non
         output_dir=str(tmp_path / "run"),
     )
     run_finetune(cfg)
-    with pytest.raises(FinetuneFailed, match="expected a global batch of 4 rows, found 2"):
+    with pytest.raises(FinetuneFailed, match=r"was trained with a global batch of 2 rows; this run.s is 4"):
         run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, grad_accum=2, max_steps=4)))
 
 

@@ -21,6 +21,7 @@ from tests.finetune.checkpoint_files import DAMAGES, truncate, write_checkpoint
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.train.checkpoint import (
     CheckpointError,
+    check_resume_config,
     choose_checkpoint,
     complete_checkpoints,
     judge_data_change,
@@ -128,14 +129,14 @@ def test_a_run_falls_back_past_a_truncated_checkpoint_and_continues_exactly(
     truncate(broken)
     capsys.readouterr()
 
-    resumed = run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, max_steps=6)))
+    resumed = run_finetune(replace(cfg, resume="auto"))
     err = capsys.readouterr().err
     assert resumed["resumed_from"] == str(tmp_path / "run" / "checkpoints" / "step-2")
     assert f"checkpoint step 4 cannot be resumed from: {broken}: unreadable" in err
     assert "resuming from the previous complete checkpoint, step 2" in err
-    # Steps 3 and 4 trained again from step 2's state give the first run's losses: an exact continuation.
-    assert resumed["loss_history"][:4] == first["loss_history"]
-    assert len(resumed["loss_history"]) == 6
+    # Steps 3 and 4 trained again from step 2's state give the first run's losses: an exact continuation. (With
+    # more train.max_steps the schedule is the longer run's from step 3 on, so step 4's loss would differ.)
+    assert resumed["loss_history"] == first["loss_history"]
 
 
 def test_same_data_resumes_silently_another_is_refused_with_both_fingerprints() -> None:
@@ -276,3 +277,38 @@ def test_a_run_that_starts_over_in_a_directory_with_an_earlier_runs_checkpoints_
     assert "Traceback" not in err, err[-3000:]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-20", "step-40"]
     assert not (out / "metrics.json").exists()
+
+
+def test_a_resume_with_other_training_settings_is_refused_naming_them(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new train.lr on resume was ignored by the restored optimizer while config.yaml recorded it; a new
+    lora.alpha jumped the loss. Either is refused before any work; what may change (more steps, how often it
+    saves) is not."""
+    cfg = replace(tiny(tmp_path), train=replace(tiny(tmp_path).train, max_steps=2, save_every=2))
+    run_finetune(cfg)
+    capsys.readouterr()
+    resumed = replace(cfg, resume="auto")
+    for changed, said in (
+        (replace(resumed, train=replace(cfg.train, lr=0.1)), f"train.lr {cfg.train.lr} there, 0.1 now"),
+        (replace(resumed, lora=replace(cfg.lora, alpha=64)), "lora.alpha 8 there, 64 now"),
+        (replace(resumed, train=replace(cfg.train, seed=7)), "train.seed 42 there, 7 now"),
+    ):
+        with pytest.raises(CheckpointError, match="trained with other settings") as refused:
+            check_resume_config(changed)
+        assert said in str(refused.value), str(refused.value)
+    check_resume_config(replace(resumed, train=replace(cfg.train, max_steps=4, save_every=1)))
+
+
+def test_more_steps_on_resume_continue_the_schedule_at_the_restored_step(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The optimizer's saved lr was the old schedule's last (0), and the first resumed step trained at it, then
+    jumped: the resumed step now has the lr a run of the new length has at that step."""
+    cfg = replace(tiny(tmp_path), train=replace(tiny(tmp_path).train, max_steps=4, save_every=2))
+    run_finetune(cfg)
+    longer = replace(cfg, resume="auto", train=replace(cfg.train, max_steps=8))
+    resumed = run_finetune(longer)
+    whole = run_finetune(replace(longer, resume="none", output_dir=str(tmp_path / "whole")))
+    after = [round(r["lr"], 9) for r in resumed["step_log"] if r["step"] > 4]
+    assert after and after == [round(r["lr"], 9) for r in whole["step_log"] if r["step"] > 4]

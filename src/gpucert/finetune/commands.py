@@ -129,9 +129,10 @@ def check_before_start(cfg: FinetuneConfig) -> None:
         raise ConfigError(
             f"output_dir {out}: holds {what}, which this run's report would replace; choose another --output"
         )
-    from gpucert.finetune.train.checkpoint import check_fresh_output
+    from gpucert.finetune.train.checkpoint import check_fresh_output, check_resume_config
 
     check_fresh_output(cfg)
+    check_resume_config(cfg)
 
 
 def node_plan(args: argparse.Namespace) -> NodeEnv | None:

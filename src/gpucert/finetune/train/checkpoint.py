@@ -39,6 +39,7 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
@@ -146,11 +147,73 @@ def check_fresh_output(cfg: FinetuneConfig) -> None:
         )
 
 
+# The settings a resumed run must share with the run that wrote its checkpoint, or it is not that run continued:
+# the model and its numerics, the adapters, and the optimizer's trajectory. Everything else may change on resume
+# (how fast, where, how often it logs or saves, how long it runs; the data, which judge_data_change governs; the
+# global batch, which the loop checks once the memory plan has picked a micro-batch).
+SAME_ON_RESUME = (
+    "model.name",
+    "model.random_init",
+    "model.dtype",
+    "model.autocast",
+    "model.precision",
+    "model.fp8_head",
+    "lora.",
+    "train.lr",
+    "train.warmup_ratio",
+    "train.weight_decay",
+    "train.max_grad_norm",
+    "train.seed",
+)
+RUN_CONFIG_FILE = "config.yaml"  # rundir.CONFIG_FILE: what the run that wrote the checkpoints was given
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flat(value, f"{prefix}{key}."))
+    return flat
+
+
+def check_resume_config(cfg: FinetuneConfig) -> None:
+    """Refuse, before any work, a resume whose settings differ from those its checkpoints were trained with in a
+    key of SAME_ON_RESUME (a new train.lr was ignored by the restored optimizer, while config.yaml recorded it; a
+    new lora.alpha jumped the loss). Compared with the run directory's config.yaml; nothing to compare without
+    one (a run from before it was written) or without a checkpoint to resume."""
+    if cfg.resume == "none":
+        return
+    if cfg.resume == "auto":
+        if not cfg.output_dir or not complete_checkpoints(Path(cfg.output_dir)):
+            return
+        run_dir = Path(cfg.output_dir)
+    else:
+        run_dir = Path(cfg.resume).parent.parent  # <run>/checkpoints/step-N
+    saved_file = run_dir / RUN_CONFIG_FILE
+    try:
+        saved = _flat(yaml.safe_load(saved_file.read_text()))
+    except (OSError, yaml.YAMLError):
+        return
+    now = _flat(asdict(cfg))
+    changed = [
+        key for key in sorted(saved.keys() | now.keys())
+        if key.startswith(SAME_ON_RESUME) and saved.get(key) != now.get(key)
+    ]  # fmt: skip
+    if changed:
+        shown = "; ".join(f"{key} {saved.get(key)!r} there, {now.get(key)!r} now" for key in changed[:4])
+        raise CheckpointError(
+            f"resume {cfg.resume}: the checkpoints in {run_dir} were trained with other settings ({shown}, "
+            f"from {saved_file}): a resumed run continues the run that wrote them, with its settings. Resume "
+            "without these changes, or start a new run with them in another --output"
+        )
+
+
 def read_trainer_state(path: Path) -> TrainerState:
     """The trainer state of a complete checkpoint (cheap: no tensors), or an error naming the file and the fault."""
     path = Path(path)
     if not (path / COMPLETE).is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker): pick another one")
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker: its write did not finish)")
     file = path / STATE_FILE
     try:
         saved = json.loads(file.read_text())

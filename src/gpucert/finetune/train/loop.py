@@ -31,6 +31,7 @@ from gpucert.finetune.model.lora import (
 from gpucert.finetune.plan import MemoryPlan, RunPlan, describe_device, plan_model
 from gpucert.finetune.train import metrics as flops
 from gpucert.finetune.train.checkpoint import (
+    CheckpointError,
     TrainerState,
     agree_on_checkpoint,
     judge_data_change,
@@ -216,11 +217,16 @@ def train(
         rt.set_phase(f"resume from {resume_from}")
         state = load_checkpoint(resume_from, model, optimizer, scheduler, rt)
         if state.global_batch != global_batch:
-            raise ValueError(
-                f"{resume_from}: expected a global batch of {global_batch} rows, found {state.global_batch}: "
-                "resume with the same micro_batch x grad_accum x processes, or start a new output_dir"
+            raise CheckpointError(
+                f"{resume_from} was trained with a global batch of {state.global_batch} rows; this run's is "
+                f"{global_batch} (micro_batch {plan.micro_batch} x grad_accum {tc.grad_accum} x {rt.world_size} "
+                "processes): resume with the same global batch, or start a new output_dir"
                 + resume_hint(state.global_batch, tc.grad_accum, rt.world_size, plan.memory)
             )
+        # The schedule's factor at the restored step, applied now: the optimizer's saved lr is the old schedule's
+        # (0 at its last step), which a longer train.max_steps would otherwise train one step with.
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * lr_factor(scheduler.last_epoch, total_steps, warmup_steps)
         state.world_size = rt.world_size
         # What the next checkpoints trained on (differs from the loaded one only under resume_allow_data_change).
         state.data_fingerprint = data.fingerprint

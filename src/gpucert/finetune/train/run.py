@@ -50,7 +50,7 @@ from gpucert.finetune.data.hub import check_model_source
 from gpucert.finetune.disk import NoSpaceError
 from gpucert.finetune.model.lora import check_attention
 from gpucert.finetune.train import metrics as flops
-from gpucert.finetune.train.checkpoint import CheckpointError, check_fresh_output, what_resumes
+from gpucert.finetune.train.checkpoint import CheckpointError, check_fresh_output, check_resume_config, what_resumes
 from gpucert.finetune.train.loop import (
     train,
 )
@@ -149,6 +149,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
             check_attention(cfg.model.attn_implementation, rt.device)  # before the data is prepared
             if rt.is_main:
                 check_fresh_output(cfg)
+                check_resume_config(cfg)
             run = open_run_dir(cfg, rt)
             result = train(cfg, rt, run, resolve_peak(cfg, profile_peak), marks)
         except (Exception, KeyboardInterrupt) as exc:

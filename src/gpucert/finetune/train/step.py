@@ -183,7 +183,7 @@ def train_step(
     # DTensor-aware under FSDP2: the norm is over the full gradients, not this rank's shards.
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    lr = float(scheduler.get_last_lr()[0])
+    lr = float(optimizer.param_groups[0]["lr"])  # what this step uses (after a resume, the schedule's at its step)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
