@@ -13,7 +13,8 @@ and evaluate.score judges each answer by BFCL's AST rules (docs/evaluation.md li
 
 Judge: a category's accuracy is the share of its entries fully right; `bfcl_results` holds each to
 eval.thresholds.bfcl_<category>_min_pct and their unweighted mean (BFCL's summaries are unweighted means of
-categories) to eval.thresholds.bfcl_overall_min_pct. No threshold: INFO, shown and never PASS.
+categories) to eval.thresholds.bfcl_overall_min_pct. No threshold: INFO, shown and never PASS; a threshold on a
+category not run: a SKIP row naming it, which the verdict counts as not judged.
 """
 
 from __future__ import annotations
@@ -232,12 +233,23 @@ def run_suite(
 
 
 def bfcl_results(
-    runs: Sequence[CategoryRun], thresholds: EvalThresholds | None = None, source: str | ThresholdSources = "defaults"
+    runs: Sequence[CategoryRun],
+    thresholds: EvalThresholds | None = None,
+    source: str | ThresholdSources = "defaults",
+    limit: int | None = None,
 ) -> list[Result]:
     """One result per category (`bfcl.<category>`, % of its entries fully right) and `bfcl.overall`, their
-    unweighted mean; each judged against its eval.thresholds.bfcl_* floor, INFO without one."""
+    unweighted mean; each judged against its eval.thresholds.bfcl_* floor, INFO without one. A floor set on a
+    category that was not run is a SKIP row naming it: dropped, it would let the verdict count fewer thresholds
+    than were set without a word. `limit` (--bfcl-limit) is said in bfcl.overall's message."""
     thresholds = thresholds or EvalThresholds()
     results = [_category_result(run, thresholds, source) for run in runs]
+    run_names = [run.category for run in runs]
+    results += [
+        _not_run_result(category, floor, run_names, source)
+        for category in CATEGORIES
+        if category not in run_names and (floor := _floor(thresholds, category)) is not None
+    ]
     scored = [run for run in runs if run.scores.overall.total]
     mean = sum(run.scores.overall.percent or 0.0 for run in scored) / len(scored) if scored else None
     base_runs = [run.base for run in scored if run.base is not None]
@@ -246,8 +258,12 @@ def bfcl_results(
         if len(base_runs) == len(scored) and scored
         else None
     )
-    details: dict[str, Any] = {"categories": {r.category: _summary(r) for r in runs}}
-    found = f"unweighted mean over {len(scored)} categories: {mean:.1f} %" if mean is not None else ""
+    details: dict[str, Any] = {
+        "categories": {r.category: _summary(r) for r in runs},
+        "not_run": [c for c in CATEGORIES if c not in run_names],
+        "limit": limit,
+    }
+    found = f"{_mean_over([r.category for r in scored], limit)}: {mean:.1f} %" if mean is not None else ""
     if base_mean is not None:
         found += f" (base model {base_mean:.1f} %)"
         details["base_pct"] = round(base_mean, 2)
@@ -264,6 +280,37 @@ def bfcl_results(
         )
     )
     return results
+
+
+def _mean_over(categories: Sequence[str], limit: int | None) -> str:
+    """What bfcl.overall averages, in words: a mean over some categories, or over the first entries of each, is
+    not the overall score BFCL publishes, and a reader comparing it with one must be told."""
+    some = len(categories) < len(CATEGORIES)
+    what = f"unweighted mean over BFCL's {len(CATEGORIES)} categories"
+    if some:
+        names = ", ".join(categories)
+        what = f"unweighted mean over {len(categories)} of BFCL's {len(CATEGORIES)} categories ({names})"
+    if limit is not None:
+        what += f", at most the first {limit} entries of each (--bfcl-limit)"
+    return what + (", not BFCL's overall score" if some or limit is not None else "")
+
+
+def _not_run_result(category: str, floor: float, run: Sequence[str], source: str | ThresholdSources) -> Result:
+    key = f"eval.thresholds.bfcl_{category}_min_pct"
+    return Result(
+        name=f"bfcl.{category}",
+        subject=SUBJECT.format(category=category),
+        status=Status.SKIP,
+        message=f"{key} is set (>= {floor:g} %), but BFCL {category} was not run (--bfcl-categories "
+        f"{','.join(run)}): not judged",
+        unit="%",
+        expected=f">= {floor:g} %",
+        threshold_source=threshold_text(source, key),
+        remediation=f"add {category} to --bfcl-categories to judge it, or leave --bfcl-categories out to run every "
+        "category",
+        category=CATEGORY,
+        details={"why": f"BFCL {category} not run: --bfcl-categories left it out", "threshold_key": key},
+    )
 
 
 def _summary(run: CategoryRun) -> dict[str, Any]:
@@ -413,7 +460,7 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
         runs = run_suite(
             model, tokenizer, suite, cfg.eval, args.compare_base, lambda line: print(line, file=sys.stderr)
         )
-    results = bfcl_results(runs, cfg.eval.thresholds, thresholds_from)
+    results = bfcl_results(runs, cfg.eval.thresholds, thresholds_from, args.bfcl_limit)
     results.append(verdict_result(results, example_key="bfcl_overall_min_pct"))
     report = evaluation_report(
         results,

@@ -145,8 +145,12 @@ def verdict_result(
 ) -> Result:
     """eval.verdict: whether the result is good, in one sentence. Judged against the thresholds the recipe sets
     (the worst of the judged results, and any result that could not be computed); where it sets none, INFO that
-    says so plainly: the scores are shown, not held to anything, and `example_key` is the floor to set."""
-    judged = [r for r in results if r.expected is not None]
+    says so plainly: the scores are shown, not held to anything, and `example_key` is the floor to set. A
+    threshold on something this evaluation did not run (a SKIP row with a floor: a BFCL category left out of
+    --bfcl-categories) is counted and named as not judged, never as met."""
+    thresholded = [r for r in results if r.expected is not None]
+    unjudged = [r for r in thresholded if r.status is Status.SKIP]
+    judged = [r for r in thresholded if r.status is not Status.SKIP]
     short = [r for r in judged if Status.WARN <= r.status < Status.ERROR]
     broken = [r for r in results if r.status == Status.ERROR]
 
@@ -155,12 +159,13 @@ def verdict_result(
             "thresholds": [r.name for r in judged],
             "not_met": [r.name for r in short],
             "not_computed": [r.name for r in broken],
+            "not_judged": [r.name for r in unjudged],
         }
         return Result(
             name="eval.verdict",
             subject=subject,
             status=status,
-            message=message,
+            message=message + _not_judged(unjudged, results),
             remediation=remediation,
             category=CATEGORY,
             details=details,
@@ -170,26 +175,43 @@ def verdict_result(
         shown = "; ".join(f"{r.name} {_found(r)}{f' (expected {r.expected})' if r.expected else ''}" for r in found[:4])
         return shown + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
+    count = f"{len(judged)} thresholds judged" if unjudged else f"{len(judged)} thresholds"
     if broken:
         message = f"could not be judged: {len(broken)} results could not be computed ({listed(broken)})"
         if short:
-            message += f"; {len(short)} of {len(judged)} thresholds not met: {listed(short)}"
+            message += f"; {len(short)} of {count} not met: {listed(short)}"
         return verdict(Status.ERROR, message, broken[0].remediation)
     if short:
         return verdict(
             max(r.status for r in short),
-            f"not good enough: {len(short)} of {len(judged)} thresholds not met: {listed(short)}",
+            f"not good enough: {len(short)} of {count} not met: {listed(short)}",
             FAIL_REMEDIATION,
         )
     if judged:
         names = ", ".join(r.name for r in judged)
-        return verdict(Status.PASS, f"good: all {len(judged)} thresholds met ({names})")
+        return verdict(Status.PASS, f"good: all {count} met ({names})", unjudged[0].remediation if unjudged else None)
+    if unjudged:
+        return verdict(
+            Status.INFO,
+            "not judged: none of the thresholds set applies to what this evaluation ran, so nothing says whether "
+            "these scores are good",
+            unjudged[0].remediation,
+        )
     return verdict(
         Status.INFO,
         "not judged: the recipe sets no eval.thresholds, so nothing says whether these scores are good; they are "
         f"shown to compare runs (gpucert report A B). Set floors in the recipe, e.g. eval.thresholds.{example_key} "
         "(docs/evaluation.md)",
     )
+
+
+def _not_judged(unjudged: Sequence[Result], results: Sequence[Result]) -> str:
+    """The verdict's word on thresholds set but not judged, each with its SKIP row's reason."""
+    if not unjudged:
+        return ""
+    total = sum(r.expected is not None for r in results)
+    reasons = "; ".join(f"{r.name} ({r.details.get('why', r.message)})" for r in unjudged)
+    return f"; {len(unjudged)} of the {total} thresholds set not judged: {reasons}"
 
 
 def _found(result: Result) -> str:
