@@ -195,6 +195,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.data.prepare import load_eval_conversations, prepare_dataset
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval.evaluate import evaluate as run_eval
+    from gpucert.finetune.eval.evaluate import say_progress
     from gpucert.finetune.eval.report import evaluation_report, evaluation_results
     from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
@@ -213,6 +214,7 @@ def evaluate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    say_progress(f"loading {cfg.model.name} with the adapter {adapter} on {device}")
     model, attn = adapter_for_generation(cfg.model, tokenizer, adapter, device)
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]
     pad = tokenizer.pad_token_id
@@ -222,7 +224,9 @@ def evaluate(args: argparse.Namespace) -> int:
         for i in range(0, len(rows), cfg.eval.batch_size)
     ]
     with torch.no_grad():
-        scores, loss = run_eval(model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=attn)
+        scores, loss = run_eval(
+            model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=attn, say=say_progress
+        )
     results = evaluation_results(scores, loss, cfg.eval.thresholds, threshold_source(args, config_path))
     report = evaluation_report(
         results,

@@ -31,7 +31,7 @@ from typing import Any
 
 from gpucert.finetune.config import EvalConfig, EvalThresholds
 from gpucert.finetune.eval.checker import possible_answer_calls
-from gpucert.finetune.eval.evaluate import EvalScores, Turn, generate, score
+from gpucert.finetune.eval.evaluate import EvalScores, Progress, Turn, generate, say_progress, score
 from gpucert.finetune.eval.report import ThresholdSources, counts_sentence, threshold_text
 from gpucert.report.schema import Result
 from gpucert.status import Status
@@ -207,25 +207,29 @@ def run_suite(
     compare_base: bool = False,
     say: Callable[[str], None] = lambda line: None,
 ) -> list[CategoryRun]:
-    """Generate and score every category with the adapter, then (compare_base) with it disabled."""
+    """Generate and score every category with the adapter, then (compare_base) with it disabled. `say` hears
+    each category's start and result and, in a long one, how far it has got (a Progress)."""
 
-    def answer(turns: Sequence[Turn]) -> tuple[EvalScores, float]:
+    def answer(turns: Sequence[Turn], what: str) -> tuple[EvalScores, float]:
         started = time.perf_counter()
         prompts = [(t.messages, t.tools) for t in turns]
-        outputs = generate(model, tokenizer, prompts, eval_cfg.batch_size, eval_cfg.max_new_tokens)
+        progress = Progress(what, len(turns), say)
+        outputs = generate(model, tokenizer, prompts, eval_cfg.batch_size, eval_cfg.max_new_tokens, progress)
         return score(turns, outputs, MAX_FAILURES), time.perf_counter() - started
 
     runs = []
-    for category, turns in suite.items():
-        scores, elapsed = answer(turns)
+    for n, (category, turns) in enumerate(suite.items(), 1):
+        say(f"BFCL {category} ({n} of {len(suite)} categories): answering {len(turns)} entries")
+        scores, elapsed = answer(turns, f"BFCL {category}")
+        say(f"BFCL {category}: {scores.overall} fully right in {elapsed:.1f} s")
         base, base_time = None, None
         if compare_base:
             with model.disable_adapter():  # PEFT: the base model's own weights, nothing reloaded
-                base, base_time = answer(turns)
+                base, base_time = answer(turns, f"BFCL {category}, base model")
+            say(f"BFCL {category}, base model: {base.overall} fully right in {base_time:.1f} s")
         runs.append(
             CategoryRun(category, scores, round(elapsed, 3), base, None if base_time is None else round(base_time, 3))
         )
-        say(f"BFCL {category}: {scores.overall} fully right in {elapsed:.1f} s")
     return runs
 
 
@@ -455,11 +459,10 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    say_progress(f"loading {cfg.model.name} with the adapter {adapter} on {device}")
     model, _ = adapter_for_generation(cfg.model, tokenizer, adapter, device)
     with torch.no_grad():
-        runs = run_suite(
-            model, tokenizer, suite, cfg.eval, args.compare_base, lambda line: print(line, file=sys.stderr)
-        )
+        runs = run_suite(model, tokenizer, suite, cfg.eval, args.compare_base, say_progress)
     results = bfcl_results(runs, cfg.eval.thresholds, thresholds_from, args.bfcl_limit)
     results.append(verdict_result(results, example_key="bfcl_overall_min_pct"))
     report = evaluation_report(
