@@ -266,10 +266,13 @@ def test_evaluate_suite_bfcl_end_to_end_on_the_tiny_model(adapter: Path, tmp_pat
     assert report.results[-1].status is Status.INFO
     assert "bfcl.overall" in capsys.readouterr().out
 
-    # A threshold a recipe sets judges its category (a floor of 0 % always passes).
+    # A threshold a recipe sets judges its category (a floor of 0 % always passes). The re-run in place
+    # replaces the earlier report, and drops its page, which would show the earlier scores.
+    (out / "report.html").write_text("<html>the earlier run</html>")
     argv.remove("--compare-base")
     argv += ["--bfcl-categories", "irrelevance", "--set", "eval.thresholds.bfcl_irrelevance_min_pct=0"]
     assert main(argv) == 0
+    assert not (out / "report.html").exists()
     report = load_report(out)
     assert [(r.name, r.status) for r in report.results] == [
         ("bfcl.irrelevance", Status.PASS),

@@ -265,6 +265,52 @@ def test_evaluate_refuses_a_training_run_directory_as_output_before_loading(
     assert json.loads((run / "report.json").read_text()) == {"meta": {"verb": "finetune"}}
 
 
+def _evaluation(directory: Path, suite: str | None) -> dict[str, Any]:
+    """A report.json of `gpucert evaluate` in `directory`: `suite` in its config, or none (a held-out report
+    written before the key existed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    content = {"meta": {"verb": "evaluate", "config": {"evaluate": {} if suite is None else {"suite": suite}}}}
+    (directory / "report.json").write_text(json.dumps(content))
+    return content
+
+
+def test_an_output_directory_holding_another_suites_evaluation_is_refused(tmp_path: Path) -> None:
+    """Before 2026-11-29 `evaluate --output RUN/evaluation-bfcl` replaced the BFCL report with a held-out one."""
+    bfcl, held_out, old = tmp_path / "evaluation-bfcl", tmp_path / "evaluation", tmp_path / "old"
+    _evaluation(bfcl, "bfcl")
+    _evaluation(held_out, "held-out")
+    _evaluation(old, None)
+    with pytest.raises(ConfigError) as refused:
+        check_evaluation_output(bfcl, "held-out")
+    assert str(refused.value) == (
+        f"--output {bfcl}: holds a gpucert evaluate --suite bfcl report, which this --suite held-out evaluation "
+        "would replace; choose another --output (the default for --suite held-out is evaluation/ beside the "
+        f"adapter), or remove {bfcl / 'report.json'} to replace it"
+    )
+    with pytest.raises(ConfigError, match="holds a gpucert evaluate --suite held-out report, which this --suite bfcl"):
+        check_evaluation_output(held_out, "bfcl")
+    with pytest.raises(ConfigError, match="--suite held-out report"):
+        check_evaluation_output(old, "bfcl")
+    # The same suite re-run in place replaces its own report.
+    for directory, suite in ((bfcl, "bfcl"), (held_out, "held-out"), (old, "held-out")):
+        check_evaluation_output(directory, suite)
+
+
+@pytest.mark.parametrize(("earlier", "suite"), [("bfcl", []), ("held-out", ["--suite", "bfcl"])])
+def test_evaluate_refuses_another_suites_output_before_any_work(
+    earlier: str, suite: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    adapter = tmp_path / "run" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")  # never read: the output is checked first
+    out = tmp_path / "run" / "evaluation-x"
+    content = _evaluation(out, earlier)
+    data = ["--bfcl-data", str(REPO / "tests" / "fixtures" / "bfcl")] if suite else []
+    assert main(["evaluate", "--adapter", str(adapter), "--output", str(out), *suite, *data]) == 3
+    assert f"holds a gpucert evaluate --suite {earlier} report" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text()) == content
+
+
 def test_threshold_source_names_the_file_or_the_override_that_set_each_key() -> None:
     """Each key where it came from: a --set names only the key it set (before 2026-11-29 every result named the
     file and the --set together, even a key the file set)."""

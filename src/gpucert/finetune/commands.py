@@ -181,11 +181,11 @@ def evaluate(args: argparse.Namespace) -> int:
     if getattr(args, "suite", "held-out") == "bfcl":
         from gpucert.finetune.eval.bfcl import evaluate_bfcl
 
-        out = Path(args.output) if args.output else adapter.parent / "evaluation-bfcl"
-        check_evaluation_output(out)
+        out = Path(args.output) if args.output else adapter.parent / SUITE_OUTPUTS["bfcl"]
+        check_evaluation_output(out, "bfcl")
         return evaluate_bfcl(args, cfg, adapter, out, threshold_source(args, config_path))
-    out = Path(args.output) if args.output else adapter.parent / "evaluation"
-    check_evaluation_output(out)
+    out = Path(args.output) if args.output else adapter.parent / SUITE_OUTPUTS["held-out"]
+    check_evaluation_output(out, "held-out")
     started = datetime.now(timezone.utc)
 
     import torch
@@ -199,7 +199,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.eval.report import evaluation_report, evaluation_results
     from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
-    from gpucert.report.store import write_report
+    from gpucert.report.store import clear_earlier_run, write_report
     from gpucert.report.terminal import print_report
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
@@ -234,6 +234,7 @@ def evaluate(args: argparse.Namespace) -> int:
         config={
             **dataclasses.asdict(cfg),
             "evaluate": {
+                "suite": "held-out",
                 "adapter": str(adapter),
                 "prepared_data": str(prepared.path),
                 "trained_on_data": trained_on,
@@ -244,6 +245,9 @@ def evaluate(args: argparse.Namespace) -> int:
         finished_at=datetime.now(timezone.utc),
         inventory=collect_inventory(live_sources()).to_dict(),
     )
+    # A re-run in place (check_evaluation_output let only this suite's report be there): the earlier run's
+    # report.html, if drawn, would show its scores beside these.
+    clear_earlier_run(out)
     path = write_report(report, out)
     print_report(report, Console(highlight=False, markup=False), show_inventory=False, report_path=str(path))
     return report.status.exit_code
@@ -290,9 +294,14 @@ def run_data_fingerprint(run: Path | None) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def check_evaluation_output(out: Path) -> None:
+SUITE_OUTPUTS = {"held-out": "evaluation", "bfcl": "evaluation-bfcl"}
+
+
+def check_evaluation_output(out: Path, suite: str = "held-out") -> None:
     """Refuse, before any model is loaded, an output directory that holds another verb's report (a training
-    run's report.json would be overwritten) or cannot be written."""
+    run's report.json would be overwritten) or another suite's evaluation (a BFCL report, minutes to hours of
+    GPU time, replaced by a held-out one without a word), or cannot be written. The same suite's report there is
+    replaced: a re-run in place."""
     from gpucert.report.store import NOT_A_DIRECTORY, UNREADABLE, earlier_verb, write_problem
 
     verb = earlier_verb(out)
@@ -300,7 +309,14 @@ def check_evaluation_output(out: Path) -> None:
         what = "a report.json that is no gpucert evaluation" if verb == UNREADABLE else f"a gpucert {verb} report"
         raise ConfigError(
             f"--output {out}: holds {what}, which the evaluation report would replace; choose another "
-            "--output (the default is evaluation/ beside the adapter)"
+            f"--output (the default is {SUITE_OUTPUTS[suite]}/ beside the adapter)"
+        )
+    earlier = earlier_suite(out) if verb == "evaluate" else suite
+    if earlier != suite:
+        raise ConfigError(
+            f"--output {out}: holds a gpucert evaluate --suite {earlier} report, which this --suite {suite} "
+            f"evaluation would replace; choose another --output (the default for --suite {suite} is "
+            f"{SUITE_OUTPUTS[suite]}/ beside the adapter), or remove {out / 'report.json'} to replace it"
         )
 
     nearest, problem = write_problem(out.absolute())
@@ -308,6 +324,18 @@ def check_evaluation_output(out: Path) -> None:
         raise ConfigError(f"--output {out}: {nearest} is not a directory")
     if problem is not None:
         raise ConfigError(f"--output {out}: cannot write in {nearest}: {problem}")
+
+
+def earlier_suite(out: Path) -> str:
+    """The suite of the evaluation report in `out` (its meta.config.evaluate.suite); a held-out report written
+    before the key existed has none, and one gpucert cannot read is said as such."""
+    try:
+        meta = json.loads((out / "report.json").read_text())["meta"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown (a report.json gpucert cannot read)"
+    evaluated = (meta.get("config") or {}).get("evaluate") if isinstance(meta, dict) else None
+    suite = evaluated.get("suite", "held-out") if isinstance(evaluated, dict) else "held-out"
+    return str(suite)
 
 
 def threshold_source(args: argparse.Namespace, config_path: Path) -> ThresholdSources:

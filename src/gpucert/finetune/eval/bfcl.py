@@ -454,7 +454,7 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
     from gpucert.finetune.eval.report import evaluation_report, verdict_result
     from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
-    from gpucert.report.store import write_report
+    from gpucert.report.store import clear_earlier_run, write_report
     from gpucert.report.terminal import print_report
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
@@ -484,6 +484,9 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
         finished_at=datetime.now(timezone.utc),
         inventory=collect_inventory(live_sources()).to_dict(),
     )
+    # A re-run in place (check_evaluation_output let only this suite's report be there): the earlier run's
+    # report.html, if drawn, would show its scores beside these.
+    clear_earlier_run(out)
     path = write_report(report, out)
     print_report(report, Console(highlight=False, markup=False), show_inventory=False, report_path=str(path))
     return report.status.exit_code
