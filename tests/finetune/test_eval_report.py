@@ -156,6 +156,48 @@ def test_data_without_tool_calls_cannot_meet_a_call_threshold() -> None:
     )
 
 
+def test_overall_on_data_without_tool_calls_is_never_a_pass() -> None:
+    """A turn expecting no call is right whenever no call is made, so on data without tool calls (alpaca)
+    eval.overall and eval.call_accuracy read 100 % for any model that never calls: before 2026-11-29 a floor on
+    them was a PASS. They count what eval.irrelevance counts, and say so."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}], "tools": []}
+    scores = score(expected_turns(chat), ["Something else entirely."])
+    why = (
+        "no held-out turn expects a tool call, so a turn counts as right whenever it makes no call (its text is not "
+        "scored): the same count as eval.irrelevance, not a function-calling score"
+    )
+    unjudged = evaluation_results(scores, 1.0)
+    call_accuracy, overall = unjudged[0], unjudged[6]
+    assert (overall.name, overall.status, overall.value) == ("eval.overall", Status.INFO, 100.0)
+    assert overall.message == f"turn fully right: 1 of 1 (100.0 %), over all turns; {why}"
+    assert call_accuracy.status is Status.INFO and call_accuracy.message.endswith(why)
+    # The floor worth suggesting on such data is the one it can exercise.
+    assert unjudged[-1].message.endswith("e.g. eval.thresholds.irrelevance_min_pct (docs/evaluation.md)")
+
+    thresholds = EvalThresholds(overall_min_pct=90, call_accuracy_min_pct=90, irrelevance_min_pct=90)
+    judged = evaluation_results(scores, 1.0, thresholds, "recipe.yaml")
+    call_accuracy, irrelevance, overall = judged[0], judged[2], judged[6]
+    assert (overall.status, overall.value, overall.expected) == (Status.ERROR, None, ">= 90 %")
+    assert overall.message == (
+        f"eval.thresholds.overall_min_pct is set, but this data cannot exercise it: {why}; found 1 of 1 (100.0 %), "
+        "over all turns"
+    )
+    assert overall.remediation == (
+        "evaluate on held-out data with tool calls, or set eval.thresholds.overall_min_pct to null for this data "
+        "(eval.thresholds.irrelevance_min_pct judges the no-call turns)"
+    )
+    assert call_accuracy.status is Status.ERROR
+    assert irrelevance.status is Status.PASS  # what the data can say: the model made no stray call
+    verdict = judged[-1]
+    assert verdict.status is Status.ERROR
+    assert verdict.details["not_computed"] == ["eval.call_accuracy", "eval.overall"]
+
+    # One turn that expects a call is enough for eval.overall to be a function-calling score again.
+    weather = CASES[0]["conversation"]  # exact_match
+    mixed = score([*expected_turns(chat), *expected_turns(weather)], ["Hello!", CASES[0]["output"]])
+    assert evaluation_results(mixed, 1.0, EvalThresholds(overall_min_pct=90), "recipe.yaml")[6].status is Status.PASS
+
+
 def test_loss_is_info_judged_or_an_error() -> None:
     assert (loss_result(0.41234).status, loss_result(0.41234).value, loss_result(0.41234).unit) == (
         Status.INFO,

@@ -14,7 +14,8 @@ How each is judged: against `eval.thresholds` of the finetune config (a floor in
 With no threshold a metric is INFO (shown, not judged), never PASS. A metric whose turns do not occur is SKIP
 with the reason, unless the recipe set a threshold on it: then a model that never called where it should have
 is FAIL, and data that cannot exercise the metric (no tool calls at all) is ERROR. No scorable turn at all is
-ERROR for every metric.
+ERROR for every metric. eval.call_accuracy and eval.overall over data where no turn expects a call count only
+that no call was made (eval.irrelevance): INFO that says so, or ERROR where a threshold asks for them.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def evaluation_results(
         loss_result(loss, thresholds, source),
         *tool_results(scores),
     ]
-    return [*results, verdict_result(results)]
+    # Data without tool calls can exercise the no-call turns alone: that is the floor worth suggesting there.
+    no_calls = scores.counts.get("turns", 0) and not scores.counts.get("expected_call", 0)
+    return [*results, verdict_result(results, example_key="irrelevance_min_pct" if no_calls else "overall_min_pct")]
 
 
 def verdict_result(
@@ -288,6 +291,22 @@ def _metric_result(
     if metric.key == "args_valid_json":
         found += f"; {scores.counts.get('malformed_blocks', 0)} malformed blocks"
     found += _example(failing)
+    if metric.needs == "any" and not scores.counts.get("expected_call", 0):
+        # Every turn expects no call, and such a turn is right whenever it makes none (its text is not scored):
+        # 100 % here says only that the model made no stray call, which is eval.irrelevance, not that it calls
+        # functions right. A data set without tool calls (alpaca) would otherwise pass a function-calling floor.
+        why = (
+            "no held-out turn expects a tool call, so a turn counts as right whenever it makes no call (its text is "
+            "not scored): the same count as eval.irrelevance, not a function-calling score"
+        )
+        if floor is None:
+            return result(Status.INFO, f"{metric.what}: {found}; {why}", pct)
+        return result(
+            Status.ERROR,
+            f"{key} is set, but this data cannot exercise it: {why}; found {found}",
+            remediation=f"evaluate on held-out data with tool calls, or set {key} to null for this data "
+            "(eval.thresholds.irrelevance_min_pct judges the no-call turns)",
+        )
     if floor is None:
         return result(Status.INFO, f"{metric.what}: {found}", pct)
     if 100 * rate.correct >= floor * rate.total:  # exact, not on the rounded percentage
