@@ -13,7 +13,7 @@ import pytest
 
 from gpucert.cli import main
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.commands import check_evaluation_output, threshold_source
+from gpucert.finetune.commands import check_evaluation_output, split_warning, threshold_source
 from gpucert.finetune.config import EvalThresholds, load_finetune_config
 from gpucert.finetune.eval.evaluate import EvalScores, expected_turns, score
 from gpucert.finetune.eval.report import (
@@ -351,6 +351,49 @@ def test_evaluate_refuses_another_suites_output_before_any_work(
     assert main(["evaluate", "--adapter", str(adapter), "--output", str(out), *suite, *data]) == 3
     assert f"holds a gpucert evaluate --suite {earlier} report" in capsys.readouterr().err
     assert json.loads((out / "report.json").read_text()) == content
+
+
+def test_evaluates_config_help_says_it_defaults_to_the_runs_own() -> None:
+    """Before 2026-11-29 `gpucert evaluate --help` said the default was the offline tiny recipe."""
+    from gpucert.cli import build_parser
+
+    verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    (config,) = [a for a in verbs.choices["evaluate"]._actions if "--config" in a.option_strings]
+    assert config.help is not None and "the config.yaml of the run that wrote the adapter" in config.help
+    (trains,) = [a for a in verbs.choices["finetune"]._actions if "--config" in a.option_strings]
+    assert trains.help == "finetune YAML (default: the offline tiny recipe)"
+
+
+def test_the_split_warning_names_the_option_that_changed_the_split(tmp_path: Path) -> None:
+    """Before 2026-11-29 `evaluate --set data.eval_fraction=0.5` was told to evaluate "with the run's config (no
+    --config)", though it gave no --config."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((REPO / "configs" / "finetune" / "tiny.yaml").read_text())
+    head = f"warning: {run} trained on prepared data {'a' * 12}; this held-out split comes from {'b' * 12}"
+
+    def warning(config: str | None, *overrides: str) -> str:
+        args = argparse.Namespace(config=config, overrides=list(overrides))
+        cfg = load_finetune_config(run / "config.yaml", list(overrides))
+        return split_warning(args, run, "a" * 64, "b" * 64, cfg)
+
+    assert warning(None, "data.eval_fraction=0.5") == (
+        f"{head} and may hold rows the adapter trained on: data.eval_fraction is 0.5, 0.1 in training (--set "
+        "data.eval_fraction=0.5). Drop --set data.eval_fraction=0.5 to evaluate on the turns the run held out, or "
+        "--data a file it never saw"
+    )
+    other = tmp_path / "other.yaml"
+    other.write_text((run / "config.yaml").read_text().replace("eval_fraction: 0.1", "eval_fraction: 0.3"))
+    args = argparse.Namespace(config=other, overrides=[])
+    from_config = split_warning(args, run, "a" * 64, "b" * 64, load_finetune_config(other))
+    assert from_config.endswith(
+        f"data.eval_fraction is 0.3, 0.1 in training (--config {other}). Drop --config {other} to evaluate on the "
+        "turns the run held out, or --data a file it never saw"
+    )
+    # The split as in training, the rows prepared otherwise: nothing to drop, and not said so.
+    same_split = warning(None, "data.max_length=256")
+    assert same_split.startswith(f"{head}: its rows are split as in training (data.source, data.format,")
+    assert "Drop" not in same_split and "--config" not in same_split
 
 
 def test_threshold_source_names_the_file_or_the_override_that_set_each_key() -> None:

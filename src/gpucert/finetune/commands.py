@@ -34,8 +34,16 @@ def default_config_path() -> Path:
     return Path(str(resources.files("gpucert.configs").joinpath("finetune/tiny.yaml")))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="finetune YAML (default: the offline tiny recipe)")
+FINETUNE_CONFIG_HELP = "finetune YAML (default: the offline tiny recipe)"
+# `gpucert evaluate --config`'s default, as evaluation_config applies it.
+EVALUATE_CONFIG_HELP = (
+    "finetune YAML or recipe name (default: the config.yaml of the run that wrote the adapter; the offline tiny "
+    "recipe for an adapter from elsewhere)"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_help: str = FINETUNE_CONFIG_HELP) -> None:
+    parser.add_argument("--config", type=Path, help=config_help)
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -206,13 +214,8 @@ def evaluate(args: argparse.Namespace) -> int:
     prepared = prepare_dataset(cfg, tokenizer)
     trained_on = run_data_fingerprint(run)
     # --data names other rows on purpose (the advice below): only another split of the run's own data warns.
-    if trained_on and trained_on != prepared.fingerprint and not args.data:
-        print(
-            f"warning: {run} trained on prepared data {trained_on[:12]}; this held-out split comes from "
-            f"{prepared.fingerprint[:12]} and may hold rows the adapter trained on. Evaluate with the run's config "
-            "(no --config), or --data a file it never saw",
-            file=sys.stderr,
-        )
+    if run and trained_on and trained_on != prepared.fingerprint and not args.data:
+        print(split_warning(args, run, trained_on, prepared.fingerprint, cfg), file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     say_progress(f"loading {cfg.model.name} with the adapter {adapter} on {device}")
     model, attn = adapter_for_generation(cfg.model, tokenizer, adapter, device)
@@ -295,6 +298,40 @@ def run_data_fingerprint(run: Path | None) -> str | None:
 
 
 SUITE_OUTPUTS = {"held-out": "evaluation", "bfcl": "evaluation-bfcl"}
+
+
+# The data settings that decide which rows are held out (data/prepare.py's split): another value of one of them
+# may put rows the adapter trained on in the held-out split.
+SPLIT_KEYS = ("source", "format", "eval_fraction", "seed", "max_rows")
+
+
+def split_warning(args: argparse.Namespace, run: Path, trained_on: str, found: str, cfg: FinetuneConfig) -> str:
+    """The warning for a held-out split prepared otherwise than the run's (fingerprint `found`, not `trained_on`):
+    which split setting differs and which option changed it (a --set, or --config), and what to do; where none
+    differs, that the rows are split as in training but prepared otherwise."""
+    trained = load_finetune_config(run / "config.yaml", []).data
+    head = f"warning: {run} trained on prepared data {trained_on[:12]}; this held-out split comes from {found[:12]}"
+    changed = [k for k in SPLIT_KEYS if getattr(trained, k) != getattr(cfg.data, k)]
+    if not changed:
+        return (
+            f"{head}: its rows are split as in training (data.{', data.'.join(SPLIT_KEYS)} as in "
+            f"{run / 'config.yaml'}) but prepared otherwise (data.max_length, data.packing, the tokenizer, or the "
+            "source's contents). If the source changed since training, the held-out rows may include rows the "
+            "adapter trained on: --data a file it never saw to be sure"
+        )
+
+    def by(key: str) -> str:
+        named = [o for o in args.overrides if o.split("=", 1)[0].strip() in (f"data.{key}", "data")]
+        return f"--set {named[-1]}" if named else f"--config {args.config}" if args.config else "the config"
+
+    differences = "; ".join(
+        f"data.{k} is {getattr(cfg.data, k)!r}, {getattr(trained, k)!r} in training ({by(k)})" for k in changed
+    )
+    options = " and ".join(dict.fromkeys(by(k) for k in changed))
+    return (
+        f"{head} and may hold rows the adapter trained on: {differences}. Drop {options} to evaluate on the turns "
+        "the run held out, or --data a file it never saw"
+    )
 
 
 def check_evaluation_output(out: Path, suite: str = "held-out") -> None:
