@@ -297,9 +297,6 @@ def run_data_fingerprint(run: Path | None) -> str | None:
     return found if isinstance(found, str) else None
 
 
-SUITE_OUTPUTS = {"held-out": "evaluation", "bfcl": "evaluation-bfcl"}
-
-
 # The data settings that decide which rows are held out (data/prepare.py's split): another value of one of them
 # may put rows the adapter trained on in the held-out split.
 SPLIT_KEYS = ("source", "format", "eval_fraction", "seed", "max_rows")
@@ -332,6 +329,10 @@ def split_warning(args: argparse.Namespace, run: Path, trained_on: str, found: s
         f"{head} and may hold rows the adapter trained on: {differences}. Drop {options} to evaluate on the turns "
         "the run held out, or --data a file it never saw"
     )
+
+
+# Each suite's default --output, beside the adapter.
+SUITE_OUTPUTS = {"held-out": "evaluation", "bfcl": "evaluation-bfcl"}
 
 
 def check_evaluation_output(out: Path, suite: str = "held-out") -> None:
