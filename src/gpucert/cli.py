@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--resume", help="none, auto (latest complete checkpoint) or a checkpoint directory")
     finetune.add_argument("--output", "-o", help="run directory (default runs/<time>-finetune)")
     evaluate = verbs.add_parser("evaluate", help="function-calling accuracy of a trained adapter")
-    commands.add_arguments(evaluate)
+    commands.add_arguments(evaluate, config_help=commands.EVALUATE_CONFIG_HELP)
     evaluate.add_argument("--adapter", type=Path, required=True, help="adapter directory (PEFT format)")
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
     evaluate.add_argument("--output", "-o", help="report directory (default: evaluation/ beside the adapter)")

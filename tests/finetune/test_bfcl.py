@@ -173,6 +173,53 @@ def test_each_category_is_judged_against_its_threshold_with_the_base_model_besid
     assert verdict.message.startswith("not good enough: 1 of 2 thresholds not met: bfcl.simple 66.67 %")
 
 
+def test_a_threshold_on_a_category_not_run_is_a_skip_row_the_verdict_counts() -> None:
+    """--bfcl-categories simple,irrelevance with a floor on parallel: before 2026-11-29 the floor was dropped
+    without a word and the verdict read "all 1 thresholds met"."""
+    suite = load_suite(DATA, ["simple", "irrelevance"])
+    runs = _runs({c: [right_answer(t) for t in turns] for c, turns in suite.items()})
+    thresholds = EvalThresholds(bfcl_parallel_min_pct=50, bfcl_overall_min_pct=5)
+    results = bfcl_results(runs, thresholds, "recipe.yaml", limit=50)
+    assert [(r.name, r.status, r.expected) for r in results] == [
+        ("bfcl.simple", Status.INFO, None),
+        ("bfcl.irrelevance", Status.INFO, None),
+        ("bfcl.parallel", Status.SKIP, ">= 50 %"),
+        ("bfcl.overall", Status.PASS, ">= 5 %"),
+    ]
+    skipped = results[2]
+    assert skipped.message == (
+        "eval.thresholds.bfcl_parallel_min_pct is set (>= 50 %), but BFCL parallel was not run "
+        "(--bfcl-categories simple,irrelevance): not judged"
+    )
+    assert skipped.threshold_source == "eval.thresholds.bfcl_parallel_min_pct in recipe.yaml"
+    assert skipped.remediation and "--bfcl-categories" in skipped.remediation
+    # A mean over two categories, and over the first entries of each, is not BFCL's overall score: said so.
+    assert results[3].message == (
+        "expected >= 5 %, found unweighted mean over 2 of BFCL's 10 categories (simple, irrelevance), at most the "
+        "first 50 entries of each (--bfcl-limit), not BFCL's overall score: 100.0 %"
+    )
+    assert results[3].details["not_run"] == [c for c in CATEGORIES if c not in ("simple", "irrelevance")]
+    verdict = verdict_result(results)
+    assert verdict.status is Status.PASS
+    assert verdict.message == (
+        "good: all 1 thresholds judged met (bfcl.overall); 1 of the 2 thresholds set not judged: bfcl.parallel "
+        "(BFCL parallel not run: --bfcl-categories left it out)"
+    )
+    assert verdict.details["not_judged"] == ["bfcl.parallel"]
+
+    # Only floors on categories not run: nothing judged, and the verdict does not claim the recipe set none.
+    alone = verdict_result(bfcl_results(runs, EvalThresholds(bfcl_parallel_min_pct=50)))
+    assert alone.status is Status.INFO
+    assert alone.message.startswith("not judged: none of the thresholds set applies to what this evaluation ran")
+    assert alone.message.endswith(
+        "1 of the 1 thresholds set not judged: bfcl.parallel (BFCL parallel not run: --bfcl-categories left it out)"
+    )
+
+    # Every category, every entry: the mean is BFCL's overall and says nothing more.
+    every = _runs({c: [right_answer(t) for t in turns] for c, turns in load_suite(DATA).items()})
+    assert bfcl_results(every)[-1].message.startswith("unweighted mean over BFCL's 10 categories: 100.0 %; not")
+
+
 def test_a_category_without_entries_is_an_error() -> None:
     run = CategoryRun("simple", score([], []), 0.0)
     assert [r.status for r in bfcl_results([run])] == [Status.ERROR, Status.ERROR]
@@ -219,10 +266,13 @@ def test_evaluate_suite_bfcl_end_to_end_on_the_tiny_model(adapter: Path, tmp_pat
     assert report.results[-1].status is Status.INFO
     assert "bfcl.overall" in capsys.readouterr().out
 
-    # A threshold a recipe sets judges its category (a floor of 0 % always passes).
+    # A threshold a recipe sets judges its category (a floor of 0 % always passes). The re-run in place
+    # replaces the earlier report, and drops its page, which would show the earlier scores.
+    (out / "report.html").write_text("<html>the earlier run</html>")
     argv.remove("--compare-base")
     argv += ["--bfcl-categories", "irrelevance", "--set", "eval.thresholds.bfcl_irrelevance_min_pct=0"]
     assert main(argv) == 0
+    assert not (out / "report.html").exists()
     report = load_report(out)
     assert [(r.name, r.status) for r in report.results] == [
         ("bfcl.irrelevance", Status.PASS),

@@ -13,7 +13,7 @@ import pytest
 
 from gpucert.cli import main
 from gpucert.config.loader import ConfigError
-from gpucert.finetune.commands import check_evaluation_output, threshold_source
+from gpucert.finetune.commands import check_evaluation_output, split_warning, threshold_source
 from gpucert.finetune.config import EvalThresholds, load_finetune_config
 from gpucert.finetune.eval.evaluate import EvalScores, expected_turns, score
 from gpucert.finetune.eval.report import (
@@ -156,6 +156,48 @@ def test_data_without_tool_calls_cannot_meet_a_call_threshold() -> None:
     )
 
 
+def test_overall_on_data_without_tool_calls_is_never_a_pass() -> None:
+    """A turn expecting no call is right whenever no call is made, so on data without tool calls (alpaca)
+    eval.overall and eval.call_accuracy read 100 % for any model that never calls: before 2026-11-29 a floor on
+    them was a PASS. They count what eval.irrelevance counts, and say so."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}], "tools": []}
+    scores = score(expected_turns(chat), ["Something else entirely."])
+    why = (
+        "no held-out turn expects a tool call, so a turn counts as right whenever it makes no call (its text is not "
+        "scored): the same count as eval.irrelevance, not a function-calling score"
+    )
+    unjudged = evaluation_results(scores, 1.0)
+    call_accuracy, overall = unjudged[0], unjudged[6]
+    assert (overall.name, overall.status, overall.value) == ("eval.overall", Status.INFO, 100.0)
+    assert overall.message == f"turn fully right: 1 of 1 (100.0 %), over all turns; {why}"
+    assert call_accuracy.status is Status.INFO and call_accuracy.message.endswith(why)
+    # The floor worth suggesting on such data is the one it can exercise.
+    assert unjudged[-1].message.endswith("e.g. eval.thresholds.irrelevance_min_pct (docs/evaluation.md)")
+
+    thresholds = EvalThresholds(overall_min_pct=90, call_accuracy_min_pct=90, irrelevance_min_pct=90)
+    judged = evaluation_results(scores, 1.0, thresholds, "recipe.yaml")
+    call_accuracy, irrelevance, overall = judged[0], judged[2], judged[6]
+    assert (overall.status, overall.value, overall.expected) == (Status.ERROR, None, ">= 90 %")
+    assert overall.message == (
+        f"eval.thresholds.overall_min_pct is set, but this data cannot exercise it: {why}; found 1 of 1 (100.0 %), "
+        "over all turns"
+    )
+    assert overall.remediation == (
+        "evaluate on held-out data with tool calls, or set eval.thresholds.overall_min_pct to null for this data "
+        "(eval.thresholds.irrelevance_min_pct judges the no-call turns)"
+    )
+    assert call_accuracy.status is Status.ERROR
+    assert irrelevance.status is Status.PASS  # what the data can say: the model made no stray call
+    verdict = judged[-1]
+    assert verdict.status is Status.ERROR
+    assert verdict.details["not_computed"] == ["eval.call_accuracy", "eval.overall"]
+
+    # One turn that expects a call is enough for eval.overall to be a function-calling score again.
+    weather = CASES[0]["conversation"]  # exact_match
+    mixed = score([*expected_turns(chat), *expected_turns(weather)], ["Hello!", CASES[0]["output"]])
+    assert evaluation_results(mixed, 1.0, EvalThresholds(overall_min_pct=90), "recipe.yaml")[6].status is Status.PASS
+
+
 def test_loss_is_info_judged_or_an_error() -> None:
     assert (loss_result(0.41234).status, loss_result(0.41234).value, loss_result(0.41234).unit) == (
         Status.INFO,
@@ -263,6 +305,95 @@ def test_evaluate_refuses_a_training_run_directory_as_output_before_loading(
     assert main(["evaluate", "--adapter", str(run / "adapter"), "--output", str(run)]) == 3
     assert "holds a gpucert finetune report" in capsys.readouterr().err
     assert json.loads((run / "report.json").read_text()) == {"meta": {"verb": "finetune"}}
+
+
+def _evaluation(directory: Path, suite: str | None) -> dict[str, Any]:
+    """A report.json of `gpucert evaluate` in `directory`: `suite` in its config, or none (a held-out report
+    written before the key existed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    content = {"meta": {"verb": "evaluate", "config": {"evaluate": {} if suite is None else {"suite": suite}}}}
+    (directory / "report.json").write_text(json.dumps(content))
+    return content
+
+
+def test_an_output_directory_holding_another_suites_evaluation_is_refused(tmp_path: Path) -> None:
+    """Before 2026-11-29 `evaluate --output RUN/evaluation-bfcl` replaced the BFCL report with a held-out one."""
+    bfcl, held_out, old = tmp_path / "evaluation-bfcl", tmp_path / "evaluation", tmp_path / "old"
+    _evaluation(bfcl, "bfcl")
+    _evaluation(held_out, "held-out")
+    _evaluation(old, None)
+    with pytest.raises(ConfigError) as refused:
+        check_evaluation_output(bfcl, "held-out")
+    assert str(refused.value) == (
+        f"--output {bfcl}: holds a gpucert evaluate --suite bfcl report, which this --suite held-out evaluation "
+        "would replace; choose another --output (the default for --suite held-out is evaluation/ beside the "
+        f"adapter), or remove {bfcl / 'report.json'} to replace it"
+    )
+    with pytest.raises(ConfigError, match="holds a gpucert evaluate --suite held-out report, which this --suite bfcl"):
+        check_evaluation_output(held_out, "bfcl")
+    with pytest.raises(ConfigError, match="--suite held-out report"):
+        check_evaluation_output(old, "bfcl")
+    # The same suite re-run in place replaces its own report.
+    for directory, suite in ((bfcl, "bfcl"), (held_out, "held-out"), (old, "held-out")):
+        check_evaluation_output(directory, suite)
+
+
+@pytest.mark.parametrize(("earlier", "suite"), [("bfcl", []), ("held-out", ["--suite", "bfcl"])])
+def test_evaluate_refuses_another_suites_output_before_any_work(
+    earlier: str, suite: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    adapter = tmp_path / "run" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")  # never read: the output is checked first
+    out = tmp_path / "run" / "evaluation-x"
+    content = _evaluation(out, earlier)
+    data = ["--bfcl-data", str(REPO / "tests" / "fixtures" / "bfcl")] if suite else []
+    assert main(["evaluate", "--adapter", str(adapter), "--output", str(out), *suite, *data]) == 3
+    assert f"holds a gpucert evaluate --suite {earlier} report" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text()) == content
+
+
+def test_evaluates_config_help_says_it_defaults_to_the_runs_own() -> None:
+    """Before 2026-11-29 `gpucert evaluate --help` said the default was the offline tiny recipe."""
+    from gpucert.cli import build_parser
+
+    verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    (config,) = [a for a in verbs.choices["evaluate"]._actions if "--config" in a.option_strings]
+    assert config.help is not None and "the config.yaml of the run that wrote the adapter" in config.help
+    (trains,) = [a for a in verbs.choices["finetune"]._actions if "--config" in a.option_strings]
+    assert trains.help == "finetune YAML (default: the offline tiny recipe)"
+
+
+def test_the_split_warning_names_the_option_that_changed_the_split(tmp_path: Path) -> None:
+    """Before 2026-11-29 `evaluate --set data.eval_fraction=0.5` was told to evaluate "with the run's config (no
+    --config)", though it gave no --config."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((REPO / "configs" / "finetune" / "tiny.yaml").read_text())
+    head = f"warning: {run} trained on prepared data {'a' * 12}; this held-out split comes from {'b' * 12}"
+
+    def warning(config: str | None, *overrides: str) -> str:
+        args = argparse.Namespace(config=config, overrides=list(overrides))
+        cfg = load_finetune_config(run / "config.yaml", list(overrides))
+        return split_warning(args, run, "a" * 64, "b" * 64, cfg)
+
+    assert warning(None, "data.eval_fraction=0.5") == (
+        f"{head} and may hold rows the adapter trained on: data.eval_fraction is 0.5, 0.1 in training (--set "
+        "data.eval_fraction=0.5). Drop --set data.eval_fraction=0.5 to evaluate on the turns the run held out, or "
+        "--data a file it never saw"
+    )
+    other = tmp_path / "other.yaml"
+    other.write_text((run / "config.yaml").read_text().replace("eval_fraction: 0.1", "eval_fraction: 0.3"))
+    args = argparse.Namespace(config=other, overrides=[])
+    from_config = split_warning(args, run, "a" * 64, "b" * 64, load_finetune_config(other))
+    assert from_config.endswith(
+        f"data.eval_fraction is 0.3, 0.1 in training (--config {other}). Drop --config {other} to evaluate on the "
+        "turns the run held out, or --data a file it never saw"
+    )
+    # The split as in training, the rows prepared otherwise: nothing to drop, and not said so.
+    same_split = warning(None, "data.max_length=256")
+    assert same_split.startswith(f"{head}: its rows are split as in training (data.source, data.format,")
+    assert "Drop" not in same_split and "--config" not in same_split
 
 
 def test_threshold_source_names_the_file_or_the_override_that_set_each_key() -> None:

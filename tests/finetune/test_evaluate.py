@@ -14,6 +14,7 @@ from gpucert.finetune.config import EvalConfig
 from gpucert.finetune.eval.checker import Call, compare_call, possible_answer_calls
 from gpucert.finetune.eval.evaluate import (
     EvalScores,
+    Progress,
     Rate,
     Turn,
     eval_loss,
@@ -325,6 +326,54 @@ def test_generate_pads_left_decodes_only_new_tokens_and_cuts_at_the_end_marker(t
     assert call["input_ids"][1].tolist() == [tokenizer.pad_token_id] * (len(long) - len(short)) + short
 
 
+def test_progress_says_done_rate_and_time_left_at_most_every_interval() -> None:
+    """Before 2026-11-29 `gpucert evaluate` said nothing between loading and the result: 26 s for 64 turns of
+    the tiny model on two cores, minutes for a 7B's 200."""
+    now = [100.0]
+    said: list[str] = []
+    progress = Progress("held-out turns", 64, said.append, every_s=10, clock=lambda: now[0])
+    now[0] = 104.0
+    progress(8)  # 4 s in: too soon to say anything
+    now[0] = 112.0
+    progress(16)
+    now[0] = 115.0
+    progress(24)  # 3 s after the last line: quiet
+    now[0] = 122.0
+    progress(32)
+    now[0] = 130.0
+    progress(64)  # done: the caller says so, once
+    assert said == [
+        "held-out turns: 16 of 64 answered in 12 s (1.3/s), about 36 s left",
+        "held-out turns: 32 of 64 answered in 22 s (1.5/s), about 22 s left",
+    ]
+
+
+def test_generate_reports_every_batch_and_the_bfcl_suite_says_each_category(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpucert.finetune.eval import evaluate as evaluate_module
+    from gpucert.finetune.eval.bfcl import load_suite, run_suite
+
+    model = _ScriptedModel(tokenizer.encode("No idea.<|im_end|>"))
+    done: list[int] = []
+    generate(model, tokenizer, _prompts(), batch_size=4, max_new_tokens=3, progress=done.append)
+    assert done == [4, 6]
+
+    monkeypatch.setattr(evaluate_module, "PROGRESS_EVERY_S", 0.0)  # a line after every batch
+    suite = load_suite(Path(__file__).parents[1] / "fixtures" / "bfcl", ["simple", "irrelevance"])
+    said: list[str] = []
+    run_suite(model, tokenizer, suite, EvalConfig(batch_size=2, max_new_tokens=3), say=said.append)
+    shape = [re.sub(r"\d+(\.\d+)? s|\([\d.e+]+/s\)", "#", line) for line in said]
+    assert shape == [
+        "BFCL simple (1 of 2 categories): answering 3 entries",
+        "BFCL simple: 2 of 3 answered in # #, about # left",
+        "BFCL simple: 0/3 (0.0 %) fully right in #",
+        "BFCL irrelevance (2 of 2 categories): answering 3 entries",
+        "BFCL irrelevance: 2 of 3 answered in # #, about # left",
+        "BFCL irrelevance: 3/3 (100.0 %) fully right in #",
+    ]
+
+
 def test_evaluate_end_to_end_with_loss(tokenizer: Any, tiny_model: Any) -> None:
     conversations = [c["conversation"] for c in CASES[:6]]
     text = tokenizer.apply_chat_template(conversations[0]["messages"], tokenize=False)
@@ -333,13 +382,19 @@ def test_evaluate_end_to_end_with_loss(tokenizer: Any, tiny_model: Any) -> None:
     labels[:, : ids.shape[1] // 2] = -100
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
+    said: list[str] = []
     scores, loss = evaluate(
         tiny_model,
         tokenizer,
         conversations,
         EvalConfig(max_examples=4, batch_size=3, max_new_tokens=6),
         loss_batches=[batch, batch],
+        say=said.append,
     )
+    # What it is doing, said before each wait (a fast one has no progress line between).
+    assert said[0] == "answering 4 held-out turns greedily, 3 at a time, at most 6 new tokens each"
+    assert re.fullmatch(r"answered 4 held-out turns in \d+\.\d s", said[1])
+    assert said[2:] == ["held-out loss over 2 batches"]
 
     assert isinstance(scores, EvalScores)
     assert scores.counts["turns"] == 4

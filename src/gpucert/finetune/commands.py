@@ -34,8 +34,16 @@ def default_config_path() -> Path:
     return Path(str(resources.files("gpucert.configs").joinpath("finetune/tiny.yaml")))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="finetune YAML (default: the offline tiny recipe)")
+FINETUNE_CONFIG_HELP = "finetune YAML (default: the offline tiny recipe)"
+# `gpucert evaluate --config`'s default, as evaluation_config applies it.
+EVALUATE_CONFIG_HELP = (
+    "finetune YAML or recipe name (default: the config.yaml of the run that wrote the adapter; the offline tiny "
+    "recipe for an adapter from elsewhere)"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_help: str = FINETUNE_CONFIG_HELP) -> None:
+    parser.add_argument("--config", type=Path, help=config_help)
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -228,11 +236,11 @@ def evaluate(args: argparse.Namespace) -> int:
     if getattr(args, "suite", "held-out") == "bfcl":
         from gpucert.finetune.eval.bfcl import evaluate_bfcl
 
-        out = Path(args.output) if args.output else adapter.parent / "evaluation-bfcl"
-        check_evaluation_output(out)
+        out = Path(args.output) if args.output else adapter.parent / SUITE_OUTPUTS["bfcl"]
+        check_evaluation_output(out, "bfcl")
         return evaluate_bfcl(args, cfg, adapter, out, threshold_source(args, config_path))
-    out = Path(args.output) if args.output else adapter.parent / "evaluation"
-    check_evaluation_output(out)
+    out = Path(args.output) if args.output else adapter.parent / SUITE_OUTPUTS["held-out"]
+    check_evaluation_output(out, "held-out")
     started = datetime.now(timezone.utc)
 
     import torch
@@ -242,24 +250,21 @@ def evaluate(args: argparse.Namespace) -> int:
     from gpucert.finetune.data.prepare import load_eval_conversations, prepare_dataset
     from gpucert.finetune.data.tokenizer import load_tokenizer
     from gpucert.finetune.eval.evaluate import evaluate as run_eval
+    from gpucert.finetune.eval.evaluate import say_progress
     from gpucert.finetune.eval.report import evaluation_report, evaluation_results
     from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
-    from gpucert.report.store import write_report
+    from gpucert.report.store import clear_earlier_run, write_report
     from gpucert.report.terminal import print_report
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     prepared = prepare_dataset(cfg, tokenizer)
     trained_on = run_data_fingerprint(run)
     # --data names other rows on purpose (the advice below): only another split of the run's own data warns.
-    if trained_on and trained_on != prepared.fingerprint and not args.data:
-        print(
-            f"warning: {run} trained on prepared data {trained_on[:12]}; this held-out split comes from "
-            f"{prepared.fingerprint[:12]} and may hold rows the adapter trained on. Evaluate with the run's config "
-            "(no --config), or --data a file it never saw",
-            file=sys.stderr,
-        )
+    if run and trained_on and trained_on != prepared.fingerprint and not args.data:
+        print(split_warning(args, run, trained_on, prepared.fingerprint, cfg), file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    say_progress(f"loading {cfg.model.name} with the adapter {adapter} on {device}")
     model, attn = adapter_for_generation(cfg.model, tokenizer, adapter, device)
     conversations = [c.to_json() for c in load_eval_conversations(prepared.path)]
     pad = tokenizer.pad_token_id
@@ -269,7 +274,9 @@ def evaluate(args: argparse.Namespace) -> int:
         for i in range(0, len(rows), cfg.eval.batch_size)
     ]
     with torch.no_grad():
-        scores, loss = run_eval(model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=attn)
+        scores, loss = run_eval(
+            model, tokenizer, conversations, cfg.eval, loss_batches=batches, attn_impl=attn, say=say_progress
+        )
     results = evaluation_results(scores, loss, cfg.eval.thresholds, threshold_source(args, config_path))
     report = evaluation_report(
         results,
@@ -277,6 +284,7 @@ def evaluate(args: argparse.Namespace) -> int:
         config={
             **dataclasses.asdict(cfg),
             "evaluate": {
+                "suite": "held-out",
                 "adapter": str(adapter),
                 "prepared_data": str(prepared.path),
                 "trained_on_data": trained_on,
@@ -287,6 +295,9 @@ def evaluate(args: argparse.Namespace) -> int:
         finished_at=datetime.now(timezone.utc),
         inventory=collect_inventory(live_sources()).to_dict(),
     )
+    # A re-run in place (check_evaluation_output let only this suite's report be there): the earlier run's
+    # report.html, if drawn, would show its scores beside these.
+    clear_earlier_run(out)
     path = write_report(report, out)
     print_report(report, Console(highlight=False, markup=False), show_inventory=False, report_path=str(path))
     return report.status.exit_code
@@ -333,9 +344,49 @@ def run_data_fingerprint(run: Path | None) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def check_evaluation_output(out: Path) -> None:
+# The data settings that decide which rows are held out (data/prepare.py's split): another value of one of them
+# may put rows the adapter trained on in the held-out split.
+SPLIT_KEYS = ("source", "format", "eval_fraction", "seed", "max_rows")
+
+
+def split_warning(args: argparse.Namespace, run: Path, trained_on: str, found: str, cfg: FinetuneConfig) -> str:
+    """The warning for a held-out split prepared otherwise than the run's (fingerprint `found`, not `trained_on`):
+    which split setting differs and which option changed it (a --set, or --config), and what to do; where none
+    differs, that the rows are split as in training but prepared otherwise."""
+    trained = load_finetune_config(run / "config.yaml", []).data
+    head = f"warning: {run} trained on prepared data {trained_on[:12]}; this held-out split comes from {found[:12]}"
+    changed = [k for k in SPLIT_KEYS if getattr(trained, k) != getattr(cfg.data, k)]
+    if not changed:
+        return (
+            f"{head}: its rows are split as in training (data.{', data.'.join(SPLIT_KEYS)} as in "
+            f"{run / 'config.yaml'}) but prepared otherwise (data.max_length, data.packing, the tokenizer, or the "
+            "source's contents). If the source changed since training, the held-out rows may include rows the "
+            "adapter trained on: --data a file it never saw to be sure"
+        )
+
+    def by(key: str) -> str:
+        named = [o for o in args.overrides if o.split("=", 1)[0].strip() in (f"data.{key}", "data")]
+        return f"--set {named[-1]}" if named else f"--config {args.config}" if args.config else "the config"
+
+    differences = "; ".join(
+        f"data.{k} is {getattr(cfg.data, k)!r}, {getattr(trained, k)!r} in training ({by(k)})" for k in changed
+    )
+    options = " and ".join(dict.fromkeys(by(k) for k in changed))
+    return (
+        f"{head} and may hold rows the adapter trained on: {differences}. Drop {options} to evaluate on the turns "
+        "the run held out, or --data a file it never saw"
+    )
+
+
+# Each suite's default --output, beside the adapter.
+SUITE_OUTPUTS = {"held-out": "evaluation", "bfcl": "evaluation-bfcl"}
+
+
+def check_evaluation_output(out: Path, suite: str = "held-out") -> None:
     """Refuse, before any model is loaded, an output directory that holds another verb's report (a training
-    run's report.json would be overwritten) or cannot be written."""
+    run's report.json would be overwritten) or another suite's evaluation (a BFCL report, minutes to hours of
+    GPU time, replaced by a held-out one without a word), or cannot be written. The same suite's report there is
+    replaced: a re-run in place."""
     from gpucert.report.store import NOT_A_DIRECTORY, UNREADABLE, earlier_verb, write_problem
 
     verb = earlier_verb(out)
@@ -343,7 +394,14 @@ def check_evaluation_output(out: Path) -> None:
         what = "a report.json that is no gpucert evaluation" if verb == UNREADABLE else f"a gpucert {verb} report"
         raise ConfigError(
             f"--output {out}: holds {what}, which the evaluation report would replace; choose another "
-            "--output (the default is evaluation/ beside the adapter)"
+            f"--output (the default is {SUITE_OUTPUTS[suite]}/ beside the adapter)"
+        )
+    earlier = earlier_suite(out) if verb == "evaluate" else suite
+    if earlier != suite:
+        raise ConfigError(
+            f"--output {out}: holds a gpucert evaluate --suite {earlier} report, which this --suite {suite} "
+            f"evaluation would replace; choose another --output (the default for --suite {suite} is "
+            f"{SUITE_OUTPUTS[suite]}/ beside the adapter), or remove {out / 'report.json'} to replace it"
         )
 
     nearest, problem = write_problem(out.absolute())
@@ -351,6 +409,18 @@ def check_evaluation_output(out: Path) -> None:
         raise ConfigError(f"--output {out}: {nearest} is not a directory")
     if problem is not None:
         raise ConfigError(f"--output {out}: cannot write in {nearest}: {problem}")
+
+
+def earlier_suite(out: Path) -> str:
+    """The suite of the evaluation report in `out` (its meta.config.evaluate.suite); a held-out report written
+    before the key existed has none, and one gpucert cannot read is said as such."""
+    try:
+        meta = json.loads((out / "report.json").read_text())["meta"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown (a report.json gpucert cannot read)"
+    evaluated = (meta.get("config") or {}).get("evaluate") if isinstance(meta, dict) else None
+    suite = evaluated.get("suite", "held-out") if isinstance(evaluated, dict) else "held-out"
+    return str(suite)
 
 
 def threshold_source(args: argparse.Namespace, config_path: Path) -> ThresholdSources:

@@ -13,7 +13,8 @@ and evaluate.score judges each answer by BFCL's AST rules (docs/evaluation.md li
 
 Judge: a category's accuracy is the share of its entries fully right; `bfcl_results` holds each to
 eval.thresholds.bfcl_<category>_min_pct and their unweighted mean (BFCL's summaries are unweighted means of
-categories) to eval.thresholds.bfcl_overall_min_pct. No threshold: INFO, shown and never PASS.
+categories) to eval.thresholds.bfcl_overall_min_pct. No threshold: INFO, shown and never PASS; a threshold on a
+category not run: a SKIP row naming it, which the verdict counts as not judged.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 from gpucert.finetune.config import EvalConfig, EvalThresholds
 from gpucert.finetune.eval.checker import possible_answer_calls
-from gpucert.finetune.eval.evaluate import EvalScores, Turn, generate, score
+from gpucert.finetune.eval.evaluate import EvalScores, Progress, Turn, generate, say_progress, score
 from gpucert.finetune.eval.report import ThresholdSources, counts_sentence, threshold_text
 from gpucert.report.schema import Result
 from gpucert.status import Status
@@ -206,25 +207,29 @@ def run_suite(
     compare_base: bool = False,
     say: Callable[[str], None] = lambda line: None,
 ) -> list[CategoryRun]:
-    """Generate and score every category with the adapter, then (compare_base) with it disabled."""
+    """Generate and score every category with the adapter, then (compare_base) with it disabled. `say` hears
+    each category's start and result and, in a long one, how far it has got (a Progress)."""
 
-    def answer(turns: Sequence[Turn]) -> tuple[EvalScores, float]:
+    def answer(turns: Sequence[Turn], what: str) -> tuple[EvalScores, float]:
         started = time.perf_counter()
         prompts = [(t.messages, t.tools) for t in turns]
-        outputs = generate(model, tokenizer, prompts, eval_cfg.batch_size, eval_cfg.max_new_tokens)
+        progress = Progress(what, len(turns), say)
+        outputs = generate(model, tokenizer, prompts, eval_cfg.batch_size, eval_cfg.max_new_tokens, progress)
         return score(turns, outputs, MAX_FAILURES), time.perf_counter() - started
 
     runs = []
-    for category, turns in suite.items():
-        scores, elapsed = answer(turns)
+    for n, (category, turns) in enumerate(suite.items(), 1):
+        say(f"BFCL {category} ({n} of {len(suite)} categories): answering {len(turns)} entries")
+        scores, elapsed = answer(turns, f"BFCL {category}")
+        say(f"BFCL {category}: {scores.overall} fully right in {elapsed:.1f} s")
         base, base_time = None, None
         if compare_base:
             with model.disable_adapter():  # PEFT: the base model's own weights, nothing reloaded
-                base, base_time = answer(turns)
+                base, base_time = answer(turns, f"BFCL {category}, base model")
+            say(f"BFCL {category}, base model: {base.overall} fully right in {base_time:.1f} s")
         runs.append(
             CategoryRun(category, scores, round(elapsed, 3), base, None if base_time is None else round(base_time, 3))
         )
-        say(f"BFCL {category}: {scores.overall} fully right in {elapsed:.1f} s")
     return runs
 
 
@@ -232,12 +237,23 @@ def run_suite(
 
 
 def bfcl_results(
-    runs: Sequence[CategoryRun], thresholds: EvalThresholds | None = None, source: str | ThresholdSources = "defaults"
+    runs: Sequence[CategoryRun],
+    thresholds: EvalThresholds | None = None,
+    source: str | ThresholdSources = "defaults",
+    limit: int | None = None,
 ) -> list[Result]:
     """One result per category (`bfcl.<category>`, % of its entries fully right) and `bfcl.overall`, their
-    unweighted mean; each judged against its eval.thresholds.bfcl_* floor, INFO without one."""
+    unweighted mean; each judged against its eval.thresholds.bfcl_* floor, INFO without one. A floor set on a
+    category that was not run is a SKIP row naming it: dropped, it would let the verdict count fewer thresholds
+    than were set without a word. `limit` (--bfcl-limit) is said in bfcl.overall's message."""
     thresholds = thresholds or EvalThresholds()
     results = [_category_result(run, thresholds, source) for run in runs]
+    run_names = [run.category for run in runs]
+    results += [
+        _not_run_result(category, floor, run_names, source)
+        for category in CATEGORIES
+        if category not in run_names and (floor := _floor(thresholds, category)) is not None
+    ]
     scored = [run for run in runs if run.scores.overall.total]
     mean = sum(run.scores.overall.percent or 0.0 for run in scored) / len(scored) if scored else None
     base_runs = [run.base for run in scored if run.base is not None]
@@ -246,8 +262,12 @@ def bfcl_results(
         if len(base_runs) == len(scored) and scored
         else None
     )
-    details: dict[str, Any] = {"categories": {r.category: _summary(r) for r in runs}}
-    found = f"unweighted mean over {len(scored)} categories: {mean:.1f} %" if mean is not None else ""
+    details: dict[str, Any] = {
+        "categories": {r.category: _summary(r) for r in runs},
+        "not_run": [c for c in CATEGORIES if c not in run_names],
+        "limit": limit,
+    }
+    found = f"{_mean_over([r.category for r in scored], limit)}: {mean:.1f} %" if mean is not None else ""
     if base_mean is not None:
         found += f" (base model {base_mean:.1f} %)"
         details["base_pct"] = round(base_mean, 2)
@@ -264,6 +284,37 @@ def bfcl_results(
         )
     )
     return results
+
+
+def _mean_over(categories: Sequence[str], limit: int | None) -> str:
+    """What bfcl.overall averages, in words: a mean over some categories, or over the first entries of each, is
+    not the overall score BFCL publishes, and a reader comparing it with one must be told."""
+    some = len(categories) < len(CATEGORIES)
+    what = f"unweighted mean over BFCL's {len(CATEGORIES)} categories"
+    if some:
+        names = ", ".join(categories)
+        what = f"unweighted mean over {len(categories)} of BFCL's {len(CATEGORIES)} categories ({names})"
+    if limit is not None:
+        what += f", at most the first {limit} entries of each (--bfcl-limit)"
+    return what + (", not BFCL's overall score" if some or limit is not None else "")
+
+
+def _not_run_result(category: str, floor: float, run: Sequence[str], source: str | ThresholdSources) -> Result:
+    key = f"eval.thresholds.bfcl_{category}_min_pct"
+    return Result(
+        name=f"bfcl.{category}",
+        subject=SUBJECT.format(category=category),
+        status=Status.SKIP,
+        message=f"{key} is set (>= {floor:g} %), but BFCL {category} was not run (--bfcl-categories "
+        f"{','.join(run)}): not judged",
+        unit="%",
+        expected=f">= {floor:g} %",
+        threshold_source=threshold_text(source, key),
+        remediation=f"add {category} to --bfcl-categories to judge it, or leave --bfcl-categories out to run every "
+        "category",
+        category=CATEGORY,
+        details={"why": f"BFCL {category} not run: --bfcl-categories left it out", "threshold_key": key},
+    )
 
 
 def _summary(run: CategoryRun) -> dict[str, Any]:
@@ -403,17 +454,16 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
     from gpucert.finetune.eval.report import evaluation_report, verdict_result
     from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
-    from gpucert.report.store import write_report
+    from gpucert.report.store import clear_earlier_run, write_report
     from gpucert.report.terminal import print_report
 
     tokenizer = load_tokenizer(cfg.model, cfg.data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    say_progress(f"loading {cfg.model.name} with the adapter {adapter} on {device}")
     model, _ = adapter_for_generation(cfg.model, tokenizer, adapter, device)
     with torch.no_grad():
-        runs = run_suite(
-            model, tokenizer, suite, cfg.eval, args.compare_base, lambda line: print(line, file=sys.stderr)
-        )
-    results = bfcl_results(runs, cfg.eval.thresholds, thresholds_from)
+        runs = run_suite(model, tokenizer, suite, cfg.eval, args.compare_base, say_progress)
+    results = bfcl_results(runs, cfg.eval.thresholds, thresholds_from, args.bfcl_limit)
     results.append(verdict_result(results, example_key="bfcl_overall_min_pct"))
     report = evaluation_report(
         results,
@@ -434,6 +484,9 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
         finished_at=datetime.now(timezone.utc),
         inventory=collect_inventory(live_sources()).to_dict(),
     )
+    # A re-run in place (check_evaluation_output let only this suite's report be there): the earlier run's
+    # report.html, if drawn, would show its scores beside these.
+    clear_earlier_run(out)
     path = write_report(report, out)
     print_report(report, Console(highlight=False, markup=False), show_inventory=False, report_path=str(path))
     return report.status.exit_code

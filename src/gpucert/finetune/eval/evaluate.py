@@ -37,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,9 @@ END_MARKERS = ("<|im_end|>", "<|endoftext|>")
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 OPEN_TAG = "<tool_call>"
 MAX_FAILURES = 20
+# At most one progress line this often: a 7B model answers 200 turns in minutes, and a wait that long must say how
+# far it has got; a run of a few seconds stays quiet.
+PROGRESS_EVERY_S = 10.0
 # Changes whenever a verdict of the scorer changes, so scores from different rules are not compared as equal
 # (2: BFCL possible answers; an omitted optional passes only for the schema default, at every depth; 3: a model's
 # arguments written as a JSON string are invalid, not decoded).
@@ -377,14 +382,53 @@ def _describe(calls: list[Call]) -> str:
 # -------------------------------------------------------------------------------------------------- collect
 
 
+def say_progress(line: str) -> None:
+    """`gpucert evaluate`'s progress: one line on stderr, flushed, as `[finetune]`'s are (stdout is the report)."""
+    print(f"[evaluate] {line}", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """How far a long loop has got, as a line for `say` at most every `every_s` seconds (PROGRESS_EVERY_S unless
+    given): `what`, done of total (`unit`), the rate so far and the time left at that rate. generate() answers the
+    longest prompts first, so the early estimate errs long. Nothing is said at the end: the caller says what was
+    done, once."""
+
+    def __init__(
+        self,
+        what: str,
+        total: int,
+        say: Callable[[str], None],
+        unit: str = "answered",
+        every_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what, self.total, self.say, self.unit, self.clock = what, total, say, unit, clock
+        self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
+        self.started = self.last = clock()
+
+    def __call__(self, done: int) -> None:
+        now = self.clock()
+        elapsed = now - self.started
+        if done >= self.total or done <= 0 or now - self.last < self.every_s or elapsed <= 0:
+            return
+        self.last = now
+        rate = done / elapsed
+        self.say(
+            f"{self.what}: {done} of {self.total} {self.unit} in {elapsed:.0f} s ({rate:.2g}/s), "
+            f"about {(self.total - done) / rate:.0f} s left"
+        )
+
+
 def generate(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]],
     batch_size: int,
     max_new_tokens: int,
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
-    """Greedy answers to (messages, tools) prompts, one string per prompt, in order.
+    """Greedy answers to (messages, tools) prompts, one string per prompt, in order; `progress` is told how many
+    are answered after each batch (a Progress).
 
     Prompts are rendered by the tokenizer's chat template (the one training used) with the generation prompt,
     batched longest first to waste little padding, and padded on the left so every row's new tokens start at
@@ -433,6 +477,8 @@ def generate(
             for row, i in enumerate(rows):
                 text = tokenizer.decode(out[row, width:].tolist(), skip_special_tokens=False)
                 outputs[i] = _cut_at_end(text)
+            if progress is not None:
+                progress(start + len(rows))
     finally:
         model.train(was_training)
     return outputs
@@ -452,10 +498,15 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return unique
 
 
-def eval_loss(model: Any, batches: Iterable[Mapping[str, Any]], attn_impl: str = "sdpa") -> float | None:
+def eval_loss(
+    model: Any,
+    batches: Iterable[Mapping[str, Any]],
+    attn_impl: str = "sdpa",
+    progress: Callable[[int], None] | None = None,
+) -> float | None:
     """Mean cross-entropy per supervised token over collated held-out batches, computed by the training loss
     (`model.forward_loss`: packed rows stay document-masked). Token-weighted over all batches, not a mean of
-    batch means; None when nothing is supervised."""
+    batch means; None when nothing is supervised. `progress` is told how many batches are done after each."""
     import torch
 
     from gpucert.finetune.model.lora import forward_loss
@@ -466,10 +517,12 @@ def eval_loss(model: Any, batches: Iterable[Mapping[str, Any]], attn_impl: str =
     model.eval()
     try:
         with torch.inference_mode():
-            for batch in batches:
+            for done, batch in enumerate(batches, 1):
                 loss_sum, count = forward_loss(model, {k: v.to(device) for k, v in batch.items()}, attn_impl)
                 total += float(loss_sum)
                 tokens += int(count)
+                if progress is not None:
+                    progress(done)
     finally:
         model.train(was_training)
     return total / tokens if tokens else None
@@ -480,19 +533,38 @@ def evaluate(
     tokenizer: Any,
     conversations: Iterable[Mapping[str, Any]],
     eval_cfg: EvalConfig,
-    loss_batches: Iterable[Mapping[str, Any]] | None = None,
+    loss_batches: Sequence[Mapping[str, Any]] | None = None,
     attn_impl: str = "sdpa",
+    say: Callable[[str], None] | None = None,
 ) -> tuple[EvalScores, float | None]:
     """Score the first `eval_cfg.max_examples` assistant turns of the held-out conversations, and the loss on
-    `loss_batches` when given (None otherwise)."""
+    `loss_batches` when given (None otherwise). `say` (a line on stderr, for the CLI) hears what is being done
+    and, in a long wait, how far it has got."""
     turns = [t for i, conv in enumerate(conversations) for t in expected_turns(conv, index=i)]
     turns = turns[: eval_cfg.max_examples]
+    progress = None
+    if say is not None:
+        say(
+            f"answering {len(turns)} held-out turns greedily, {eval_cfg.batch_size} at a time, at most "
+            f"{eval_cfg.max_new_tokens} new tokens each"
+        )
+        progress = Progress("held-out turns", len(turns), say)
+    started = time.monotonic()
     outputs = generate(
         model,
         tokenizer,
         [(t.messages, t.tools) for t in turns],
         batch_size=eval_cfg.batch_size,
         max_new_tokens=eval_cfg.max_new_tokens,
+        progress=progress,
     )
-    loss = eval_loss(model, loss_batches, attn_impl) if loss_batches is not None else None
+    loss = None
+    if say is not None:
+        say(f"answered {len(turns)} held-out turns in {time.monotonic() - started:.1f} s")
+    if loss_batches is not None:
+        loss_progress = None
+        if say is not None:
+            say(f"held-out loss over {len(loss_batches)} batches")
+            loss_progress = Progress("held-out loss", len(loss_batches), say, unit="batches")
+        loss = eval_loss(model, loss_batches, attn_impl, loss_progress)
     return score(turns, outputs), loss

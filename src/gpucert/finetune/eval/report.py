@@ -14,7 +14,8 @@ How each is judged: against `eval.thresholds` of the finetune config (a floor in
 With no threshold a metric is INFO (shown, not judged), never PASS. A metric whose turns do not occur is SKIP
 with the reason, unless the recipe set a threshold on it: then a model that never called where it should have
 is FAIL, and data that cannot exercise the metric (no tool calls at all) is ERROR. No scorable turn at all is
-ERROR for every metric.
+ERROR for every metric. eval.call_accuracy and eval.overall over data where no turn expects a call count only
+that no call was made (eval.irrelevance): INFO that says so, or ERROR where a threshold asks for them.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def evaluation_results(
         loss_result(loss, thresholds, source),
         *tool_results(scores),
     ]
-    return [*results, verdict_result(results)]
+    # Data without tool calls can exercise the no-call turns alone: that is the floor worth suggesting there.
+    no_calls = scores.counts.get("turns", 0) and not scores.counts.get("expected_call", 0)
+    return [*results, verdict_result(results, example_key="irrelevance_min_pct" if no_calls else "overall_min_pct")]
 
 
 def verdict_result(
@@ -145,8 +148,12 @@ def verdict_result(
 ) -> Result:
     """eval.verdict: whether the result is good, in one sentence. Judged against the thresholds the recipe sets
     (the worst of the judged results, and any result that could not be computed); where it sets none, INFO that
-    says so plainly: the scores are shown, not held to anything, and `example_key` is the floor to set."""
-    judged = [r for r in results if r.expected is not None]
+    says so plainly: the scores are shown, not held to anything, and `example_key` is the floor to set. A
+    threshold on something this evaluation did not run (a SKIP row with a floor: a BFCL category left out of
+    --bfcl-categories) is counted and named as not judged, never as met."""
+    thresholded = [r for r in results if r.expected is not None]
+    unjudged = [r for r in thresholded if r.status is Status.SKIP]
+    judged = [r for r in thresholded if r.status is not Status.SKIP]
     short = [r for r in judged if Status.WARN <= r.status < Status.ERROR]
     broken = [r for r in results if r.status == Status.ERROR]
 
@@ -155,12 +162,13 @@ def verdict_result(
             "thresholds": [r.name for r in judged],
             "not_met": [r.name for r in short],
             "not_computed": [r.name for r in broken],
+            "not_judged": [r.name for r in unjudged],
         }
         return Result(
             name="eval.verdict",
             subject=subject,
             status=status,
-            message=message,
+            message=message + _not_judged(unjudged, results),
             remediation=remediation,
             category=CATEGORY,
             details=details,
@@ -170,26 +178,43 @@ def verdict_result(
         shown = "; ".join(f"{r.name} {_found(r)}{f' (expected {r.expected})' if r.expected else ''}" for r in found[:4])
         return shown + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
+    count = f"{len(judged)} thresholds judged" if unjudged else f"{len(judged)} thresholds"
     if broken:
         message = f"could not be judged: {len(broken)} results could not be computed ({listed(broken)})"
         if short:
-            message += f"; {len(short)} of {len(judged)} thresholds not met: {listed(short)}"
+            message += f"; {len(short)} of {count} not met: {listed(short)}"
         return verdict(Status.ERROR, message, broken[0].remediation)
     if short:
         return verdict(
             max(r.status for r in short),
-            f"not good enough: {len(short)} of {len(judged)} thresholds not met: {listed(short)}",
+            f"not good enough: {len(short)} of {count} not met: {listed(short)}",
             FAIL_REMEDIATION,
         )
     if judged:
         names = ", ".join(r.name for r in judged)
-        return verdict(Status.PASS, f"good: all {len(judged)} thresholds met ({names})")
+        return verdict(Status.PASS, f"good: all {count} met ({names})", unjudged[0].remediation if unjudged else None)
+    if unjudged:
+        return verdict(
+            Status.INFO,
+            "not judged: none of the thresholds set applies to what this evaluation ran, so nothing says whether "
+            "these scores are good",
+            unjudged[0].remediation,
+        )
     return verdict(
         Status.INFO,
         "not judged: the recipe sets no eval.thresholds, so nothing says whether these scores are good; they are "
         f"shown to compare runs (gpucert report A B). Set floors in the recipe, e.g. eval.thresholds.{example_key} "
         "(docs/evaluation.md)",
     )
+
+
+def _not_judged(unjudged: Sequence[Result], results: Sequence[Result]) -> str:
+    """The verdict's word on thresholds set but not judged, each with its SKIP row's reason."""
+    if not unjudged:
+        return ""
+    total = sum(r.expected is not None for r in results)
+    reasons = "; ".join(f"{r.name} ({r.details.get('why', r.message)})" for r in unjudged)
+    return f"; {len(unjudged)} of the {total} thresholds set not judged: {reasons}"
 
 
 def _found(result: Result) -> str:
@@ -266,6 +291,22 @@ def _metric_result(
     if metric.key == "args_valid_json":
         found += f"; {scores.counts.get('malformed_blocks', 0)} malformed blocks"
     found += _example(failing)
+    if metric.needs == "any" and not scores.counts.get("expected_call", 0):
+        # Every turn expects no call, and such a turn is right whenever it makes none (its text is not scored):
+        # 100 % here says only that the model made no stray call, which is eval.irrelevance, not that it calls
+        # functions right. A data set without tool calls (alpaca) would otherwise pass a function-calling floor.
+        why = (
+            "no held-out turn expects a tool call, so a turn counts as right whenever it makes no call (its text is "
+            "not scored): the same count as eval.irrelevance, not a function-calling score"
+        )
+        if floor is None:
+            return result(Status.INFO, f"{metric.what}: {found}; {why}", pct)
+        return result(
+            Status.ERROR,
+            f"{key} is set, but this data cannot exercise it: {why}; found {found}",
+            remediation=f"evaluate on held-out data with tool calls, or set {key} to null for this data "
+            "(eval.thresholds.irrelevance_min_pct judges the no-call turns)",
+        )
     if floor is None:
         return result(Status.INFO, f"{metric.what}: {found}", pct)
     if 100 * rate.correct >= floor * rate.total:  # exact, not on the rounded percentage
