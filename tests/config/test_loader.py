@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+import yaml
 
 from gpucert.config.loader import ConfigError, apply_overrides, build, load_config, load_yaml
 from gpucert.config.run import HealthConfig, RunConfig
@@ -102,6 +103,14 @@ def test_build_coerces_every_supported_type() -> None:
     assert type(sample.limits["hbm"]) is float
     assert type(sample.dims) is tuple
     assert type(sample.tags) is list
+
+
+@pytest.mark.parametrize(("written", "read"), [("1e-3", 1e-3), ("2E5", 2e5), ("-1.5e-2", -0.015), (".5", 0.5)])
+def test_a_float_written_with_an_exponent_and_no_dot_is_a_float(written: str, read: float) -> None:
+    """PyYAML (YAML 1.1) reads 1e-3 as a string; `--set train.lr=1e-3` was refused as 'expected float'."""
+    assert build(Sample, {"name": "a", "ratio": yaml.safe_load(written)}, "s.yaml").ratio == read
+    for word in ("nan", "inf", "1e", "e3"):
+        assert "expected float" in config_error(build, Sample, {"name": "a", "ratio": word}, "s.yaml")
 
 
 def test_a_tuple_in_the_data_becomes_a_list_for_a_list_field() -> None:

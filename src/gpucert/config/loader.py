@@ -112,10 +112,17 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+        # YAML 1.1 (PyYAML) reads 1e-3 and 2E5, without a dot, as strings: every user writes a learning rate so.
+        return float(value)
     # bool is an int subclass: `expected_gpus: true` must not pass as 1.
     if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
         return value
     raise ConfigError(f"{source}: {key}: expected {_describe(tp)}, found {value!r}")
+
+
+# A number as YAML 1.2 and Python write it, exponent without a dot included (1e-3); not nan or inf spelt out.
+_FLOAT_LITERAL = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
 
 
 def _describe(tp: Any) -> str:
