@@ -11,6 +11,6 @@ said accept $?
 head -3 $res/accept-stderr.txt | tee -a $res/summary.txt
 tail -3 $res/accept.txt | tee -a $res/summary.txt
 cp /tmp/accept/report.json $res/ 2>/dev/null
-timeout -k 10 280 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -x > $res/pytest-gpu.txt 2>&1
+timeout -k 10 400 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -x > $res/pytest-gpu.txt 2>&1
 said pytest-gpu $?
 tail -3 $res/pytest-gpu.txt | tee -a $res/summary.txt

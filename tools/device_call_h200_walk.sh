@@ -29,10 +29,10 @@ tail -1 $res/3-lr.txt | cut -c1-300 | tee -a $res/summary.txt
 timeout -k 10 200 $FT --set train.max_steps=9 --set train.save_every=3 --resume auto -o /tmp/w/spd > $res/3-more.txt 2> $res/3-more-stderr.txt
 said 3-more $?
 grep -E "resumed from|step [6-9]/9" $res/3-more-stderr.txt | cut -c1-160 | tee -a $res/summary.txt
-timeout -k 10 -s TERM 110 $FT --set train.max_steps=200 --set train.save_every=5 -o /tmp/w/term > /dev/null 2> $res/4-term.txt
+timeout --preserve-status -k 10 -s TERM 110 $FT --set train.max_steps=200 --set train.save_every=5 -o /tmp/w/term > /dev/null 2> $res/4-term.txt
 said 4-sigterm $?
 tail -2 $res/4-term.txt | cut -c1-300 | tee -a $res/summary.txt
 cd - > /dev/null
-timeout -k 10 280 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -x > $res/pytest-gpu.txt 2>&1
+timeout -k 10 400 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -x > $res/pytest-gpu.txt 2>&1
 said pytest-gpu $?
 tail -3 $res/pytest-gpu.txt | tee -a $res/summary.txt
