@@ -23,6 +23,7 @@ BUNDLE = str(NODE_BUNDLES / "h100")
 CASES = [
     # accept
     (["accept", "--skip", "bogus"], ["--skip: unknown benchmark(s) bogus", "known: matmul"]),
+    (["accept", "--skip", "matmul,burn,memory,p2p,collectives,train"], ["--skip leaves accept no benchmark"]),
     (["accept", "--nproc", "0"], ["--nproc must be >= 1, found 0"]),
     (["accept", "--config", "nope.yaml"], ["nope.yaml: cannot read"]),
     (["accept", "--config", "bad.yaml"], ["bad.yaml: line 2"]),

@@ -50,6 +50,18 @@ def test_verbs_run_on_a_cpu_machine_and_write_a_valid_report(verb: str, tmp_path
         assert "<html" in (tmp_path / "report.html").read_text()
 
 
+def test_benchmarks_left_out_of_accept_are_skip_rows(tmp_path: Path, capfd) -> None:
+    """A verdict that does not cover a benchmark says so: the report once only lacked its rows."""
+    skipped = ["matmul", "burn", "p2p", "collectives", "train"]
+    main(["accept", "--skip", ",".join(skipped), "--output", str(tmp_path)])
+    report = json.loads((tmp_path / "report.json").read_text())
+    validate(report)
+    rows = {r["name"]: r for r in report["results"] if r["name"].startswith("bench.")}
+    assert sorted(rows) == sorted(f"bench.{name}" for name in skipped)
+    assert all(r["status"] == "SKIP" and "left out with --skip" in r["message"] for r in rows.values())
+    assert any(r["name"].startswith("memory.") for r in report["results"])
+
+
 def test_json_flag_prints_the_report(tmp_path: Path, capsys) -> None:
     exit_code = main(["health", "--json", "--output", str(tmp_path)])
     printed = json.loads(capsys.readouterr().out)

@@ -180,6 +180,8 @@ def build_report(
 ) -> Report:
     """One report: every node's part (inventory, results) and the results about the whole job."""
     results = [Result.from_dict(r) for part in parts for r in part["results"]] + job_results
+    if request.verb == "accept":
+        results += left_out(request.benchmarks, head.inventory.hostname)
     nodes = {part["label"]: part["inventory"] for part in parts}
     results = with_gpu_uuids(results, nodes)
     if len(parts) > 1:
@@ -206,6 +208,24 @@ def build_report(
         results=results,
         nodes=nodes if len(parts) > 1 else {},
     )
+
+
+def left_out(benchmarks: list[str], subject: str) -> list[Result]:
+    """One SKIP for each benchmark accept was told to leave out (--skip): the report says what the verdict does not
+    cover, where it once only lacked those rows."""
+    from gpucert.bench.catalog import BENCHMARKS
+
+    return [
+        Result(
+            name=f"bench.{name}",
+            subject=subject,
+            status=Status.SKIP,
+            message=f"not run: left out with --skip; this verdict does not cover {name}",
+            category="benchmark",
+        )
+        for name in BENCHMARKS
+        if name not in benchmarks
+    ]
 
 
 def claim_output(request: RunRequest, head: NodeWork, started: datetime) -> RunDir:

@@ -272,7 +272,13 @@ def _benchmarks_of(args: argparse.Namespace) -> list[str]:
             raise ConfigError(
                 f"--skip: unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(BENCHMARKS)}"
             )
-        return [b for b in BENCHMARKS if b not in skipped]
+        kept = [b for b in BENCHMARKS if b not in skipped]
+        if not kept:
+            raise ConfigError(
+                "--skip leaves accept no benchmark: that is `gpucert health` (the node checks alone), whose report "
+                "says so; an accept report would read as an acceptance"
+            )
+        return kept
     return []
 
 
