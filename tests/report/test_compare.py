@@ -662,3 +662,19 @@ def test_runs_that_are_not_like_for_like_are_said_so_and_other_methods_numbers_n
     assert mismatches(base, worse) == []
     markdown = render_comparison_markdown(comparisons, notes=notes)
     assert f"- **Note:** {notes[1]}" in markdown
+
+
+def test_a_figure_judged_before_and_only_shown_now_is_a_warn() -> None:
+    """A fine-tuning run without train.final_loss_max: its loss 32 % worse compared PASS, exit 0, since an INFO
+    row is never counted. The baseline judged it; the candidate does not: that lost judgement is a WARN."""
+    judged = Result("final_loss", "run", Status.PASS, "ok", 5.978, "nats/token", expected="<= 6.5")
+    shown = Result("final_loss", "run", Status.INFO, "shown, not judged", 7.915, "nats/token")
+    meta = RunMeta("0.1.0", "3", "finetune", [], "h", "2026-11-29T00:00:00+00:00", "2026-11-29T00:01:00+00:00", 60.0,
+                   "cpu", {}, {})  # fmt: skip
+    (row,) = compare_reports(Report(meta, {}, [judged]), Report(meta, {}, [shown]))
+    assert row.status is Status.WARN and not row.regressed
+    assert comparison_status([row]) is Status.WARN
+    assert "| WARN | final_loss | run | 5.978 nats/token | 7.915 nats/token | PASS → INFO |" in (
+        render_comparison_markdown([row])
+    )
+    assert "no longer judged" in render_comparison_markdown([row])

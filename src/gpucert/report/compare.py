@@ -117,7 +117,11 @@ class Comparison:
         new_problem = (
             self.only_in == "candidate" and self.candidate_status is not None and (self.candidate_status >= Status.WARN)
         )
-        if self.got_worse or lost or new_problem:
+        # Passed a threshold before, only shown now (a run without its threshold): what the baseline checked, the
+        # candidate does not, and a number that got worse there would pass unseen. (FAIL before and unjudged now
+        # is no worse: the failure is gone from view, as the other way round a fix is.)
+        unjudged_now = self.baseline_status in (Status.PASS, Status.WARN) and self.candidate_status is Status.INFO
+        if self.got_worse or lost or new_problem or unjudged_now:
             return Status.WARN
         return Status.INFO if self.moved_unjudged else Status.PASS
 
@@ -367,6 +371,8 @@ def _verdict_text(c: Comparison) -> str:
         return "NOW FAILING"
     if c.improved:
         return "improved"
+    if c.baseline_status in (Status.PASS, Status.WARN) and c.candidate_status is Status.INFO:
+        return "no longer judged"
     if c.moved_unjudged:
         return "not judged"
     return ""

@@ -334,12 +334,16 @@ def train(
         # Why a run did not pass, on stdout as every verb's results are (progress is stderr's): the verdict line
         # alone sent the user to report.json. Each WARN, FAIL or ERROR as gpucert's plain output prints it
         # (threshold source and remedy included), so `grep '^FAIL'` finds it in a job log.
-        for criterion in map(Result.from_dict, result["criteria"]):
+        criteria = list(map(Result.from_dict, result["criteria"]))
+        for criterion in criteria:
             if criterion.status >= Status.WARN:
                 print(result_line(criterion), flush=True)
+        # A PASS that held the loss to nothing says so: it covers the run finishing, not what it learnt.
+        unjudged = [c.name for c in criteria if c.status is Status.INFO]
+        caveat = f" (not judged: {', '.join(unjudged)}, no threshold set)" if unjudged else ""
         print(
-            f"{result['status']}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html draws it), "
-            f"metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}",
+            f"{result['status']}{caveat}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html "
+            f"draws it), metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}",
             flush=True,
         )
     log.close()
