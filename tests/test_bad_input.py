@@ -50,7 +50,8 @@ CASES = [
     (["health", "--output", "afile"], ["--output ", "afile is not a directory"]),
     (["discover", "--replay", "afile"], ["afile: not a capture bundle"]),
     # report
-    (["report", "nope"], ["nope: not a readable gpucert report"]),
+    (["report", "nope"], ["nope: no such run directory or report.json"]),
+    (["finetune", "prepare", "--output", "x"], ["finetune prepare writes the prepared data to data.cache_dir"]),
     (["report", "corrupt.json"], ["corrupt.json: not a readable gpucert report"]),
     (["report", "a", "b", "c"], ["report takes one run (render) or two runs"]),
     (["report", "corrupt.json", "corrupt.json", "--threshold", "-5"], ["--threshold", "found -5.0"]),

@@ -104,7 +104,7 @@ def test_the_defaults_on_an_h100_fuse_everything_and_say_how() -> None:
     plan = plan_model(ModelConfig(), LoraConfig(r=16, dropout=0.0), H100)
     assert plan.adapters_in_gemm.on and plan.fuse_mlp.on and plan.autocast.on
     assert "one Triton kernel" in plan.fuse_mlp.why and "one Triton kernel" in plan.fused_loss.why
-    assert not plan.fp8_head.on and plan.fp8_head.why == "model.precision bf16"
+    assert not plan.fp8_head.on and plan.fp8_head.why == "model.precision is bf16, not fp8"
 
 
 def test_on_a_cpu_the_fused_mlp_runs_the_kernel_s_torch_reference() -> None:

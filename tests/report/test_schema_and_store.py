@@ -337,10 +337,16 @@ def test_report_of_another_major_version_names_the_path(tmp_path: Path) -> None:
 
 
 def test_missing_report_names_the_path(tmp_path: Path) -> None:
-    path = tmp_path / "report.json"
+    """Said in words, not as Python's `[Errno 2] No such file or directory`."""
     with pytest.raises(ValueError) as info:
         load_report(tmp_path)
-    assert str(info.value) == (f"{path}: not a readable gpucert report: [Errno 2] No such file or directory: '{path}'")
+    assert str(info.value) == (
+        f"{tmp_path}: no report.json: not a gpucert run directory, or a run that stopped before writing its report "
+        "(its logs/ and stderr say why)"
+    )
+    with pytest.raises(ValueError) as info:
+        load_report(tmp_path / "nothere")
+    assert str(info.value) == f"{tmp_path / 'nothere'}: no such run directory or report.json"
 
 
 # markdown

@@ -77,6 +77,13 @@ def finetune(args: argparse.Namespace) -> int:
     extra, flags = flag_overrides([("--resume", "resume", args.resume), ("--output", "output_dir", args.output)])
     cfg = load(args, extra, training=args.stage != "prepare", flags=flags)
     if args.stage == "prepare":
+        # Preparation writes only the data cache (data.cache_dir): a run's flags would do nothing here, silently.
+        given = [flag for flag, value in (("--output", args.output), ("--resume", args.resume)) if value]
+        if given:
+            raise ConfigError(
+                f"finetune prepare writes the prepared data to data.cache_dir and no run: {', '.join(given)} "
+                "belong to `gpucert finetune` (set data.cache_dir to choose where preparation writes)"
+            )
         check_data_source(cfg.data)  # a missing data file is named before torch and the tokenizer load
         return prepare(cfg)
     if args.nproc is not None and args.nproc < 1:

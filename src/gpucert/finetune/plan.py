@@ -130,7 +130,7 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
     fp8 = model.precision == "fp8"
     fp8_head = _first_missing(
         [
-            (fp8, f"model.precision {model.precision}"),
+            (fp8, f"model.precision is {model.precision}, not fp8"),
             (model.fused_loss, "model.fused_loss false: the head is not deferred to the loss"),
             (model.fp8_head, "model.fp8_head false: the head stays bf16"),
         ],

@@ -229,12 +229,19 @@ def write_html(report: Report, directory: Path) -> Path:
 def load_report(path: Path) -> Report:
     """A report from its JSON file or its run directory; errors name the file (and, for a fine-tuning run that has
     not finished, how to finish it)."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such run directory or report.json")
     if path.is_dir():
         if not (path / "report.json").exists() and (path / "checkpoints").is_dir():
             raise ValueError(
                 f"{path}: a fine-tuning run that has not finished (no report.json yet; checkpoints in "
                 f"{path / 'checkpoints'}): finish it with gpucert finetune --config {path / 'config.yaml'} "
                 f"--output {path} --resume auto"
+            )
+        if not (path / "report.json").exists():
+            raise ValueError(
+                f"{path}: no report.json: not a gpucert run directory, or a run that stopped before writing its "
+                "report (its logs/ and stderr say why)"
             )
         path = path / "report.json"
     try:
