@@ -312,3 +312,20 @@ def test_more_steps_on_resume_continue_the_schedule_at_the_restored_step(
     whole = run_finetune(replace(longer, resume="none", output_dir=str(tmp_path / "whole")))
     after = [round(r["lr"], 9) for r in resumed["step_log"] if r["step"] > 4]
     assert after and after == [round(r["lr"], 9) for r in whole["step_log"] if r["step"] > 4]
+
+
+def test_a_finished_runs_report_stands_when_a_requeued_job_resumes_it(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job that had finished, started again with --resume auto (a Slurm requeue), trains nothing: it once
+    rewrote the report with its own process's numbers (no time to the first step, another peak RSS)."""
+    cfg = replace(tiny(tmp_path), train=replace(tiny(tmp_path).train, max_steps=2, save_every=2))
+    first = run_finetune(cfg)
+    run = tmp_path / "run"
+    before = {name: (run / name).read_bytes() for name in ("report.json", "metrics.json", "config.yaml")}
+    capsys.readouterr()
+    again = run_finetune(replace(cfg, resume="auto"))
+    out = capsys.readouterr().out
+    assert f"{first['status']}: the run had finished; its report stands: {run / 'report.json'}" in out
+    assert {name: (run / name).read_bytes() for name in before} == before
+    assert again["status"] == first["status"] and again["loss_history"] == first["loss_history"]

@@ -5,6 +5,7 @@ checkpoints, and at the end saves the adapter and writes the run's files (summar
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -241,6 +242,17 @@ def train(
                 "nothing is trained and the report is the checkpoint's run"
                 + ("; raise train.max_steps to train on" if past else "")
             )
+            kept = finished_run(run_dir)
+            if kept is not None:
+                # A requeued job that had finished: its report stands as written. Rewritten, it lost the run's
+                # time to the first step and took the peak memory of a process that trained nothing.
+                if rt.is_main:
+                    print(
+                        f"{kept['status']}: the run had finished; its report stands: {run_dir / 'report.json'}",
+                        flush=True,
+                    )
+                log.close()
+                return kept
     elif cfg.resume == "auto":
         log(f"resume auto: no complete checkpoint under {run_dir}, starting at step 0")
     log(
@@ -348,6 +360,17 @@ def train(
         )
     log.close()
     return result
+
+
+def finished_run(run_dir: Path) -> dict[str, Any] | None:
+    """The metrics of the run that finished in run_dir (its report.json and metrics.json written), or None."""
+    try:
+        if not (run_dir / "report.json").is_file():
+            return None
+        kept = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return kept if isinstance(kept, dict) and "status" in kept else None
 
 
 def plan_run(cfg: FinetuneConfig, rt: Runtime, vocab_size: int) -> RunPlan:
