@@ -189,30 +189,30 @@ def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
 
 def test_unknown_top_level_key_names_key_and_file(tmp_path: Path) -> None:
     path = write(tmp_path, "profil: h100-sxm\n")
-    assert config_error(load_config, RunConfig, path) == f"{path}: unknown key 'profil'; expected one of: {RUN_KEYS}"
+    assert config_error(load_config, RunConfig, path) == f"{path}:1: unknown key 'profil'; expected one of: {RUN_KEYS}"
 
 
 def test_unknown_nested_key_names_the_dotted_key_and_file(tmp_path: Path) -> None:
     path = write(tmp_path, "health:\n  expected_gpus: 8\n  bogus: 1\n")
     assert config_error(load_config, RunConfig, path) == (
-        f"{path}: unknown key 'health.bogus'; expected one of: {HEALTH_KEYS}"
+        f"{path}:3: unknown key 'health.bogus'; expected one of: {HEALTH_KEYS}"
     )
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('health:\n  expected_gpus: "eight"\n', "health.expected_gpus: expected int, found 'eight'"),
-        ("health:\n  expected_gpus: true\n", "health.expected_gpus: expected int, found True"),
-        ("health:\n  liveness: 3\n", "health.liveness: expected bool, found 3"),
-        ("health:\n  xid_window_h: [24]\n", "health.xid_window_h: expected float, found [24]"),
-        ("health: 3\n", "health: expected a mapping, found int"),
-        ("profile: 5\n", "profile: expected str, found 5"),
+        ('health:\n  expected_gpus: "eight"\n', "2: health.expected_gpus: expected int, found 'eight'"),
+        ("health:\n  expected_gpus: true\n", "2: health.expected_gpus: expected int, found True"),
+        ("health:\n  liveness: 3\n", "2: health.liveness: expected bool, found 3"),
+        ("health:\n  xid_window_h: [24]\n", "2: health.xid_window_h: expected float, found [24]"),
+        ("health: 3\n", "1: health: expected a mapping, found int"),
+        ("profile: 5\n", "1: profile: expected str, found 5"),
     ],
 )
 def test_wrong_type_in_file_names_file_key_and_value(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path, text)
-    assert config_error(load_config, RunConfig, path) == f"{path}: {message}"
+    assert config_error(load_config, RunConfig, path) == f"{path}:{message}"
 
 
 def test_invalid_yaml_reports_line_and_column(tmp_path: Path) -> None:
@@ -337,7 +337,7 @@ def test_wrong_type_from_set_names_that_set_argument(tmp_path: Path) -> None:
 def test_bad_file_value_is_blamed_on_the_file_even_when_set_would_replace_it(tmp_path: Path) -> None:
     path = write(tmp_path, "health:\n  expected_gpus: eight\n")
     assert config_error(load_config, RunConfig, path, ["health.expected_gpus=8"]) == (
-        f"{path}: health.expected_gpus: expected int, found 'eight'"
+        f"{path}:2: health.expected_gpus: expected int, found 'eight'"
     )
 
 
@@ -379,3 +379,13 @@ def test_two_keys_from_two_places_name_both(tmp_path: Path, capsys: pytest.Captu
     assert "bench.collectives.max_bytes must be >= bench.collectives.min_bytes (4096), found 1024" in err
     said = "bench.collectives.max_bytes from --set bench.collectives.max_bytes=1024, bench.collectives.min_bytes from "
     assert said + str(config) in err
+
+
+def test_a_bad_key_in_a_file_is_named_with_its_line(tmp_path: Path) -> None:
+    """`cfg.yaml:5: ...`, as compilers and linters say it, so an editor jumps there."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text("name: a\ncount: 1\n\ninner:\n  ratio: fast\n")
+    message = config_error(load_config, Sample, path)
+    assert message == f"{path}:5: inner.ratio: expected float, found 'fast'", message
+    path.write_text("name: a\n\nbogus: 1\n")
+    assert config_error(load_config, Sample, path).startswith(f"{path}:3: unknown key 'bogus'")

@@ -186,12 +186,50 @@ def load_config(
 ) -> T:
     """base (e.g. a profile's run_defaults) < file < overrides, each error naming where the bad value came from."""
     data = merge_mappings(base or {}, load_yaml(path) if path else {})
-    config = build(cls, data, str(path) if path else "defaults")
+    try:
+        config = build(cls, data, str(path) if path else "defaults")
+    except ConfigError as exc:
+        raise ConfigError(with_line(str(exc), path)) from None
     for item in overrides:
         # One override at a time, so a bad value is blamed on its own --set argument.
         data = apply_overrides(data, cls, [item])
         config = build(cls, data, f"--set {item}")
     return config
+
+
+# What build's messages say after the source: `key.path: expected ...` or `unknown key 'key.path'`.
+_BUILD_KEY = re.compile(r"^(?:unknown key '([^']+)'|([\w.\[\]]+): )")
+
+
+def with_line(message: str, path: Path | None) -> str:
+    """build's `cfg.yaml: train.lr: expected float, found 'x'` as `cfg.yaml:12: train.lr: ...`, the line of the
+    key in the file (for an editor's jump-to-line), where the key is in that file; else the message as it was."""
+    if path is None or not message.startswith(f"{path}: "):
+        return message
+    rest = message[len(f"{path}: ") :]
+    found = _BUILD_KEY.match(rest)
+    if not found:
+        return message
+    key = re.sub(r"\[\d+\]", "", found.group(1) or found.group(2))
+    line = key_line(path, key)
+    return f"{path}:{line}: {rest}" if line else message
+
+
+def key_line(path: Path, dotted: str) -> int | None:
+    """The 1-based line where `dotted` (a.b.c) is written in the YAML file at `path`, or None."""
+    try:
+        node = yaml.compose(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return line
+        match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+        if match is None:
+            return line
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
 
 
 # A dotted key as range messages name it (`bench.memory.size_mib must be in ...`).
