@@ -329,3 +329,21 @@ def test_a_finished_runs_report_stands_when_a_requeued_job_resumes_it(
     assert f"{first['status']}: the run had finished; its report stands: {run / 'report.json'}" in out
     assert {name: (run / name).read_bytes() for name in before} == before
     assert again["status"] == first["status"] and again["loss_history"] == first["loss_history"]
+
+
+def test_a_run_trained_further_says_its_evaluations_are_of_the_old_adapter(
+    tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Resumed to more steps, a run rewrote its adapter while evaluation/ still scored the old one, and a
+    report.html drawn before still showed the old curves, with nothing said."""
+    cfg = replace(tiny(tmp_path), train=replace(tiny(tmp_path).train, max_steps=2, save_every=2))
+    run_finetune(cfg)
+    run = tmp_path / "run"
+    (run / "evaluation").mkdir()
+    (run / "evaluation" / "report.json").write_text("{}")
+    (run / "report.html").write_text("<html>old curves</html>")
+    capsys.readouterr()
+    run_finetune(replace(cfg, resume="auto", train=replace(cfg.train, max_steps=4)))
+    err = capsys.readouterr().err
+    assert f"note: {run / 'evaluation'} scored the adapter before this run trained it on" in err, err[-2000:]
+    assert not (run / "report.html").exists()

@@ -50,7 +50,7 @@ from gpucert.finetune.train.compile_cache import (
 )
 from gpucert.finetune.train.memory_plan import plan_for_run
 from gpucert.finetune.train.parallel import resolve_mode, wrap
-from gpucert.finetune.train.report import write_run_files
+from gpucert.finetune.train.report import stale_evaluations, write_run_files
 from gpucert.finetune.train.rundir import RunDir
 from gpucert.finetune.train.step import (
     HostBatch,
@@ -358,6 +358,9 @@ def train(
             f"draws it), metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}",
             flush=True,
         )
+        if steps_this_process:
+            for old in stale_evaluations(run_dir):
+                log(f"note: {old} scored the adapter before this run trained it on: gpucert evaluate again")
     log.close()
     return result
 

@@ -359,5 +359,14 @@ def build_report(
 def write_run_files(run_dir: Path, metrics: dict[str, Any], report: Report) -> None:
     """report.json and report.md, then metrics.json last (its presence says the run finished, for the tools
     that read it); each file is written whole or not at all."""
+    # A report.html drawn from an earlier report of this directory (a run resumed to more steps) would show the
+    # old curves beside the new report: `gpucert report DIR --html` draws it again.
+    (run_dir / "report.html").unlink(missing_ok=True)
     write_report(report, run_dir)
     write_atomic(run_dir / "metrics.json", json.dumps(metrics, indent=1))
+
+
+def stale_evaluations(run_dir: Path) -> list[Path]:
+    """The evaluations under run_dir (`gpucert evaluate`'s default outputs beside the adapter) that scored the
+    adapter as it was before this run wrote it again."""
+    return [d for d in (run_dir / "evaluation", run_dir / "evaluation-bfcl") if (d / "report.json").is_file()]
