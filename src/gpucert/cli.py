@@ -681,11 +681,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         if argv[:1] != ["health"] or "--npd" not in argv:
             raise
-        from gpucert.fleet.npd import MESSAGE_CHARS, UNKNOWN
+        from gpucert.fleet.npd import unknown
 
         # NPD's contract: one line on stdout and 2, whatever went wrong (the reason is on stderr already).
-        print(f"UNKNOWN gpucert could not check this node: the command line was refused: {exc.message}"[:MESSAGE_CHARS])
-        return UNKNOWN
+        return unknown(f"the command line was refused: {exc.message}", said=True)
     args.argv = argv  # what a node's ranks run again (runtime/launcher.py)
     set_format(args.format)
     console = make_console()

@@ -290,6 +290,17 @@ def blame_sources(
     return blamed
 
 
+def dotted(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's leaves keyed by their dotted path (`train.lr`), lists and other values as they are."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def merge_mappings(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """Nested mappings merged key by key; anything else in override replaces what base had."""
     merged = dict(base)

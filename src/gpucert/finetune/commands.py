@@ -120,7 +120,7 @@ def check_before_start(cfg: FinetuneConfig) -> None:
     directory that is not there, and an output_dir that another live run holds, that holds another verb's report,
     that cannot be written, or that holds an earlier run's checkpoints for a run that does not resume. The ranks
     check again (a run may start in between); this is for the one line, at once."""
-    from gpucert.report.store import NOT_A_DIRECTORY, UNREADABLE, earlier_verb, write_problem
+    from gpucert.report.store import UNREADABLE, check_writable, earlier_verb
     from gpucert.runtime.dirlock import check_free
 
     check_data_source(cfg.data)
@@ -131,11 +131,7 @@ def check_before_start(cfg: FinetuneConfig) -> None:
     if not cfg.output_dir:
         return
     out = Path(cfg.output_dir)
-    nearest, problem = write_problem(out.absolute())
-    if problem == NOT_A_DIRECTORY:
-        raise ConfigError(f"output_dir {out}: {nearest} is not a directory")
-    if problem is not None:
-        raise ConfigError(f"output_dir {out}: cannot write in {nearest}: {problem}")
+    check_writable(out, "output_dir")
     if out.is_dir():
         check_free(out, "output_dir")  # first: a live run's checkpoints are not an earlier run's
     verb = earlier_verb(out)
@@ -394,7 +390,7 @@ def check_evaluation_output(out: Path, suite: str = "held-out") -> None:
     run's report.json would be overwritten) or another suite's evaluation (a BFCL report, minutes to hours of
     GPU time, replaced by a held-out one without a word), or cannot be written. The same suite's report there is
     replaced: a re-run in place."""
-    from gpucert.report.store import NOT_A_DIRECTORY, UNREADABLE, earlier_verb, write_problem
+    from gpucert.report.store import UNREADABLE, check_writable, earlier_verb
 
     verb = earlier_verb(out)
     if verb not in (None, "evaluate"):
@@ -411,11 +407,7 @@ def check_evaluation_output(out: Path, suite: str = "held-out") -> None:
             f"{SUITE_OUTPUTS[suite]}/ beside the adapter), or remove {out / 'report.json'} to replace it"
         )
 
-    nearest, problem = write_problem(out.absolute())
-    if problem == NOT_A_DIRECTORY:
-        raise ConfigError(f"--output {out}: {nearest} is not a directory")
-    if problem is not None:
-        raise ConfigError(f"--output {out}: cannot write in {nearest}: {problem}")
+    check_writable(out, "--output")
 
 
 def earlier_suite(out: Path) -> str:

@@ -64,8 +64,10 @@ def run_plugin(run: Callable[[], int]) -> int:
     return code if code in (OK, PROBLEM) else UNKNOWN
 
 
-def unknown(reason: str) -> int:
-    """NPD's answer for a node gpucert could not check: the reason on stdout (NPD's one line) and stderr."""
+def unknown(reason: str, said: bool = False) -> int:
+    """NPD's answer for a node gpucert could not check: the reason on stdout (NPD's one line) and, unless it was
+    `said` there already (argparse's refusal), on stderr."""
     print(f"UNKNOWN gpucert could not check this node: {' '.join(reason.split())}"[:MESSAGE_CHARS])
-    print(f"gpucert: error: {reason}", file=sys.stderr)
+    if not said:
+        print(f"gpucert: error: {reason}", file=sys.stderr)
     return UNKNOWN

@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpucert.config.loader import dotted
 from gpucert.config.profiles import Profile, load_profile
 from gpucert.report.direction import HIGHER, direction_of
 from gpucert.report.numbers import short
@@ -650,22 +651,12 @@ def _refuse_unmergeable(reports: Sequence[Report], sources: Sequence[str]) -> No
 UNJUDGED_CONFIG = ("runs_dir", "runtime")
 
 
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _refuse_config_differences(reports: Sequence[Report], sources: Sequence[str]) -> None:
     """Reports judged under different settings (`--set health.expected_gpus=4` on one, 8 on another) do not make
     one cluster verdict: refused, naming the first keys that differ and their values."""
-    first = _flat({k: v for k, v in reports[0].meta.config.items() if k not in UNJUDGED_CONFIG})
+    first = dotted({k: v for k, v in reports[0].meta.config.items() if k not in UNJUDGED_CONFIG})
     for report, source in zip(reports[1:], sources[1:], strict=True):
-        other = _flat({k: v for k, v in report.meta.config.items() if k not in UNJUDGED_CONFIG})
+        other = dotted({k: v for k, v in report.meta.config.items() if k not in UNJUDGED_CONFIG})
         keys = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
         if keys:
             shown = "; ".join(f"{k} {first.get(k)!r} in {sources[0]}, {other.get(k)!r} in {source}" for k in keys[:3])
@@ -837,10 +828,7 @@ def _refuse_paths(paths: list[Path], output: Path) -> None:
             f"--output {output} is where {inside[0]}'s report is: the cluster report would replace it; "
             "choose a new directory for the cluster report"
         )
-    try:
-        check_reuse(output, MERGE_VERB)
-    except ValueError as exc:  # ConfigError: said as merge's other refusals are
-        raise ValueError(str(exc)) from None
+    check_reuse(output, MERGE_VERB)  # a ConfigError, which is a ValueError as merge's other refusals are
 
 
 def _write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:

@@ -103,6 +103,13 @@ class Comparison:
         )
 
     @property
+    def no_longer_judged(self) -> bool:
+        """Passed a threshold before, only shown now (a run without its threshold): what the baseline checked, the
+        candidate does not, and a number that got worse there would pass unseen. (FAIL before and unjudged now is
+        no worse: the failure is gone from view, as the other way round a fix is.)"""
+        return self.baseline_status in (Status.PASS, Status.WARN) and self.candidate_status is Status.INFO
+
+    @property
     def status(self) -> Status:
         """The comparison's judgement of this row, not the candidate's own status: a number that regressed beyond
         its band is FAIL even where it still passes its profile, and one that still fails its profile but did
@@ -117,11 +124,7 @@ class Comparison:
         new_problem = (
             self.only_in == "candidate" and self.candidate_status is not None and (self.candidate_status >= Status.WARN)
         )
-        # Passed a threshold before, only shown now (a run without its threshold): what the baseline checked, the
-        # candidate does not, and a number that got worse there would pass unseen. (FAIL before and unjudged now
-        # is no worse: the failure is gone from view, as the other way round a fix is.)
-        unjudged_now = self.baseline_status in (Status.PASS, Status.WARN) and self.candidate_status is Status.INFO
-        if self.got_worse or lost or new_problem or unjudged_now:
+        if self.got_worse or lost or new_problem or self.no_longer_judged:
             return Status.WARN
         return Status.INFO if self.moved_unjudged else Status.PASS
 
@@ -371,7 +374,7 @@ def _verdict_text(c: Comparison) -> str:
         return "NOW FAILING"
     if c.improved:
         return "improved"
-    if c.baseline_status in (Status.PASS, Status.WARN) and c.candidate_status is Status.INFO:
+    if c.no_longer_judged:
         return "no longer judged"
     if c.moved_unjudged:
         return "not judged"

@@ -226,6 +226,16 @@ def write_html(report: Report, directory: Path) -> Path:
     return path
 
 
+def check_writable(out: Path, what: str) -> None:
+    """Refuse, creating nothing, an output directory a run could not write: `what` is the option that named it
+    (--output, output_dir)."""
+    nearest, problem = write_problem(out.absolute())
+    if problem == NOT_A_DIRECTORY:
+        raise ConfigError(f"{what} {out}: {nearest} is not a directory")
+    if problem is not None:
+        raise ConfigError(f"{what} {out}: cannot write in {nearest}: {problem}")
+
+
 def load_report(path: Path) -> Report:
     """A report from its JSON file or its run directory; errors name the file (and, for a fine-tuning run that has
     not finished, how to finish it)."""

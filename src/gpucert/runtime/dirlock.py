@@ -24,6 +24,7 @@ import errno
 import fcntl
 import os
 import socket
+import struct
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,14 +48,21 @@ def holder_line() -> str:
     return f"pid {os.getpid()} on host {socket.gethostname()}, since {stamp}"
 
 
+def _refuse_if_held_here(path: Path, what: str) -> str:
+    """DirBusy where this process holds `path` already (a second claim must not open the lock file: closing it
+    would drop the lock); else the key it is held under once taken."""
+    key = os.path.realpath(path)
+    if key in _HELD:
+        raise DirBusy(f"{what} {path} is in use by another gpucert run ({_HELD[key]}): choose another {what}")
+    return key
+
+
 def lock_dir(path: Path, what: str) -> int | None:
     """Lock `path` (an existing directory) for this process: the open lock file, or None on a filesystem that
     keeps no locks. `what` names the option the directory came from (--output, output_dir) in messages.
     DirBusy, naming the directory and the holder, when another live run holds it."""
     lock = path / LOCK_FILE
-    key = os.path.realpath(path)
-    if key in _HELD:
-        raise DirBusy(f"{what} {path} is in use by another gpucert run ({_HELD[key]}): choose another {what}")
+    key = _refuse_if_held_here(path, what)
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -97,17 +105,13 @@ def check_free(path: Path, what: str) -> None:
     """DirBusy where another live run holds `path`'s lock now; nothing is taken or written. For a refusal before
     any work (a second run started into a live run's directory is told so, not told to delete its checkpoints).
     Not a claim: the run still takes the lock with lock_dir, and a run that starts in between is refused there."""
-    key = os.path.realpath(path)
-    if key in _HELD:
-        raise DirBusy(f"{what} {path} is in use by another gpucert run ({_HELD[key]}): choose another {what}")
+    _refuse_if_held_here(path, what)
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return  # no lock file: nobody holds it (a run takes it by creating the file)
     try:
         # F_GETLK-style probe: lockf cannot test a write lock through a read-only descriptor, so ask with fcntl.
-        import struct
-
         layout = "hh4xqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
         probe = struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
         answer = fcntl.fcntl(fd, fcntl.F_GETLK, probe)

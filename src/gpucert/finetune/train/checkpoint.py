@@ -53,6 +53,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from gpucert.config.loader import dotted
 from gpucert.finetune.config import FinetuneConfig
 from gpucert.finetune.disk import NoSpaceError, is_no_space, no_space_message
 from gpucert.runtime.group import Runtime, gather_to_main, say
@@ -168,15 +169,6 @@ SAME_ON_RESUME = (
 RUN_CONFIG_FILE = "config.yaml"  # rundir.CONFIG_FILE: what the run that wrote the checkpoints was given
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flat(value, f"{prefix}{key}."))
-    return flat
-
-
 def check_resume_config(cfg: FinetuneConfig) -> None:
     """Refuse, before any work, a resume whose settings differ from those its checkpoints were trained with in a
     key of SAME_ON_RESUME (a new train.lr was ignored by the restored optimizer, while config.yaml recorded it; a
@@ -192,10 +184,12 @@ def check_resume_config(cfg: FinetuneConfig) -> None:
         run_dir = Path(cfg.resume).parent.parent  # <run>/checkpoints/step-N
     saved_file = run_dir / RUN_CONFIG_FILE
     try:
-        saved = _flat(yaml.safe_load(saved_file.read_text()))
+        loaded = yaml.safe_load(saved_file.read_text())
     except (OSError, yaml.YAMLError):
         return
-    now = _flat(asdict(cfg))
+    # A config.yaml that is no mapping holds none of the settings: each reads as None there.
+    saved = dotted(loaded if isinstance(loaded, dict) else {})
+    now = dotted(asdict(cfg))
     changed = [
         key for key in sorted(saved.keys() | now.keys())
         if key.startswith(SAME_ON_RESUME) and saved.get(key) != now.get(key)
