@@ -131,7 +131,7 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> 
     problems = config.problems() if base is not None else config.runtime.problems() + config.localize.problems()
     if problems:
         said = blame_sources(problems, request.config_path, request.overrides, f"profile {config.profile}", base)
-        raise ConfigError("; ".join(said))
+        raise ConfigError(problems=said)
     return config
 
 

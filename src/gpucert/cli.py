@@ -598,7 +598,7 @@ def run_launch(argv: list[str]) -> int:
     try:
         return command.run(argv, _Parser, lambda line: console.print(line, style="dim"))
     except (ConfigError, SlurmError, ValueError) as exc:
-        print(f"gpucert launch: error: {exc}", file=sys.stderr)
+        print(f"gpucert launch: error: {exc.said() if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
         return ERROR_EXIT
     except KeyboardInterrupt:
         print("gpucert launch: interrupted (a submitted job keeps running: scancel it)", file=sys.stderr)
@@ -702,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpucert: interrupted", file=sys.stderr)
         return 130
     except (ConfigError, ValueError) as exc:
-        print(f"gpucert: error: {exc}", file=sys.stderr)
+        print(f"gpucert: error: {exc.said() if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
         return ERROR_EXIT
     except BrokenPipeError:
         # The reader left (`gpucert report ... | head`): what it read was right, there is nothing to say. Later

@@ -11,6 +11,7 @@ from gpucert.config.loader import ConfigError, apply_overrides, build, load_conf
 from gpucert.config.run import HealthConfig, RunConfig
 
 HEALTH_KEYS = "command_timeout_s, expected_gpus, liveness, xid_window_h"
+SAMPLE_KEYS = "anything, count, dims, either, inner, limits, maybe, mode, name, ratio, tags"
 RUN_KEYS = "bench, health, localize, profile, runs_dir, runtime"
 
 
@@ -361,9 +362,9 @@ def run_config_error(tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixt
 
 def test_a_range_error_from_a_file_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "site.yaml"
-    config.write_text("bench: {memory: {size_mib: 0}}\n")
+    config.write_text("bench:\n  memory: {size_mib: 0}\n")
     err = run_config_error(tmp_path, ["--config", str(config)], capsys)
-    assert f"gpucert: error: {config}: bench.memory.size_mib must be in 1..32768, found 0" in err
+    assert f"gpucert: error: {config}:2: bench.memory.size_mib must be in 1..32768, found 0" in err
 
 
 def test_a_range_error_from_a_set_names_the_set_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -389,3 +390,20 @@ def test_a_bad_key_in_a_file_is_named_with_its_line(tmp_path: Path) -> None:
     assert message == f"{path}:5: inner.ratio: expected float, found 'fast'", message
     path.write_text("name: a\n\nbogus: 1\n")
     assert config_error(load_config, Sample, path).startswith(f"{path}:3: unknown key 'bogus'")
+
+
+def test_every_bad_key_of_a_file_is_named_at_once_in_file_order(tmp_path: Path) -> None:
+    """Three mistakes, one run: each with its line, in the order an editor shows them, and a terminal gets a
+    count and a line each."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text("name: a\nbogus: 1\ncount: many\ninner:\n  ratio: fast\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(Sample, path)
+    assert caught.value.problems == [
+        f"{path}:2: unknown key 'bogus'; expected one of: {SAMPLE_KEYS}",
+        f"{path}:3: count: expected int, found 'many'",
+        f"{path}:5: inner.ratio: expected float, found 'fast'",
+    ]
+    assert str(caught.value) == "; ".join(caught.value.problems)  # one line for logs
+    assert caught.value.said().splitlines() == ["3 problems:"] + [f"  {p}" for p in caught.value.problems]
+    assert ConfigError("one thing").said() == "one thing"

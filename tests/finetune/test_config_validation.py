@@ -114,9 +114,10 @@ def test_a_bad_value_in_a_file_names_the_file(empty_cwd: Path, capsys: pytest.Ca
     path.write_text("train: {micro_batch: 0, save_every: 0}\neval: {batch_size: 0}\n")
     assert main(["finetune", "--config", str(path), "--output", str(empty_cwd / "run")]) == 3
     err = capsys.readouterr().err
-    # Every problem at once, each with where it came from.
-    assert f"{path}: train.micro_batch must be >= 1, found 0; {path}: train.save_every must be >= 1" in err
-    assert f"{path}: eval.batch_size must be >= 1, found 0" in err
+    # Every problem at once, a line each, with the file and line it came from.
+    assert err.startswith("gpucert: error: 3 problems:\n"), err
+    assert f"\n  {path}:1: train.micro_batch must be >= 1, found 0\n  {path}:1: train.save_every must be >= 1" in err
+    assert f"\n  {path}:2: eval.batch_size must be >= 1, found 0\n" in err
     assert sorted(p.name for p in empty_cwd.iterdir()) == ["bad.yaml"]
 
 

@@ -21,7 +21,21 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config or profile that cannot be used as written."""
+    """A config or profile that cannot be used as written.
+
+    problems: each thing wrong, one line each, when there are several (a config file with three typos is told all
+    three at once, as "; "-joined text); a plain message is one problem."""
+
+    def __init__(self, message: str = "", problems: Sequence[str] = ()) -> None:
+        self.problems = list(problems) or [message]
+        super().__init__("; ".join(self.problems))
+
+    def said(self) -> str:
+        """For a terminal: one problem as its line, several as a count and a line each (one line for logs and
+        node-problem-detector output is str())."""
+        if len(self.problems) == 1:
+            return self.problems[0]
+        return f"{len(self.problems)} problems:" + "".join(f"\n  {problem}" for problem in self.problems)
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -57,18 +71,28 @@ def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") 
         where = prefix.rstrip(".") or "top level"
         raise ConfigError(f"{source}: {where}: expected a mapping, found {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for key in data:
-        if key not in fields:
-            raise ConfigError(f"{source}: unknown key '{prefix}{key}'; expected one of: {', '.join(sorted(fields))}")
+    # Every problem of the mapping, not the first: a user fixing a config should not need one run per typo.
+    # In the order the keys are written, as an editor shows them.
+    problems: list[str] = []
     hints = typing.get_type_hints(cls)
-    kwargs = {name: _coerce(hints[name], value, source, f"{prefix}{name}") for name, value in data.items()}
+    kwargs = {}
+    for name, value in data.items():
+        if name not in fields:
+            problems.append(f"{source}: unknown key '{prefix}{name}'; expected one of: {', '.join(sorted(fields))}")
+            continue
+        try:
+            kwargs[name] = _coerce(hints[name], value, source, f"{prefix}{name}")
+        except ConfigError as exc:
+            problems += exc.problems
     missing = [
         name
         for name, f in fields.items()
-        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:
-        raise ConfigError(f"{source}: missing required key(s): {', '.join(prefix + m for m in missing)}")
+        problems.append(f"{source}: missing required key(s): {', '.join(prefix + m for m in missing)}")
+    if problems:
+        raise ConfigError(problems=problems)
     return cls(**kwargs)
 
 
@@ -189,7 +213,7 @@ def load_config(
     try:
         config = build(cls, data, str(path) if path else "defaults")
     except ConfigError as exc:
-        raise ConfigError(with_line(str(exc), path)) from None
+        raise ConfigError(problems=[with_line(problem, path) for problem in exc.problems]) from None
     for item in overrides:
         # One override at a time, so a bad value is blamed on its own --set argument.
         data = apply_overrides(data, cls, [item])
@@ -281,7 +305,11 @@ def blame_sources(
                     where[key] = source
                     break
         places = list(dict.fromkeys(where.values()))
-        if len(places) == 1:
+        if len(places) == 1 and path is not None and places[0] == str(path):
+            # `cfg.yaml:12: train.lr must be ...`, at the first key it names, as build's type errors say it.
+            line = key_line(path, next(iter(where)))
+            blamed.append(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
+        elif len(places) == 1:
             blamed.append(f"{places[0]}: {problem}")
         elif places:
             blamed.append(f"{problem} ({', '.join(f'{key} from {source}' for key, source in where.items())})")

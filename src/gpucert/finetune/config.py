@@ -417,7 +417,7 @@ def load_finetune_config(
     cfg = _model_beside_recipe(cfg, path, overrides)
     found = cfg.problems() + (cfg.path_problems() if training else [])
     if found:
-        raise ConfigError("; ".join(blame_sources(found, path, overrides, flags=flags, top_keys=TOP_KEYS)))
+        raise ConfigError(problems=blame_sources(found, path, overrides, flags=flags, top_keys=TOP_KEYS))
     return cfg
 
 

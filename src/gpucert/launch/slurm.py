@@ -162,7 +162,7 @@ def _task_command(job: SlurmJob) -> str:
 def render_sbatch(job: SlurmJob) -> str:
     problems = job.problems()
     if problems:
-        raise ConfigError("; ".join(problems))
+        raise ConfigError(problems=problems)
     run_dir = shlex.quote(job.run_dir)
     # %n (the node's index in the job) keeps two nodes of one hostname apart; %N names the host.
     # No --kill-on-bad-exit: every node exits with the run's verdict (1 WARN, 2 FAIL), and srun would SIGTERM the

@@ -317,7 +317,7 @@ def start_runtime(
     config = config or RuntimeConfig()
     problems = config.problems()
     if problems:
-        raise ConfigError("; ".join(problems))
+        raise ConfigError(problems=problems)
     environ = os.environ if environ is None else environ
     if environ.get("GPUCERT_AGENT_PID"):
         # Started by gpucert's launcher (runtime/launcher.py): die with it, and one log a rank.

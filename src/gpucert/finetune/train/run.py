@@ -98,7 +98,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
     """
     problems = cfg.problems()
     if problems:
-        raise ConfigError("; ".join(problems))
+        raise ConfigError(problems=problems)
     rt: Runtime | None = None
     run: RunDir | None = None
 
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_finetune_config(args.config, overrides, training=True)
     except ConfigError as exc:
-        print(f"gpucert finetune: error: {exc}", file=sys.stderr)
+        print(f"gpucert finetune: error: {exc.said()}", file=sys.stderr)
         return Status.ERROR.exit_code
     return finetune_exit_code(cfg)
 
@@ -243,7 +243,8 @@ def finetune_exit_code(cfg: FinetuneConfig) -> int:
     try:
         result = run_finetune(cfg, profile_peak())
     except (ConfigError, RendezvousError) as exc:
-        print(f"gpucert finetune: error: {exc}", file=sys.stderr)
+        said = exc.said() if isinstance(exc, ConfigError) else exc
+        print(f"gpucert finetune: error: {said}", file=sys.stderr)
         return Status.ERROR.exit_code
     except FinetuneFailed:
         return Status.ERROR.exit_code  # run_finetune said which rank failed, where, and why
