@@ -181,6 +181,10 @@ def train(
     setup_s = {"start_up": started - (began or started), **start_up_split(marks, began, started)}
     setup_s["data"] = time.time() - started
     loading = time.time()
+    if cfg.model.name != "tiny":
+        # Said before, not after: a 7B load is minutes on a CPU and tens of seconds from a cold disk, silent inside.
+        slow = " (on a CPU this takes minutes for a 7B model)" if rt.device.type == "cpu" else ""
+        log(f"loading {cfg.model.name} onto {rt.device}{slow}")
     peft_model, info = load_model(
         cfg.model, cfg.lora, tokenizer, rt.device, cfg.data.max_length, sharded=mode == "fsdp2", plan=plan.model
     )
