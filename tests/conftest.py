@@ -30,6 +30,18 @@ def _has_gpu() -> bool:
         return False
 
 
+def _module_fixtures(item: pytest.Item) -> list[str]:
+    """The module-scoped fixtures of the test's own files (not a plugin's) that the test uses."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return sorted(
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if defs and defs[-1].scope == "module" and defs[-1].baseid and name in item.fixturenames
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Every test on the one Slurm cluster goes to one pytest-xdist worker (`make test` runs `-n 2 --dist
     # loadgroup`): the cluster is a session fixture with daemons, ports and an /etc/hosts line of its own, and two
@@ -37,6 +49,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif shared := _module_fixtures(item):
+            # A module fixture that trains or compiles (two short runs, a compiled kernel) is built once per
+            # worker that runs one of its tests: its tests on one worker build it once, not twice.
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}::{shared[0]}"))
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run them on a GPU node)")

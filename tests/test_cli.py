@@ -21,6 +21,7 @@ def validate(report: dict) -> None:
     jsonschema.Draft202012Validator(SCHEMA).validate(report)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", ["discover", "health", "accept"])
 def test_verbs_run_on_a_cpu_machine_and_write_a_valid_report(verb: str, tmp_path: Path, capfd) -> None:
     exit_code = main([verb, "--output", str(tmp_path)])
@@ -50,6 +51,7 @@ def test_verbs_run_on_a_cpu_machine_and_write_a_valid_report(verb: str, tmp_path
         assert "<html" in (tmp_path / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_benchmarks_left_out_of_accept_are_skip_rows(tmp_path: Path, capfd) -> None:
     """A verdict that does not cover a benchmark says so: the report once only lacked its rows."""
     skipped = ["matmul", "burn", "p2p", "collectives", "train"]

@@ -41,7 +41,7 @@ NOT_RUN = {
     "after it: tests/test_cli.py::test_verbs_run_on_a_cpu_machine_and_write_a_valid_report",
     r"gpucert finetune --config qwen2-7b": "trains a 7B model on GPUs: docs/results/finetune.md has those runs",
     r"^gpucert finetune$": "trains the offline recipe (~20 s): "
-    "tests/finetune/test_cli_finetune.py::test_offline_default_trains_saves_and_evaluates runs it",
+    "tests/finetune/test_cli_finetune.py::test_offline_default_trains_saves_evaluates_and_renders runs it",
     r"^gpucert accept --nnodes 2": "one node of two (node-a): two nodes on localhost in "
     "tests/runtime/test_cluster_runs.py::test_two_agents_as_two_nodes_accept_into_one_cluster_report",
     r"^srun ": "runs inside a Slurm allocation: tests/cluster/test_launch_slurm.py runs the verbs under srun on a "

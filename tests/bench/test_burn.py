@@ -246,6 +246,7 @@ def test_bad_input_exits_3_before_anything_runs(argv: list[str], said: str, tmp_
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_real_run_on_this_cpu_with_two_ranks(tmp_path: Path) -> None:
     cfg = BurnBenchConfig(duration_s=0.6, window_s=0.1, size=64, dtype="fp32")
     data = launch_local(2, {"benchmark": "burn", "config": asdict(cfg)}, tmp_path / "burn", timeout_s=120)
@@ -260,6 +261,7 @@ def test_real_run_on_this_cpu_with_two_ranks(tmp_path: Path) -> None:
     assert {(r.name, r.status) for r in results} == {("burn.fp32", Status.INFO), ("burn.sdc", Status.PASS)}
 
 
+@pytest.mark.slow
 def test_bench_burn_runs_from_the_command_line(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     code = main(["bench", "burn", "--profile", "cpu", "--nproc", "2", "--duration", "0.5s", "--output", str(out)])

@@ -395,6 +395,7 @@ def test_intra_node_curves_use_the_single_node_floor() -> None:
 # --- a real run: two gloo processes through the launcher ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_run_measures_and_checks_every_op(tmp_path: Path) -> None:
     cfg = CollectivesBenchConfig(
         dtype="fp32", min_bytes=1024, max_bytes=65536, gate_bytes=65536, warmup=1, repeats=3, batch_ms=2.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
 import torch
 
 from gpucert.bench import matmul, memory
@@ -201,6 +202,7 @@ def test_a_zero_size_memory_buffer_is_refused_before_it_can_pass(tmp_path: Path,
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_real_run_on_this_cpu_with_two_ranks(tmp_path: Path) -> None:
     cfg = MatmulBenchConfig(dtypes=["fp32", "bf16"], sizes=[128], sweep_budget_s=0.5, warmup_s=0.1, repeats=3)
     data = launch_local(2, {"benchmark": "matmul", "config": asdict(cfg)}, tmp_path / "mm", timeout_s=120)

@@ -182,6 +182,7 @@ def test_single_process_skips_scaling_and_cpu_skips_mfu() -> None:
     assert results["train.loss_decreasing"].status is Status.PASS
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_train_alone_then_with_ddp(tmp_path: Path) -> None:
     cfg = TrainBenchConfig(model="tiny", seq_len=64, micro_batch=2, steps=12, warmup_steps=2)
     spec = {"benchmark": "train", "config": {**asdict(cfg), "peak_tflops": None}}

@@ -104,6 +104,7 @@ def interpreted() -> dict:
     return run_interpreted(CHILD)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["bf16", "fp16", "narrow"])
 def test_the_kernel_gives_the_loss_and_its_gradient_within_one_rounding_of_fp64(interpreted: dict, case: str) -> None:
     found = interpreted[case]

@@ -149,6 +149,7 @@ def test_round_trip_restores_model_optimizer_scheduler_rng(tmp_path: Path, singl
     assert set(load_file(str(path / "adapter_model.safetensors"))) == set(trainable)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_exactly(tmp_path: Path, single_process: None) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.report.test_finetune_report import CHROMIUM, TRAINING_PLOTS, images_in_browser, screenshot_colours
 
 from gpucert.cli import main
 from gpucert.finetune.data.formats import SAMPLE_PATH
@@ -13,7 +14,8 @@ from gpucert.report.store import load_report
 from gpucert.status import Status
 
 
-def test_offline_default_trains_saves_and_evaluates(tmp_path: Path, monkeypatch, capsys) -> None:
+@pytest.mark.slow
+def test_offline_default_trains_saves_evaluates_and_renders(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)  # the data cache lands in ./.gpucert-cache
     run = tmp_path / "run"
     assert main(["finetune", "--output", str(run)]) == 0
@@ -49,7 +51,24 @@ def test_offline_default_trains_saves_and_evaluates(tmp_path: Path, monkeypatch,
     # The training run's own report is not replaced.
     assert json.loads((run / "report.json").read_text())["meta"]["verb"] == "finetune"
 
+    # Both pages with --html, and where Chromium is installed (CI installs it), drawn in it: every plot decoded,
+    # text, tables, badges and plots in many colours, not a blank page.
+    evaluation = run / "evaluation"
+    for directory in (run, evaluation):
+        assert main(["report", str(directory), "--html"]) == 0
+    if not CHROMIUM.exists():
+        return
+    images = images_in_browser(run / "report.html", tmp_path)
+    assert [i["plot"] for i in images] == TRAINING_PLOTS
+    assert all(i["complete"] and i["width"] == 1000 and i["height"] > 200 for i in images), images
+    scores = images_in_browser(evaluation / "report.html", tmp_path)
+    assert [i["plot"] for i in scores][:1] == ["evaluation.scores"]
+    assert all(i["complete"] and i["width"] == 1000 and i["height"] > 100 for i in scores), scores
+    assert screenshot_colours(run / "report.html", tmp_path) > 200
+    assert screenshot_colours(evaluation / "report.html", tmp_path) > 200
 
+
+@pytest.mark.slow
 def test_evaluate_takes_the_runs_own_config_and_refuses_another_model(tmp_path: Path, monkeypatch, capsys) -> None:
     """Without --config, `gpucert evaluate --adapter RUN` evaluates with RUN/config.yaml: the default recipe's
     other split once scored 19 of 39 "held-out" turns the adapter had trained on, and a run on another base model
@@ -106,6 +125,7 @@ def test_a_bad_key_is_named_and_exits_3(tmp_path: Path, capsys) -> None:
     assert "unknown key 'train.lr_max'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failed_run_says_on_the_terminal_which_criterion_failed_and_what_to_do(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:

@@ -278,6 +278,7 @@ def test_the_logits_gradient_is_quantized_with_its_exact_row_maximum() -> None:
     assert float(loss) == pytest.approx(float(F.cross_entropy(x, targets, reduction="sum")), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_compiled_fp8_loss_functions_are_traced_once_with_eager_results() -> None:
     """The FP8 head's compiled chunk and row quantizer (dynamic shapes, CUDA only in training) compiled here on the
     CPU: dynamo once lifted their module-level float constants into symbolic inputs and restarted its analysis, so

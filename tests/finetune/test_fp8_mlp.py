@@ -92,6 +92,7 @@ def interpreted() -> dict:
     return run_interpreted(CHILD)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["odd", "rank16"])
 def test_the_kernels_compute_their_torch_references(interpreted: dict, case: str) -> None:
     """Against the references from the same bf16 inputs. The interpreter's bf16 casts truncate where torch's
@@ -108,6 +109,7 @@ def test_the_kernels_compute_their_torch_references(interpreted: dict, case: str
     assert found["ha"] < 0.008 and max(found["products"].values()) < 0.008, found
 
 
+@pytest.mark.slow
 def test_the_operators_pass_torchs_custom_operator_checks(interpreted: dict) -> None:
     """Schema (no output aliasing another: the first GPU run failed on that), fake shapes, autograd registration."""
     assert interpreted["opcheck"]

@@ -137,6 +137,7 @@ def test_with_dropout_only_the_frozen_matrix_is_shared_and_the_masks_are_pefts()
     assert_same_training(fused, plain)
 
 
+@pytest.mark.slow
 def test_it_compiles_into_one_graph_per_layer_with_the_eager_results() -> None:
     plain = peft_model()
     fused = copy.deepcopy(plain)
@@ -271,6 +272,7 @@ def test_the_extended_matrices_hold_the_frozen_weights_once_and_follow_b_after_a
         torch.testing.assert_close(attn.k_proj(x), decoder_layers(plain)[0].self_attn.k_proj.base_layer(x))
 
 
+@pytest.mark.slow
 def test_a_settled_refresh_leaves_the_forwards_nothing_to_copy_until_an_adapter_changes(monkeypatch) -> None:
     plain = peft_model()
     fused = copy.deepcopy(plain)
@@ -343,6 +345,7 @@ def test_a_settled_refresh_leaves_the_forwards_nothing_to_copy_until_an_adapter_
         assert copies == [14]
 
 
+@pytest.mark.slow
 def test_adapters_in_the_gemm_compile_into_one_graph_per_layer() -> None:
     plain = peft_model()
     fused = copy.deepcopy(plain)

@@ -135,6 +135,7 @@ def train_cli(
     return done, time.monotonic() - started
 
 
+@pytest.mark.slow
 @WITHOUT_NETWORK
 def test_the_7b_recipe_without_network_exits_3_in_seconds_with_one_message(
     tmp_path: Path, env: dict[str, str], why: str
@@ -150,6 +151,7 @@ def test_the_7b_recipe_without_network_exits_3_in_seconds_with_one_message(
     # busy machine breaks (46 s once, with other test runs beside it).
 
 
+@pytest.mark.slow
 @WITHOUT_NETWORK
 def test_a_hub_dataset_without_network_exits_3_in_seconds_saying_what_to_do(
     tmp_path: Path, env: dict[str, str], why: str
@@ -206,6 +208,7 @@ def test_a_data_file_of_a_format_not_read_is_refused_naming_the_suffix(tmp_path:
     )
 
 
+@pytest.mark.slow
 def test_a_missing_local_model_path_exits_3_naming_it(tmp_path: Path) -> None:
     done, _ = train_cli(tmp_path, {"HF_HUB_OFFLINE": "1"}, "/models/qwen2-7b-instruct")
     assert done.returncode == 3

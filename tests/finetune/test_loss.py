@@ -137,6 +137,7 @@ def test_autocast_keeps_adapters_and_gradients_fp32(tokenizer) -> None:
     assert forward_plan(load_model(TINY, LORA, tokenizer, torch.device("cpu"))[0]).autocast_dtype is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("cc") is None, reason="torch.compile on a CPU needs a C compiler")
 def test_compiled_layers_give_the_eager_loss_and_gradients(tokenizer) -> None:
     batch = batch_for(len(tokenizer))

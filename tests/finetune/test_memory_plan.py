@@ -305,6 +305,7 @@ def test_on_cuda_auto_plans_from_the_free_memory(monkeypatch: pytest.MonkeyPatch
     assert asked == [True, True, True, True, True, False]
 
 
+@pytest.mark.slow
 def test_a_tiny_cpu_run_with_auto_trains_at_micro_batch_1(tmp_path: Path, single_process: None) -> None:  # noqa: F811
     # Six steps do not reach the tiny recipe's loss criterion: this checks the plan, not the learning.
     tiny = tiny_run(tmp_path, micro_batch="auto", max_steps=6)

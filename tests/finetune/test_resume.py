@@ -120,6 +120,7 @@ def test_the_command_line_refuses_a_named_unreadable_checkpoint_in_one_line(
     assert "Traceback" not in err, err[-3000:]
 
 
+@pytest.mark.slow
 def test_a_run_falls_back_past_a_truncated_checkpoint_and_continues_exactly(
     tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -196,6 +197,7 @@ def tiny(tmp_path: Path) -> FinetuneConfig:
     )
 
 
+@pytest.mark.slow
 def test_resume_on_changed_data_is_refused_unless_allowed(
     tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -226,6 +228,7 @@ def test_resume_on_changed_data_is_refused_unless_allowed(
     assert latest["data_fingerprint"] == new_fingerprint
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_fingerprints_resumes_with_a_warning(
     tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -242,6 +245,7 @@ def test_a_checkpoint_from_before_fingerprints_resumes_with_a_warning(
     assert "does not record which data it trained on" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_checkpoint_past_the_runs_last_step_is_said_not_passed_over(
     tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -300,6 +304,7 @@ def test_a_resume_with_other_training_settings_is_refused_naming_them(
     check_resume_config(replace(resumed, train=replace(cfg.train, max_steps=4, save_every=1)))
 
 
+@pytest.mark.slow
 def test_more_steps_on_resume_continue_the_schedule_at_the_restored_step(
     tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -331,6 +336,7 @@ def test_a_finished_runs_report_stands_when_a_requeued_job_resumes_it(
     assert again["status"] == first["status"] and again["loss_history"] == first["loss_history"]
 
 
+@pytest.mark.slow
 def test_a_run_trained_further_says_its_evaluations_are_of_the_old_adapter(
     tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

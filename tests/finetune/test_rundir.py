@@ -213,6 +213,7 @@ def test_a_failed_run_keeps_a_directory_that_held_something_and_one_that_trained
     assert (tmp_path / "trained" / "checkpoints" / "step-2").is_dir()
 
 
+@pytest.mark.slow
 def test_a_resume_that_fails_before_its_first_step_leaves_the_run_as_it_was(
     tmp_path: Path, single_process: None
 ) -> None:

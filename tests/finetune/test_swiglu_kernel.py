@@ -88,6 +88,7 @@ def interpreted() -> dict:
     return run_interpreted(CHILD)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["bf16", "fp16", "rank32"])
 def test_the_kernel_is_as_close_to_fp64_as_torch_from_the_same_half_precision_inputs(
     interpreted: dict, case: str

@@ -167,6 +167,7 @@ def test_config_errors_exit_3(tmp_path: Path) -> None:
 # --- A run ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> None:
     cfg = tiny_run(tmp_path)
     result = run_finetune(cfg)
@@ -231,6 +232,7 @@ def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> No
     assert any(v.abs().sum() > 0 for k, v in checkpoint.items() if "lora_B" in k)
 
 
+@pytest.mark.slow
 def test_each_step_gets_the_rows_the_previous_step_read_ahead(
     tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -255,6 +257,7 @@ def test_each_step_gets_the_rows_the_previous_step_read_ahead(
     assert len(rows) > len(set(rows))  # rows came round again: the read-ahead crossed an epoch's end
 
 
+@pytest.mark.slow
 def test_the_frozen_gemms_carry_the_updated_adapters_after_every_step(
     tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,6 +61,7 @@ def test_the_merge_names_every_fault_and_nothing_else(cluster: tuple[Report, lis
     assert merged.status is Status.FAIL
 
 
+@pytest.mark.slow
 def test_the_json_is_the_report_and_follows_the_schema(cluster: tuple[Report, list[Fault], Path, int]) -> None:
     merged, _, out, inputs = cluster
     loaded = load_report(out)

@@ -26,6 +26,7 @@ from gpucert.runtime.launcher import NodeRendezvous
 WHO = "node rank 1 (host h)"
 
 
+@pytest.mark.slow
 def test_the_wait_ends_at_its_limit_and_says_what_it_waits_for_meanwhile(capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     t0 = time.monotonic()
@@ -116,6 +117,7 @@ def test_the_host_barrier_holds_each_rank_until_all_came_and_names_how_many_did(
     assert "1 of 2 ranks reached the barrier (memory) within 0.5 s (runtime.collective_timeout_s)" in str(raised.value)
 
 
+@pytest.mark.slow
 def test_node_0_lingers_until_this_rounds_ack_not_an_earlier_rounds() -> None:
     """After the job ended, node 0 keeps the store up until every other node read how (NodeRendezvous.linger), at
     most two heartbeat intervals. An ack of round 0's failure once let round 1's Ctrl-C end node 0 at once, and
