@@ -258,7 +258,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
     args, rest = build_parser(parser_class).parse_known_args(argv)
     problems = launch_problems(args)
     if problems:
-        raise ConfigError(f"gpucert launch {args.backend}: " + "; ".join(problems))
+        raise ConfigError(problems=[f"gpucert launch {args.backend}: {problem}" for problem in problems])
     check_verb_args(args.verb, rest, here=args.backend != "k8s")
     env = preset_env(args.preset, args.iface)
     if args.backend == "torchrun":
