@@ -220,6 +220,20 @@ def test_with_two_hosts_one_that_does_not_answer_is_not_reached_and_its_partner_
     assert "is up and sshd answers" in (found[1].remediation or "")
 
 
+def test_two_hosts_that_both_refuse_ssh_are_each_not_reached() -> None:
+    """Both sides of the only pair refused ssh: each was INFO "its pair's partner was not reached (localize
+    stopped my side)", and two dead hosts read as unjudged."""
+    both = outcome(1, 0, A, D, None)
+    both.exits = {"gpu01": 255, "gpu04": 255}
+    both.error = (
+        "gpu01: exit code 255: ssh: connect to host gpu01 port 22: Connection refused; "
+        "gpu04: exit code 255: ssh: connect to host gpu04 port 22: Connection refused"
+    )
+    found = conclude([A, D], judged_round([both]), {}, [])
+    assert verdicts(found) == {"gpu01": Status.ERROR, "gpu04": Status.ERROR}
+    assert found[0].message == "not reached: exit code 255: ssh: connect to host gpu01 port 22: Connection refused"
+
+
 def test_a_node_left_out_of_round_one_is_judged_by_its_re_pair() -> None:
     first = judged_round([outcome(1, 0, A, B, 40.0)], Rule(25.0, "config: localize.pair_busbw_gbps_min", None, None))
     again = [(o, judge_pair(o, [40.0], RELATIVE, "x")) for o in [outcome(2, 0, A, C, None)]]

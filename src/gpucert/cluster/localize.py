@@ -1079,7 +1079,20 @@ def conclude(
             continue
         o, r = mine[0]
         partner = _other(o, node.name)
-        if partner in findings.unreached or ssh_failure(o, partner):
+        if unreached := ssh_failure(o, node.name):
+            # A host that did not answer ssh (no route, refused, timed out) in its only pair, with no known-good
+            # node to try it again with: it ran nothing, so nothing says it is bad rather than down for a while.
+            # Said first: where neither side of a pair answered, each is not reached, not the other's partner.
+            results.append(
+                Result(
+                    **subject,
+                    status=Status.ERROR,
+                    message=f"not reached: {unreached}",
+                    remediation=f"check that {node.host} is up and sshd answers (`ssh -o BatchMode=yes HOST true` "
+                    "from this host), then rerun localize",
+                )
+            )
+        elif partner in findings.unreached or ssh_failure(o, partner):
             # Its partner ran nothing (ssh failed there) and localize stopped this side: nothing is said of it.
             results.append(
                 Result(
@@ -1105,18 +1118,6 @@ def conclude(
                     status=Status.INFO,  # measured, and not to be held against it: shown, not judged
                     message=f"not judged: {node.name}'s only pair failed, which its partner {partner}'s slow GPU "
                     "explains; no known-good node was free to clear it",
-                )
-            )
-        elif unreached := ssh_failure(o, node.name):
-            # A host that did not answer ssh (no route, refused, timed out) in its only pair, with no known-good
-            # node to try it again with: it ran nothing, so nothing says it is bad rather than down for a while.
-            results.append(
-                Result(
-                    **subject,
-                    status=Status.ERROR,
-                    message=f"not reached: {unreached}",
-                    remediation=f"check that {node.host} is up and sshd answers (`ssh -o BatchMode=yes HOST true` "
-                    "from this host), then rerun localize",
                 )
             )
         else:
