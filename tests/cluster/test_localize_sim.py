@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from gpucert.cluster import localize_sim
 from gpucert.cluster.localize import NodeSpec, parse_hosts, screen_pairs, slurm_nodes
 from gpucert.cluster.localize_sim import build, simulate
 from gpucert.config.loader import ConfigError
@@ -82,3 +83,20 @@ def test_screens_pair_within_racks_first_then_each_rack_with_many_others() -> No
     met = {rack: {n.rack for p in across if rack in (p.head.rack, p.other.rack) for n in p.nodes} - {rack}
            for rack in ("r0", "r1", "r2", "r3")}  # fmt: skip
     assert all(len(others) >= 2 for others in met.values()), met  # an uplink's failures point at one rack
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--nodes", "1"], "--nodes 1: localize pairs nodes"),
+        (["--nodes", "2", "--faults", "node,gpu,flaky"], "3 node fault(s) need a node each: give >= 3"),
+        (["--seeds", "0"], "--seeds must be >= 1, found 0"),
+        (["--screens", "-1"], "--screens must be >= 0, found -1"),
+    ],
+)
+def test_the_simulator_refuses_what_it_cannot_simulate_in_one_line(argv: list[str], said: str, capsys) -> None:
+    """They were tracebacks from inside the sweep (max() of nothing, a mean of no seeds)."""
+    with pytest.raises(SystemExit) as stopped:
+        localize_sim.main(argv)
+    assert stopped.value.code == 2
+    assert said in capsys.readouterr().err

@@ -343,6 +343,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"--faults: unknown kind(s) {', '.join(unknown)}; expected {', '.join(KINDS)}")
+    # Refused here, not as a traceback from inside the sweep: a pair needs two nodes, each node fault a node of
+    # its own, an average at least one seed.
+    faulty = sum(k in NODE_KINDS for k in kinds)
+    for n in args.nodes or []:
+        if n < max(2, faulty):
+            parser.error(
+                f"--nodes {n}: localize pairs nodes, and {faulty} node fault(s) need a node each: give >= "
+                f"{max(2, faulty)}"
+            )
+    for flag, value in (("--seeds", args.seeds), ("--screens", args.screens), ("--max-rounds", args.max_rounds)):
+        least = 1 if flag == "--seeds" else 0
+        if value is not None and value < least:
+            parser.error(f"{flag} must be >= {least}, found {value}")
+    if args.gpu_spread < 0:
+        parser.error(f"--gpu-spread is a standard deviation: >= 0, found {args.gpu_spread:g}")
     print(HEADER)
     if args.table:
         for n in args.nodes or (16, 64, 256, 1024):
