@@ -53,10 +53,15 @@ class AbortRecord:
     # The operator stopped the run (Ctrl-C or SIGTERM to a node's gpucert, recorded by its launcher): nobody
     # failed, and no rank is to be looked for.
     operator: bool = False
+    # SIGTERM from the launcher reached this rank with no rank ended before it (a cancelled job, a time limit):
+    # `rank` is the rank that noticed, not a culprit, and the message names none.
+    launcher: bool = False
 
     def message(self) -> str:
         if self.operator:
             return f"{self.cause} during {self.phase}"
+        if self.launcher:
+            return f"stopped by SIGTERM from the launcher during {self.phase}: {self.cause}"
         where = f" (raised at {self.where})" if self.where else ""
         return f"{self.who} failed during {self.phase}: {self.cause}{where}"
 

@@ -210,9 +210,15 @@ def why_terminated(rt: Runtime, store: Any, settle_s: float = SETTLE_S) -> Abort
             "rank ended first"
         )
     else:
-        cause = (
-            "stopped by SIGTERM from its launcher (torchrun stops every rank once one ends; a cancelled job "
-            "too): look for the rank that ended first in the launcher's output"
+        # Nobody here ended first: a cancelled job or a time limit, or a rank on another node that ended without
+        # a word. Said as the launcher's stop, naming no rank (this one only noticed it).
+        return AbortRecord(
+            who=rt.me.describe(),
+            cause="no rank had ended before it (a cancelled job or a time limit; or torchrun stopping every rank "
+            "after one on another node ended: look for it in that node's launcher output)",
+            phase=rt.phase,
+            rank=rt.rank,
+            launcher=True,
         )
     return AbortRecord(
         who=rt.me.describe(),
