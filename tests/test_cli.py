@@ -261,3 +261,12 @@ def test_a_forced_ring_reaches_the_ranks_gpucert_starts(tmp_path: Path) -> None:
     assert [r["name"] for r in results if r["status"] == "ERROR"] == []
     (result,) = [r for r in results if r["name"] == "collective.all_reduce"]
     assert result["details"]["nccl_env"] == {"NCCL_ALGO": "Ring", "NCCL_COLLNET_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+
+
+def test_the_report_path_is_printed_absolute_whichever_verb(tmp_path: Path, monkeypatch, capsys) -> None:
+    """discover and health printed `report: runs/...` (relative to wherever the command ran), accept an absolute
+    path: a path in a job log is read from another directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["discover", "--format", "plain"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"report: {tmp_path}/runs/") and last.endswith("/report.json"), last

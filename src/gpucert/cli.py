@@ -395,7 +395,7 @@ def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> in
             print(json.dumps(report.to_dict(), indent=1))
         else:
             show = args.verb in ("discover", "accept")
-            print_report(report, console, show_inventory=show, report_path=str(path))
+            print_report(report, console, show_inventory=show, report_path=str(path.absolute()))
     return int(code)
 
 
