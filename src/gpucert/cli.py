@@ -553,7 +553,7 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
 
 def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest
-    from gpucert.cluster.fs_checks import FsOptions, run_in_ranks, run_job
+    from gpucert.cluster.fs_checks import FsOptions, room_problem, run_in_ranks, run_job
     from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
 
     for name in ("files", "size_mib"):
@@ -567,6 +567,9 @@ def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
 
     say = _progress(args)
     options = FsOptions(args.path.absolute(), args.files, args.size_mib)
+    # Before any node writes, on either path (gpucert's node process or a rank under srun/torchrun).
+    if problem := room_problem(options, plan.num_nodes):
+        raise ConfigError(problem)
     if read_rank_env(os.environ) is not None:
         return _show(run_in_ranks(request, options, say), args, console)
     ranks = [sys.executable, "-m", "gpucert", *args.argv]

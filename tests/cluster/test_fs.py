@@ -4,6 +4,7 @@ nodes: a check that raises leaves nothing behind), and the real two-node Slurm c
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -13,8 +14,17 @@ from typing import Any
 
 import pytest
 
+from gpucert.cli import main
 from gpucert.cluster import fs_checks
-from gpucert.cluster.fs_checks import FsOptions, find_mount, judge_consistency, judge_mounts, judge_rate, run_node
+from gpucert.cluster.fs_checks import (
+    FsOptions,
+    find_mount,
+    judge_consistency,
+    judge_mounts,
+    judge_rate,
+    room_problem,
+    run_node,
+)
 from gpucert.config.profiles import load_profile
 from gpucert.hardware.mounts import parse_mounts
 from gpucert.runtime.errors import RendezvousError
@@ -236,3 +246,29 @@ def test_cluster_fs_on_two_slurm_nodes_writes_one_report(slurm_cluster: SlurmClu
     assert found[("fs.consistency", "node1")] == found[("fs.consistency", "node2")] == "PASS"
     assert {node for name, node in found if name == "fs.write"} == {"node1", "node2", None}
     assert list(shared.iterdir()) == []
+
+
+def test_a_write_check_larger_than_half_the_free_space_is_refused_before_any_node_writes(tmp_path: Path) -> None:
+    """--size-mib 100000000 (95 TiB) ran 217 s filling the root disk every job writes to."""
+    free_mib = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize // 2**20
+    assert room_problem(FsOptions(tmp_path, 10, 16), 2) is None
+    said = room_problem(FsOptions(tmp_path, 10, free_mib), 1)
+    assert said is not None and said.startswith(f"--size-mib {free_mib}: 1 node(s) would write "), said
+    out = tmp_path / "run"
+    assert main(["cluster", "fs", str(tmp_path), "--size-mib", str(free_mib), "-o", str(out)]) == 3
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_a_failed_write_leaves_the_read_unmeasured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk cut the file short, and its read was timed and shown as the checkpoint's read rate."""
+
+    def short(path: Path, size_bytes: int) -> dict[str, Any]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 4096)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fs_checks, "measure_write", short)
+    answers, errors = run_nodes(1, FsOptions(tmp_path, metadata_files=5, size_mib=1))
+    assert errors == []
+    read = answers[0]["node1"]["read"]
+    assert read == {"error": "not measured: the write before it failed (OSError: [Errno 28] No space left on device)"}

@@ -401,7 +401,11 @@ def run_node(peers: Peers, options: FsOptions, runtime: Any) -> dict[str, Any] |
         peers.barrier("fs/write", long)
         found["write"] = _guard(lambda: measure_write(own / "checkpoint.bin", size))
         peers.barrier("fs/read", long)
-        found["read"] = _guard(lambda: measure_read(own / "checkpoint.bin", size))
+        if "error" in found["write"]:
+            # Reading back a file the write left short would time a smaller file as the checkpoint's read.
+            found["read"] = {"error": f"not measured: the write before it failed ({found['write']['error']})"}
+        else:
+            found["read"] = _guard(lambda: measure_read(own / "checkpoint.bin", size))
         peers.barrier("fs/measured", long)
         peers.put(f"fs/found/{me}", found)
         if not head:
@@ -454,6 +458,30 @@ def run_job(request: Any, plan: Any, options: FsOptions, argv: list[str], say: C
 
         raise ConfigError(f"{options.path} is not a directory (gpucert cluster fs PATH checks a directory)")
     return run_on_nodes(request, plan, 1, argv, say)
+
+
+# The share of the filesystem's free space the checkpoint-sized files may take, all nodes' together: a check must
+# not fill the filesystem everybody's jobs write to.
+ROOM_SHARE = 0.5
+
+
+def room_problem(options: FsOptions, nodes: int) -> str | None:
+    """Why the write check does not fit the filesystem's free space (every node writes --size-mib at once, on a
+    shared filesystem into the same free space), or None. Asked before any node writes."""
+    try:
+        stat = os.statvfs(options.path)
+    except OSError:
+        return None  # the check itself then says what is wrong with the path
+    free = stat.f_bavail * stat.f_frsize
+    need = options.size_mib * 1024 * 1024 * nodes
+    if need <= free * ROOM_SHARE:
+        return None
+    gib = 1024**3
+    return (
+        f"--size-mib {options.size_mib}: {nodes} node(s) would write {need / gib:,.1f} GiB into {options.path}, "
+        f"which has {free / gib:,.1f} GiB free; the check takes at most {ROOM_SHARE:.0%} of it: give a smaller "
+        "--size-mib (a checkpoint shard's size, 1024 by default)"
+    )
 
 
 class RankPeers:
