@@ -55,3 +55,40 @@ def test_the_verdict_is_never_taken_from_an_earlier_runs_report(tmp_path: Path, 
     capsys.readouterr()
     assert main([*LAUNCH, "--output", str(out)]) == 3
     assert "job 17 ended FAILED (exit 1:0) without a result" in capsys.readouterr().err
+
+
+FINETUNE = ["launch", "slurm", "finetune", "--nodes", "2", "--gpus-per-node", "0", "--config", "tiny"]
+
+
+def finished_finetune_run(out: Path, status: str) -> None:
+    """What a finished fine-tuning run leaves (finetune/train/loop.py, finished_run): its report and metrics."""
+    out.mkdir(parents=True)
+    (out / "report.json").write_text(json.dumps({"status": status, "meta": {"verb": "finetune"}}))
+    (out / "metrics.json").write_text(json.dumps({"status": status}))
+
+
+@pytest.mark.parametrize(("status", "exit_code"), [("PASS", 0), ("FAIL", 2)])
+def test_a_job_onto_a_finished_finetune_run_exits_with_its_standing_verdict(
+    tmp_path: Path, slurm_bin: Path, capsys, status: str, exit_code: int
+) -> None:
+    """The requeue `--resume auto` is for: the run had finished, the job trains nothing and leaves its files as
+    they were, and every node exits with the standing verdict."""
+    out = tmp_path / "run"
+    finished_finetune_run(out, status)
+    state = "COMPLETED" if exit_code == 0 else "FAILED"
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", f"echo 'JobId=17 JobState={state} ExitCode={exit_code}:0 NodeList=node[1-2]'")
+    assert main([*FINETUNE, "--output", str(out)]) == exit_code
+    err = capsys.readouterr().err
+    assert "the run had already finished; its report stands" in err and f"fine-tuning {status}" in err, err
+    assert "without a result" not in err
+
+
+def test_a_job_that_died_onto_a_finished_finetune_run_is_no_result(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    """Its exit code is not the standing run's verdict: the job died before its gpucert said anything."""
+    out = tmp_path / "run"
+    finished_finetune_run(out, "PASS")
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", "echo 'JobId=17 JobState=FAILED ExitCode=3:0 NodeList=node[1-2]'")
+    assert main([*FINETUNE, "--output", str(out)]) == 3
+    assert "job 17 ended FAILED (exit 3:0) without a result" in capsys.readouterr().err

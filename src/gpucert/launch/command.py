@@ -390,6 +390,24 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+def _standing_verdict(run_dir: Path, exit_code: str) -> Status | None:
+    """The verdict of a fine-tuning run that had finished before the job started (a requeue, a resubmission), or
+    None. Such a job trains nothing and leaves the run's files as they were (finetune/train/loop.py,
+    finished_run), so no rewritten metrics.json tells it apart from a job that died before its gpucert started;
+    its exit code does: every node exits with the standing run's verdict. Not for ERROR: a job that crashed exits
+    3 too (and 1 is Python's own exit on a traceback, rare here: gpucert says its errors and exits 3)."""
+    code, _, signal = exit_code.partition(":")
+    try:
+        if not (run_dir / "report.json").is_file():
+            return None
+        status = Status(json.loads((run_dir / "metrics.json").read_text())["status"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if status is Status.ERROR or signal not in ("", "0") or code != str(status.exit_code):
+        return None
+    return status
+
+
 def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: Callable[[str], None]) -> int:
     run_dir = Path(job.run_dir)
     undo = _write_job(run_dir, script)
@@ -417,6 +435,13 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
             status = Status(json.loads(metrics.read_text())["status"])
             say(f"job {job_id} {state} (exit {exit_code}); fine-tuning {status.value}: {metrics}")
             return status.exit_code
+        standing = _standing_verdict(run_dir, exit_code)
+        if standing is not None:
+            say(
+                f"job {job_id} {state} (exit {exit_code}): the run had already finished; its report stands "
+                f"(fine-tuning {standing.value}): {run_dir / 'report.json'}"
+            )
+            return standing.exit_code
     say(f"job {job_id} ended {state} (exit {exit_code}) without a result; the nodes' logs end:")
     say(slurm.log_tails(run_dir))
     return ERROR_EXIT
