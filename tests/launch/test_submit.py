@@ -92,3 +92,16 @@ def test_a_job_that_died_onto_a_finished_finetune_run_is_no_result(tmp_path: Pat
     stand_in(slurm_bin, "scontrol", "echo 'JobId=17 JobState=FAILED ExitCode=3:0 NodeList=node[1-2]'")
     assert main([*FINETUNE, "--output", str(out)]) == 3
     assert "job 17 ended FAILED (exit 3:0) without a result" in capsys.readouterr().err
+
+
+def test_a_venv_without_bin_activate_is_refused_before_submitting(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    """Every node would fail at its first line, `source VENV/bin/activate`, once the job had its allocation."""
+    stand_in(slurm_bin, "sbatch", f"touch {tmp_path}/submitted; echo 17")
+    venv = tmp_path / "venv"
+    argv = [*LAUNCH, "--output", str(tmp_path / "run"), "--venv", str(venv)]
+    assert main(argv) == 3
+    assert f"--venv {venv}: no {venv}/bin/activate there" in capsys.readouterr().err
+    assert not (tmp_path / "submitted").exists() and not (tmp_path / "run").exists()
+    # --dry-run prints the script, which may be submitted later, once the environment is made.
+    assert main([*argv, "--dry-run"]) == 0
+    assert f"source {venv}/bin/activate" in capsys.readouterr().out
