@@ -105,3 +105,36 @@ def test_a_venv_without_bin_activate_is_refused_before_submitting(tmp_path: Path
     # --dry-run prints the script, which may be submitted later, once the environment is made.
     assert main([*argv, "--dry-run"]) == 0
     assert f"source {venv}/bin/activate" in capsys.readouterr().out
+
+
+def test_a_failed_job_shows_its_own_logs_not_an_earlier_jobs(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    """An --output used again: an earlier job's logs there (its verdict PASS among them) are no part of why this
+    job failed. Its own: the job's log named by its id and the node logs written while it ran."""
+    out = tmp_path / "run"
+    logs = out / "logs"
+    logs.mkdir(parents=True)
+    (logs / "gpucert-health-5.out").write_text("the earlier job's own log\n")
+    (logs / "node-0-a.log").write_text("earlier node 0: verdict: PASS\n")
+    (logs / "node-1-b.log").write_text("earlier node 1: verdict: PASS\n")
+    (logs / "rank-1.log").write_text("earlier rank 1\n")
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    # The job runs while it is followed: node 0's log written again, node 1's never (that node did not start).
+    job = f"echo 'this job: node 0 died' > {logs}/node-0-a.log; "
+    job += f"echo 'this job: srun failed' > {logs}/gpucert-health-17.out"
+    stand_in(slurm_bin, "scontrol", f"{job}; echo 'JobId=17 JobState=FAILED ExitCode=3:0 NodeList=node[1-2]'")
+    assert main([*LAUNCH, "--output", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert "this job: node 0 died" in err and "this job: srun failed" in err, err
+    assert "earlier" not in err and "verdict: PASS" not in err, err
+
+
+def test_a_failed_job_that_wrote_no_log_says_so(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    out = tmp_path / "run"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "node-0-a.log").write_text("earlier node 0: verdict: PASS\n")
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", "echo 'JobId=17 JobState=FAILED ExitCode=1:0 NodeList=node1'")
+    assert main([*LAUNCH, "--output", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert f"job 17 ended FAILED (exit 1:0) without a result and wrote no log in {out / 'logs'}" in err, err
+    assert "verdict: PASS" not in err

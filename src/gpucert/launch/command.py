@@ -7,7 +7,7 @@ the launched verb unchanged, e.g.
     gpucert launch k8s accept --nodes 2 --gpus-per-node 8 --image registry/gpucert:0.1 --pvc shared > job.yaml
 
 Slurm without --dry-run submits, follows the job (state, nodes), and exits with the verdict of the report the
-job wrote (3 with every node's log tail when it wrote none).
+job wrote (3 with the tails of the job's own log and of its nodes' when it wrote none).
 """
 
 from __future__ import annotations
@@ -450,6 +450,7 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
     undo = _write_job(run_dir, script)
     path = run_dir / "job.sbatch"
     earlier = {name: _identity(run_dir / name) for name in ("report.json", "metrics.json")}
+    earlier_logs = {log: _identity(log) for log in slurm.logs(run_dir)}
     try:
         job_id = slurm.submit(path)
     except BaseException:
@@ -479,6 +480,10 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
                 f"(fine-tuning {standing.value}): {run_dir / 'report.json'}"
             )
             return standing.exit_code
-    say(f"job {job_id} ended {state} (exit {exit_code}) without a result; the nodes' logs end:")
-    say(slurm.log_tails(run_dir))
+    mine = slurm.job_logs(run_dir, job.verb, job_id, lambda log: _identity(log) != earlier_logs.get(log))
+    if not mine:
+        say(f"job {job_id} ended {state} (exit {exit_code}) without a result and wrote no log in {run_dir / 'logs'}")
+        return ERROR_EXIT
+    say(f"job {job_id} ended {state} (exit {exit_code}) without a result; its logs end:")
+    say(slurm.log_tails(mine))
     return ERROR_EXIT
