@@ -138,3 +138,21 @@ def test_a_failed_job_that_wrote_no_log_says_so(tmp_path: Path, slurm_bin: Path,
     err = capsys.readouterr().err
     assert f"job 17 ended FAILED (exit 1:0) without a result and wrote no log in {out / 'logs'}" in err, err
     assert "verdict: PASS" not in err
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "sbatch: error: Batch job submission failed: Invalid partition name specified",
+        "sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification",
+        "sbatch: error: Batch job submission failed: Node count specification invalid",
+    ],
+)
+def test_a_request_slurm_cannot_give_says_where_to_look(tmp_path: Path, slurm_bin: Path, capsys, said: str) -> None:
+    stand_in(slurm_bin, "sbatch", f"echo '{said}' >&2; exit 1")
+    assert main([*LAUNCH, "--output", str(tmp_path / "run"), "--partition", "gpu"]) == 3
+    err = capsys.readouterr().err
+    assert said in err and "`sinfo -s` lists the partitions" in err and "gpucert cluster slurm --partition" in err
+    stand_in(slurm_bin, "sbatch", "echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1")
+    assert main([*LAUNCH, "--output", str(tmp_path / "run")]) == 3
+    assert "sinfo" not in capsys.readouterr().err  # no partition or node count at fault: no advice about them

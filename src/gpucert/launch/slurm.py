@@ -224,9 +224,28 @@ def _run(argv: Sequence[str], timeout_s: float = 60.0) -> str:
     return done.stdout
 
 
+# sbatch's words for a request the cluster has no partition or nodes for (an unknown --partition may be said as
+# a bad gres: sbatch checks --gpus-per-node against the default partition first).
+_REQUEST_REFUSED = (
+    "invalid partition",
+    "invalid generic resource",
+    "node count specification invalid",
+    "requested node configuration is not available",
+)
+
+
 def submit(script: Path) -> str:
     """The job id sbatch gives the script, submitted from the run's logs/ (where the job's own log then goes)."""
-    return _run(["sbatch", "--parsable", f"--chdir={script.parent / 'logs'}", str(script)]).strip().split(";")[0]
+    try:
+        out = _run(["sbatch", "--parsable", f"--chdir={script.parent / 'logs'}", str(script)])
+    except SlurmError as exc:
+        if not any(words in str(exc).lower() for words in _REQUEST_REFUSED):
+            raise
+        raise SlurmError(
+            f"{exc}\n`sinfo -s` lists the partitions and their nodes; `gpucert cluster slurm --partition P --gpus N` "
+            "checks what a partition can give (--partition, --nodes, --gpus-per-node)"
+        ) from None
+    return out.strip().split(";")[0]
 
 
 def parse_job(line: str) -> dict[str, str]:
