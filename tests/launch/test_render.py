@@ -233,7 +233,7 @@ def test_every_path_the_nodes_read_is_absolute_in_the_script(tmp_path: Path, cap
     """The script runs as printed from any directory: a relative --output once made the logs' directory absolute
     but left the report's relative to wherever sbatch ran, and a --profile file or fs's PATH stayed relative."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "site.yaml").write_text("name: site\n")  # launch reads no profile: the nodes do
+    (tmp_path / "site.yaml").write_text("extends: h200\nname: site\n")
     argv = ["launch", "slurm", "accept", "--nodes", "2", "--gpus-per-node", "0", "--dry-run", "--output", "rel/out"]
     assert main([*argv, "--profile", "cpu"]) == 0
     line = capsys.readouterr().out.splitlines()[-2]
@@ -257,6 +257,12 @@ def test_a_config_file_that_is_not_there_is_refused_before_anything_is_printed(t
 @pytest.mark.parametrize(
     "argv, said",
     [
+        (["slurm", "accept", "--profile", "h100-sxmm"], "unknown profile 'h100-sxmm'; built-in profiles: a100-sxm, "),
+        (["slurm", "health", "--set", "profile=h100-sxmm"], "unknown profile 'h100-sxmm'; built-in profiles: "),
+        (["slurm", "accept", "--profile", "nothere.yaml"], "nothere.yaml: cannot read: No such file or directory"),
+        (["k8s", "--image", "reg/gpucert:1", "accept", "--profile", "h100-sxmm"], "unknown profile 'h100-sxmm'"),
+        (["slurm", "localize"], "a job of --gpus-per-node 0 has no GPU to choose one by: pass --profile (e.g. "),
+        (["slurm", "localize", "--set", "localize.seed=3"], "has no GPU to choose one by: pass --profile"),
         (
             [
                 "torchrun",
@@ -278,10 +284,20 @@ def test_a_config_file_that_is_not_there_is_refused_before_anything_is_printed(t
     ],
 )
 def test_the_verbs_own_options_are_checked_before_anything_is_printed_or_submitted(argv, said, capsys) -> None:
-    """A mistyped option or key is refused here, not by every node of a job already submitted."""
-    assert main(["launch", *argv, "--nodes", "2"]) == 3
+    """A mistyped option, key or profile is refused here, not by every node of a job already submitted (on a real
+    cluster: once it had queued for its nodes)."""
+    slurm = ["--gpus-per-node", "0", "--dry-run"] if argv[0] == "slurm" else []
+    assert main(["launch", *argv, "--nodes", "2", *slurm]) == 3
     captured = capsys.readouterr()
     assert said in captured.err and captured.out == ""
+
+
+def test_a_localize_job_without_gpus_runs_with_a_profile_named(capsys) -> None:
+    argv = ["launch", "slurm", "localize", "--nodes", "2", "--dry-run"]
+    assert main([*argv, "--gpus-per-node", "0", "--profile", "cpu"]) == 0
+    assert main([*argv, "--gpus-per-node", "0", "--set", "profile=cpu"]) == 0
+    assert main([*argv, "--gpus-per-node", "8"]) == 0  # the job's host has GPUs to choose the profile by
+    capsys.readouterr()
 
 
 def test_torchrun_finetune_runs_on_each_nodes_own_gpus_unless_told(capsys) -> None:
@@ -315,7 +331,7 @@ def test_a_kubernetes_run_writes_on_the_shared_volume_and_reads_files_only_from_
         assert main([*argv, *extra]) == 3
         captured = capsys.readouterr()
         assert "a pod sees only its image and the shared volume" in captured.err and captured.out == ""
-    assert main([*argv, "--pvc", "shared", "--config", "/shared/mine.yaml", "--profile", "h100"]) == 0
+    assert main([*argv, "--pvc", "shared", "--config", "/shared/mine.yaml", "--profile", "h100-sxm"]) == 0
     assert "- /shared/mine.yaml" in capsys.readouterr().out
     # fine-tuning pods started again continue from the checkpoints, as on every backend
     assert main(["launch", "k8s", "finetune", "--nodes", "2", "--image", "r/g:1", "--config", "qwen2-7b-glaive"]) == 0

@@ -55,3 +55,104 @@ def test_the_verdict_is_never_taken_from_an_earlier_runs_report(tmp_path: Path, 
     capsys.readouterr()
     assert main([*LAUNCH, "--output", str(out)]) == 3
     assert "job 17 ended FAILED (exit 1:0) without a result" in capsys.readouterr().err
+
+
+FINETUNE = ["launch", "slurm", "finetune", "--nodes", "2", "--gpus-per-node", "0", "--config", "tiny"]
+
+
+def finished_finetune_run(out: Path, status: str) -> None:
+    """What a finished fine-tuning run leaves (finetune/train/loop.py, finished_run): its report and metrics."""
+    out.mkdir(parents=True)
+    (out / "report.json").write_text(json.dumps({"status": status, "meta": {"verb": "finetune"}}))
+    (out / "metrics.json").write_text(json.dumps({"status": status}))
+
+
+@pytest.mark.parametrize(("status", "exit_code"), [("PASS", 0), ("FAIL", 2)])
+def test_a_job_onto_a_finished_finetune_run_exits_with_its_standing_verdict(
+    tmp_path: Path, slurm_bin: Path, capsys, status: str, exit_code: int
+) -> None:
+    """The requeue `--resume auto` is for: the run had finished, the job trains nothing and leaves its files as
+    they were, and every node exits with the standing verdict."""
+    out = tmp_path / "run"
+    finished_finetune_run(out, status)
+    state = "COMPLETED" if exit_code == 0 else "FAILED"
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", f"echo 'JobId=17 JobState={state} ExitCode={exit_code}:0 NodeList=node[1-2]'")
+    assert main([*FINETUNE, "--output", str(out)]) == exit_code
+    err = capsys.readouterr().err
+    assert "the run had already finished; its report stands" in err and f"fine-tuning {status}" in err, err
+    assert "without a result" not in err
+
+
+def test_a_job_that_died_onto_a_finished_finetune_run_is_no_result(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    """Its exit code is not the standing run's verdict: the job died before its gpucert said anything."""
+    out = tmp_path / "run"
+    finished_finetune_run(out, "PASS")
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", "echo 'JobId=17 JobState=FAILED ExitCode=3:0 NodeList=node[1-2]'")
+    assert main([*FINETUNE, "--output", str(out)]) == 3
+    assert "job 17 ended FAILED (exit 3:0) without a result" in capsys.readouterr().err
+
+
+def test_a_venv_without_bin_activate_is_refused_before_submitting(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    """Every node would fail at its first line, `source VENV/bin/activate`, once the job had its allocation."""
+    stand_in(slurm_bin, "sbatch", f"touch {tmp_path}/submitted; echo 17")
+    venv = tmp_path / "venv"
+    argv = [*LAUNCH, "--output", str(tmp_path / "run"), "--venv", str(venv)]
+    assert main(argv) == 3
+    assert f"--venv {venv}: no {venv}/bin/activate there" in capsys.readouterr().err
+    assert not (tmp_path / "submitted").exists() and not (tmp_path / "run").exists()
+    # --dry-run prints the script, which may be submitted later, once the environment is made.
+    assert main([*argv, "--dry-run"]) == 0
+    assert f"source {venv}/bin/activate" in capsys.readouterr().out
+
+
+def test_a_failed_job_shows_its_own_logs_not_an_earlier_jobs(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    """An --output used again: an earlier job's logs there (its verdict PASS among them) are no part of why this
+    job failed. Its own: the job's log named by its id and the node logs written while it ran."""
+    out = tmp_path / "run"
+    logs = out / "logs"
+    logs.mkdir(parents=True)
+    (logs / "gpucert-health-5.out").write_text("the earlier job's own log\n")
+    (logs / "node-0-a.log").write_text("earlier node 0: verdict: PASS\n")
+    (logs / "node-1-b.log").write_text("earlier node 1: verdict: PASS\n")
+    (logs / "rank-1.log").write_text("earlier rank 1\n")
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    # The job runs while it is followed: node 0's log written again, node 1's never (that node did not start).
+    job = f"echo 'this job: node 0 died' > {logs}/node-0-a.log; "
+    job += f"echo 'this job: srun failed' > {logs}/gpucert-health-17.out"
+    stand_in(slurm_bin, "scontrol", f"{job}; echo 'JobId=17 JobState=FAILED ExitCode=3:0 NodeList=node[1-2]'")
+    assert main([*LAUNCH, "--output", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert "this job: node 0 died" in err and "this job: srun failed" in err, err
+    assert "earlier" not in err and "verdict: PASS" not in err, err
+
+
+def test_a_failed_job_that_wrote_no_log_says_so(tmp_path: Path, slurm_bin: Path, capsys) -> None:
+    out = tmp_path / "run"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "node-0-a.log").write_text("earlier node 0: verdict: PASS\n")
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", "echo 'JobId=17 JobState=FAILED ExitCode=1:0 NodeList=node1'")
+    assert main([*LAUNCH, "--output", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert f"job 17 ended FAILED (exit 1:0) without a result and wrote no log in {out / 'logs'}" in err, err
+    assert "verdict: PASS" not in err
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "sbatch: error: Batch job submission failed: Invalid partition name specified",
+        "sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification",
+        "sbatch: error: Batch job submission failed: Node count specification invalid",
+    ],
+)
+def test_a_request_slurm_cannot_give_says_where_to_look(tmp_path: Path, slurm_bin: Path, capsys, said: str) -> None:
+    stand_in(slurm_bin, "sbatch", f"echo '{said}' >&2; exit 1")
+    assert main([*LAUNCH, "--output", str(tmp_path / "run"), "--partition", "gpu"]) == 3
+    err = capsys.readouterr().err
+    assert said in err and "`sinfo -s` lists the partitions" in err and "gpucert cluster slurm --partition" in err
+    stand_in(slurm_bin, "sbatch", "echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1")
+    assert main([*LAUNCH, "--output", str(tmp_path / "run")]) == 3
+    assert "sinfo" not in capsys.readouterr().err  # no partition or node count at fault: no advice about them

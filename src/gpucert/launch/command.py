@@ -7,7 +7,7 @@ the launched verb unchanged, e.g.
     gpucert launch k8s accept --nodes 2 --gpus-per-node 8 --image registry/gpucert:0.1 --pvc shared > job.yaml
 
 Slurm without --dry-run submits, follows the job (state, nodes), and exits with the verdict of the report the
-job wrote (3 with every node's log tail when it wrote none).
+job wrote (3 with the tails of the job's own log and of its nodes' when it wrote none).
 """
 
 from __future__ import annotations
@@ -86,9 +86,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     return parser
 
 
-def check_verb_args(verb: str, rest: list[str], here: bool = True) -> None:
+def check_verb_args(verb: str, rest: list[str], here: bool = True) -> str | None:
     """The options passed on to the verb, checked here with the verb's own parser and config schema, so a
-    mistyped option or --set key is refused now, not by every node of a job that was already submitted."""
+    mistyped option, --set key or profile is refused now, not by every node of a job that was already submitted.
+    Returns the hardware profile the verb will use ("auto": chosen by each node's GPUs; None for finetune)."""
     from gpucert.cli import build_parser as verb_parser
 
     argv = [*slurm.VERB_ARGV[verb][1:], *rest]
@@ -108,15 +109,27 @@ def check_verb_args(verb: str, rest: list[str], here: bool = True) -> None:
 
         # A local file or a shipped recipe (else a ConfigError naming it), with its --set values.
         load_finetune_config(resolve_recipe(config), overrides, False)
-    elif verb != "localize" or overrides or config is not None:
-        from gpucert.config.loader import load_config
-        from gpucert.config.run import RunConfig
+        return None
+    flag = getattr(parsed, "profile", None)
+    if flag is not None:
+        overrides.append(f"profile={flag}")  # as the verb itself adds it (cli.run_suite)
+    if verb == "localize" and not overrides and config is None:
+        return "auto"
+    from gpucert.config.loader import load_config
+    from gpucert.config.profiles import load_profile
+    from gpucert.config.run import RunConfig
 
-        # A --config that is not here is refused here, not by every node of the job (the rendered script makes
-        # it absolute: the nodes read this host's path on the shared filesystem). here=False (Kubernetes): the
-        # pods read it from their volume, which this host need not mount; its keys are checked where it is here.
-        given = Path(config) if config is not None and (here or Path(config).is_file()) else None
-        load_config(RunConfig, given, overrides)
+    # A --config that is not here is refused here, not by every node of the job (the rendered script makes
+    # it absolute: the nodes read this host's path on the shared filesystem). here=False (Kubernetes): the
+    # pods read it from their volume, which this host need not mount; its keys are checked where it is here.
+    given = Path(config) if config is not None and (here or Path(config).is_file()) else None
+    profile = load_config(RunConfig, given, overrides).profile
+    # A name that is no built-in profile, refused with the list of those; a --profile file like a --config file.
+    # A path from a config file or a --set is left to the nodes: it is read relative to where they run.
+    is_path = profile.endswith((".yaml", ".yml"))
+    if profile != "auto" and (not is_path or (profile == flag and (here or Path(profile).is_file()))):
+        load_profile(profile)
+    return profile
 
 
 def _value_of(args: list[str], *flags: str) -> str | None:
@@ -254,12 +267,33 @@ def launch_problems(args: argparse.Namespace) -> list[str]:
     return found
 
 
+def slurm_problems(args: argparse.Namespace, gpus: int, profile: str | None) -> list[str]:
+    """What every node of a Slurm job would fail on once it had its allocation (on a busy cluster, after queueing
+    for it), said before it is submitted."""
+    found = []
+    if args.verb == "localize" and gpus == 0 and profile == "auto":
+        # cluster/localize.py refuses the same in the job: a job that asked for no GPU gets none to choose by.
+        found.append(
+            "localize sizes its pair jobs by the nodes' GPU profile, and a job of --gpus-per-node 0 has no GPU to "
+            "choose one by: pass --profile (e.g. h100-sxm, h200; cpu for CPU nodes)"
+        )
+    activate = Path(args.venv).absolute() / "bin" / "activate" if args.venv else None
+    # This host sees the shared filesystem the nodes activate it from (as it does for --config). Not under
+    # --dry-run: the printed script may be submitted later, once the environment is made.
+    if activate is not None and not args.dry_run and not activate.is_file():
+        found.append(
+            f"--venv {activate.parent.parent}: no {activate} there, which every node's job would `source` first: "
+            "give the directory `python -m venv` made, on the filesystem every node shares"
+        )
+    return found
+
+
 def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Callable[[str], None]) -> int:
     args, rest = build_parser(parser_class).parse_known_args(argv)
     problems = launch_problems(args)
     if problems:
         raise ConfigError(problems=[f"gpucert launch {args.backend}: {problem}" for problem in problems])
-    check_verb_args(args.verb, rest, here=args.backend != "k8s")
+    profile = check_verb_args(args.verb, rest, here=args.backend != "k8s")
     env = preset_env(args.preset, args.iface)
     if args.backend == "torchrun":
         verb_args = tuple(_verb_args(args.verb, rest))  # a finetune without --config is refused here first
@@ -304,6 +338,9 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
             end="",
         )
         return 0
+    problems = slurm_problems(args, gpus, profile)
+    if problems:
+        raise ConfigError(problems=[f"gpucert launch slurm {args.verb}: {problem}" for problem in problems])
     rest, run_dir = _with_run_dir(args.verb, rest)
     # Absolute: the script runs as printed from any directory (sbatch --chdir, a node's own working directory).
     venv = [f"source {shlex.quote(str(Path(args.venv).absolute()))}/bin/activate"] if args.venv else []
@@ -390,11 +427,30 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+def _standing_verdict(run_dir: Path, exit_code: str) -> Status | None:
+    """The verdict of a fine-tuning run that had finished before the job started (a requeue, a resubmission), or
+    None. Such a job trains nothing and leaves the run's files as they were (finetune/train/loop.py,
+    finished_run), so no rewritten metrics.json tells it apart from a job that died before its gpucert started;
+    its exit code does: every node exits with the standing run's verdict. Not for ERROR: a job that crashed exits
+    3 too (and 1 is Python's own exit on a traceback, rare here: gpucert says its errors and exits 3)."""
+    code, _, signal = exit_code.partition(":")
+    try:
+        if not (run_dir / "report.json").is_file():
+            return None
+        status = Status(json.loads((run_dir / "metrics.json").read_text())["status"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if status is Status.ERROR or signal not in ("", "0") or code != str(status.exit_code):
+        return None
+    return status
+
+
 def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: Callable[[str], None]) -> int:
     run_dir = Path(job.run_dir)
     undo = _write_job(run_dir, script)
     path = run_dir / "job.sbatch"
     earlier = {name: _identity(run_dir / name) for name in ("report.json", "metrics.json")}
+    earlier_logs = {log: _identity(log) for log in slurm.logs(run_dir)}
     try:
         job_id = slurm.submit(path)
     except BaseException:
@@ -417,6 +473,17 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
             status = Status(json.loads(metrics.read_text())["status"])
             say(f"job {job_id} {state} (exit {exit_code}); fine-tuning {status.value}: {metrics}")
             return status.exit_code
-    say(f"job {job_id} ended {state} (exit {exit_code}) without a result; the nodes' logs end:")
-    say(slurm.log_tails(run_dir))
+        standing = _standing_verdict(run_dir, exit_code)
+        if standing is not None:
+            say(
+                f"job {job_id} {state} (exit {exit_code}): the run had already finished; its report stands "
+                f"(fine-tuning {standing.value}): {run_dir / 'report.json'}"
+            )
+            return standing.exit_code
+    mine = slurm.job_logs(run_dir, job.verb, job_id, lambda log: _identity(log) != earlier_logs.get(log))
+    if not mine:
+        say(f"job {job_id} ended {state} (exit {exit_code}) without a result and wrote no log in {run_dir / 'logs'}")
+        return ERROR_EXIT
+    say(f"job {job_id} ended {state} (exit {exit_code}) without a result; its logs end:")
+    say(slurm.log_tails(mine))
     return ERROR_EXIT

@@ -224,9 +224,28 @@ def _run(argv: Sequence[str], timeout_s: float = 60.0) -> str:
     return done.stdout
 
 
+# sbatch's words for a request the cluster has no partition or nodes for (an unknown --partition may be said as
+# a bad gres: sbatch checks --gpus-per-node against the default partition first).
+_REQUEST_REFUSED = (
+    "invalid partition",
+    "invalid generic resource",
+    "node count specification invalid",
+    "requested node configuration is not available",
+)
+
+
 def submit(script: Path) -> str:
     """The job id sbatch gives the script, submitted from the run's logs/ (where the job's own log then goes)."""
-    return _run(["sbatch", "--parsable", f"--chdir={script.parent / 'logs'}", str(script)]).strip().split(";")[0]
+    try:
+        out = _run(["sbatch", "--parsable", f"--chdir={script.parent / 'logs'}", str(script)])
+    except SlurmError as exc:
+        if not any(words in str(exc).lower() for words in _REQUEST_REFUSED):
+            raise
+        raise SlurmError(
+            f"{exc}\n`sinfo -s` lists the partitions and their nodes; `gpucert cluster slurm --partition P --gpus N` "
+            "checks what a partition can give (--partition, --nodes, --gpus-per-node)"
+        ) from None
+    return out.strip().split(";")[0]
 
 
 def parse_job(line: str) -> dict[str, str]:
@@ -260,10 +279,22 @@ def follow(job_id: str, timeout_s: float, say: Callable[[str], None], poll_s: fl
         time.sleep(poll_s)
 
 
-def log_tails(run_dir: Path, lines: int = 12) -> str:
-    """The end of every node's log, for the operator when a job ended badly."""
+def logs(run_dir: Path) -> list[Path]:
+    """The logs in the run directory: the jobs' own (gpucert-<verb>-<job id>.out), the nodes' and the ranks'."""
+    return sorted([*(run_dir / "logs").glob("*.log"), *(run_dir / "logs").glob("*.out")])
+
+
+def job_logs(run_dir: Path, verb: str, job_id: str, written: Callable[[Path], bool]) -> list[Path]:
+    """This job's logs: its own, named by its id, and the node and rank logs it wrote (`written`: new or changed
+    since it was submitted). An --output used again holds earlier jobs' logs, an earlier run's verdict among them."""
+    own = f"gpucert-{verb}-{job_id}.out"
+    return [log for log in logs(run_dir) if log.name == own or (log.suffix == ".log" and written(log))]
+
+
+def log_tails(paths: Sequence[Path], lines: int = 12) -> str:
+    """The end of each log, for the operator when a job ended badly."""
     parts = []
-    for log in sorted([*(run_dir / "logs").glob("*.log"), *(run_dir / "logs").glob("*.out")]):
+    for log in paths:
         text = log.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"== {log}\n" + "\n".join(text))
     return "\n".join(parts)
