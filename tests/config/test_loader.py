@@ -407,3 +407,11 @@ def test_every_bad_key_of_a_file_is_named_at_once_in_file_order(tmp_path: Path) 
     assert str(caught.value) == "; ".join(caught.value.problems)  # one line for logs
     assert caught.value.said().splitlines() == ["3 problems:"] + [f"  {p}" for p in caught.value.problems]
     assert ConfigError("one thing").said() == "one thing"
+
+
+def test_every_bad_set_argument_is_named_at_once_beside_the_files_problems(tmp_path: Path) -> None:
+    """`--set foo=1 --set bar=2 --set health.liveness=maybe` named only foo: three runs to find three mistakes."""
+    path = write(tmp_path, "health: {command_timeout_s: soon}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(RunConfig, path, ["foo=1", "health.liveness=true", "health.liveness=maybe"])
+    assert [p.split(":")[0] for p in caught.value.problems] == [str(path), "--set foo=1", "--set health.liveness=maybe"]

@@ -210,12 +210,21 @@ def load_config(
 ) -> T:
     """base (e.g. a profile's run_defaults) < file < overrides, each error naming where the bad value came from."""
     data = merge_mappings(base or {}, load_yaml(path) if path else {})
+    problems: list[str] = []
     try:
         config = build(cls, data, str(path) if path else "defaults")
     except ConfigError as exc:
-        raise ConfigError(problems=[with_line(problem, path) for problem in exc.problems]) from None
+        problems += [with_line(problem, path) for problem in exc.problems]
     for item in overrides:
-        # One override at a time, so a bad value is blamed on its own --set argument.
+        # Each --set on its own (over the base alone), so a bad one is blamed on itself and every bad one is said
+        # at once, beside the file's problems.
+        try:
+            build(cls, apply_overrides(dict(base or {}), cls, [item]), f"--set {item}")
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems=problems)
+    for item in overrides:
         data = apply_overrides(data, cls, [item])
         config = build(cls, data, f"--set {item}")
     return config
