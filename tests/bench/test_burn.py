@@ -219,6 +219,17 @@ def test_bad_durations_are_refused(text: str) -> None:
         parse_duration_s(text)
 
 
+@pytest.mark.parametrize("text", ["1e9h", "721h", "2592001"])
+def test_durations_past_30_days_are_refused_not_a_dead_watchdog(text: str) -> None:
+    """--duration 1e9h killed the watchdog's timer thread (time_t overflow) and the burn ran unguarded."""
+    with pytest.raises(ValueError, match=r"at most 30 days \(720h\)"):
+        parse_duration_s(text)
+    assert parse_duration_s("720h") == 30 * 24 * 3600
+    assert BurnBenchConfig(duration_s=1e12).problems() == [
+        "bench.burn.duration_s must be at most 30 days (2.592e+06 s), found 1e+12"
+    ]
+
+
 def test_the_config_is_checked() -> None:
     assert BurnBenchConfig().problems() == []
     bad = BurnBenchConfig(duration_s=0.2, window_s=0.1, size=0, dtype="fp8")

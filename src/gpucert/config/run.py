@@ -42,8 +42,18 @@ def _at_least(key: str, value: float, low: float) -> list[str]:
     return [] if value >= low else [f"{key} must be >= {low}, found {value}"]
 
 
+# The longest duration or timeout taken (30 days): beyond it a timer cannot be set (`threading.Timer` overflows
+# time_t near 1e9 h), and no burn-in or benchmark is meant to outlast it.
+MAX_SECONDS = 30 * 24 * 3600.0
+
+
 def _positive(key: str, value: float) -> list[str]:
-    return [] if value > 0 else [f"{key} must be > 0, found {value}"]
+    if not value > 0:
+        return [f"{key} must be > 0, found {value}"]
+    seconds = value * 3600 if key.endswith("_h") else value
+    if key.endswith(("_s", "_h")) and seconds > MAX_SECONDS:
+        return [f"{key} must be at most 30 days ({MAX_SECONDS:g} s), found {value:g}"]
+    return []
 
 
 def _mib_in_range(key: str, value: int) -> list[str]:
@@ -126,6 +136,8 @@ def parse_duration_s(text: str) -> float:
         raise ValueError(
             f"expected a duration such as 90s, 10m or 1h (a positive number; unit s, m or h), found {text!r}"
         )
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"at most 30 days (720h), found {text!r}")
     return seconds
 
 

@@ -602,7 +602,8 @@ def deadline(
         say(f"{rt.me.describe()} stops: {record.message()}")
         leave_failed(rt, ABORTED_EXIT)
 
-    timer = threading.Timer(limit_s, overdue) if rt.is_main else None
+    # A limit beyond what a timer can wait (time_t) waits as long as one can: the config caps what it takes.
+    timer = threading.Timer(min(limit_s, threading.TIMEOUT_MAX), overdue) if rt.is_main else None
     if timer is not None:
         timer.daemon = True
         timer.start()
