@@ -415,3 +415,12 @@ def test_every_bad_set_argument_is_named_at_once_beside_the_files_problems(tmp_p
     with pytest.raises(ConfigError) as caught:
         load_config(RunConfig, path, ["foo=1", "health.liveness=true", "health.liveness=maybe"])
     assert [p.split(":")[0] for p in caught.value.problems] == [str(path), "--set foo=1", "--set health.liveness=maybe"]
+
+
+def test_a_binary_file_given_as_config_is_named(tmp_path: Path) -> None:
+    """It said only "'utf-8' codec can't decode byte 0xa3 in position 0": no file named."""
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xa3\x00\xff binary")
+    assert (
+        config_error(load_yaml, path) == f"{path}: not UTF-8 text (byte 0xa3 at offset 0); a config is a YAML text file"
+    )

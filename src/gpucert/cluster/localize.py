@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpucert.config.loader import ConfigError
+from gpucert.config.loader import ConfigError, not_text
 from gpucert.config.profiles import Profile
 from gpucert.config.run import RunConfig
 from gpucert.report.cluster import CLUSTER
@@ -128,6 +128,8 @@ def read_hostfile(path: Path) -> list[str]:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise ConfigError(f"--hostfile {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--hostfile {path}: {not_text(exc)}; expected one host name a line") from None
     hosts = []
     for number, line in enumerate(lines, 1):
         words = line.split("#")[0].split()

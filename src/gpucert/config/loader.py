@@ -47,11 +47,18 @@ def describe_os_error(exc: OSError) -> str:
     return f"{' -> '.join(paths)}: {exc.strerror}" if paths else f"{exc.strerror} (errno {exc.errno})"
 
 
+def not_text(exc: UnicodeDecodeError) -> str:
+    """A file read as text that is not UTF-8, said as such: the bare codec message names no file or line."""
+    return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: {not_text(exc)}; a config is a YAML text file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
