@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 import gpucert.report
+from gpucert.config.loader import describe_os_error
+from gpucert.report import store
 from gpucert.report.markdown import render_markdown
 from gpucert.report.schema import SCHEMA_VERSION, Report, Result, RunMeta
 from gpucert.report.store import load_report, write_report
@@ -440,3 +443,16 @@ def test_from_schema_2_1_a_pass_must_name_what_it_was_held_to() -> None:
     data["results"][0]["status"] = "PASS"
     data["schema_version"] = "2.0"
     assert schema_errors(data) == []
+
+
+def test_a_full_disk_while_writing_names_the_file_and_leaves_nothing(tmp_path: Path) -> None:
+    """A write's ENOSPC carries no file name: gpucert said only "No space left on device (errno 28)"."""
+
+    def chunks() -> Iterator[str]:
+        yield "{"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError) as caught:
+        store.write_atomic(tmp_path / "report.json", chunks())
+    assert describe_os_error(caught.value) == f"{tmp_path / 'report.json'}: No space left on device"
+    assert list(tmp_path.iterdir()) == []
