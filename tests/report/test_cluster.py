@@ -429,6 +429,10 @@ def other_gpus(report: Report) -> Report:
     return dataclasses.replace(report, inventory=inv)
 
 
+def without_gpus(report: Report) -> Report:
+    return dataclasses.replace(report, inventory={**report.inventory, "gpus": []})
+
+
 def test_merge_makes_shared_hostnames_unique(tmp_path: Path) -> None:
     # Two machines that both call themselves vm (their GPUs differ): two nodes, labelled apart.
     reports = [node_report("vm", [800] * 4), other_gpus(node_report("vm", [800] * 4, schema_1x=True))]
@@ -465,6 +469,15 @@ def test_merge_makes_shared_hostnames_unique(tmp_path: Path) -> None:
         (
             [node_report("a", [1]), node_report("b", [1], config={"profile": "auto", "health": {"expected_gpus": 8}})],
             "judged under different settings: health.expected_gpus None in a.json, 8 in b.json",
+        ),
+        # A health run beside a discover run, and one CPU node's two runs, merged as a PASS cluster of two.
+        (
+            [node_report("a", [1]), node_report("b", [1], verb="discover")],
+            "verbs differ (accept in a.json; discover in b.json)",
+        ),
+        (
+            [without_gpus(node_report("a", [1])), without_gpus(node_report("a", [1]))],
+            "a.json and b.json are both node a, with no GPU to tell them apart",
         ),
     ],
 )

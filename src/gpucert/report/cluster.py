@@ -638,7 +638,12 @@ def _refuse_unmergeable(reports: Sequence[Report], sources: Sequence[str]) -> No
         if is_cluster(report):
             held = ", ".join(report.meta.nodes or list(report.nodes))
             raise ValueError(f"{source} already holds several nodes ({held}); merge per-node reports only")
-    for what, value in (("profiles", lambda m: m.profile), ("method versions", lambda m: m.method_version)):
+    checks = (
+        ("verbs", lambda m: m.verb),
+        ("profiles", lambda m: m.profile),
+        ("method versions", lambda m: m.method_version),
+    )
+    for what, value in checks:
         seen = {value(r.meta) for r in reports}
         if len(seen) > 1:
             found = "; ".join(f"{value(r.meta)} in {s}" for r, s in zip(reports, sources, strict=True))
@@ -672,8 +677,17 @@ def _refuse_shared_gpus(reports: Sequence[Report], sources: Sequence[str]) -> No
     Nodes of different names are let through whatever their UUIDs: a synthetic cluster made from one captured
     node (docs/fleet.md) carries one node's UUIDs under many names."""
     owner: dict[tuple[str, str], str] = {}
+    gpuless: dict[str, str] = {}
     for report, source in zip(reports, sources, strict=True):
         label = _label_of(report)
+        if not any(isinstance(g, dict) and g.get("uuid") for g in report.inventory.get("gpus") or []):
+            # No GPU to tell them apart (a CPU node, NVML down): one name is one node.
+            if label in gpuless:
+                raise ValueError(
+                    f"{gpuless[label]} and {source} are both node {label}, with no GPU to tell them apart: two runs "
+                    "of one node, not two nodes; merge one report per node"
+                )
+            gpuless[label] = source
         for gpu in report.inventory.get("gpus") or []:
             uuid = gpu.get("uuid") if isinstance(gpu, dict) else None
             if not uuid:
