@@ -3,6 +3,11 @@ same paths in test_slurm_cluster.py)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from gpucert.cluster.slurm_checks import REASON_CHARS, apply_drain, drain_reason, parse_gres_gpus, run_checks
 from gpucert.report.schema import Result
 from gpucert.status import Status, worst
@@ -58,6 +63,33 @@ def test_a_drain_scontrol_refuses_is_reported_as_not_done() -> None:
     assert not ok and said == "could not drain gpu07: Invalid node name"
 
 
+def test_an_unreadable_slurm_conf_is_said_at_once_and_nothing_is_asked_of_slurm(tmp_path: Path) -> None:
+    """scontrol retries a SLURM_CONF it cannot stat for 60 s in silence, then says only `Unable to process`."""
+    for conf, why in ((tmp_path / "nonexistent", "does not exist"), (tmp_path, "is not a file")):
+        ask = Scontrol()
+        (checked,) = run_checks(None, 1, 0, 64, 5.0, ["gpucert"], ask, environ={"SLURM_CONF": str(conf)})
+        assert checked.status is Status.ERROR and f"SLURM_CONF={conf}, which {why}" in checked.message
+        assert "point SLURM_CONF at the cluster's slurm.conf" in (checked.remediation or "")
+        assert "unset SLURM_CONF" in (checked.remediation or "")
+        assert ask.asked == []
+
+
+def test_cluster_slurm_with_an_unreadable_slurm_conf_exits_3_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpucert.cli import main
+    from gpucert.cluster import slurm_checks
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(slurm_checks, "_ask", lambda argv, timeout_s: (asked.append(argv), (None, "not run"))[1])
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")
+    code = main(["cluster", "slurm", "--json", "--output", str(tmp_path / "run")])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 3 and asked == []
+    (said,) = report["results"]
+    assert said["status"] == "ERROR" and "SLURM_CONF=/nonexistent, which does not exist" in said["message"]
+
+
 # `scontrol show partition -o` and `scontrol show node -o` from Slurm 22.05.8 on the harness's cluster (cut).
 PARTITIONS = (
     "PartitionName=debug AllowGroups=ALL Default=YES QoS=N/A Nodes=node[1-2] OverSubscribe=YES:4 State=UP "
@@ -97,7 +129,7 @@ class Slurm:
 
 
 def checks(ask: Slurm, partition: str | None = None, cpus: int = 1, gpus: int = 0, mem_mb: int = 64) -> list[Result]:
-    return run_checks(partition, cpus, gpus, mem_mb, 5.0, ["gpucert"], ask)
+    return run_checks(partition, cpus, gpus, mem_mb, 5.0, ["gpucert"], ask, environ={})
 
 
 def by_name(results: list[Result]) -> dict[tuple[str, str], Result]:
@@ -180,5 +212,11 @@ def test_a_host_without_slurm_configuration_is_told_to_run_on_a_login_node_or_se
     )
     result = judge_controller(None, no_config)
     assert result.status is Status.ERROR and "SLURM_CONF" in (result.remediation or "")
+    # SLURM_CONF naming a file that is not there, after scontrol's 60 s of retries.
+    unstated = (
+        "`scontrol ping` exited 1: scontrol: error: s_p_parse_file: cannot stat file /nonexistent: No such file or "
+        "directory, retrying in 1sec up to 60sec; scontrol: fatal: Unable to process configuration file"
+    )
+    assert "SLURM_CONF" in (judge_controller(None, unstated).remediation or "")
     down = judge_controller(None, "slurm_load_ctl_conf error: Unable to contact slurm controller")
     assert "slurmctld runs and answers" in (down.remediation or "")

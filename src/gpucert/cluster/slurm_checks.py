@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,8 @@ def judge_controller(ping: str | None, error: str | None) -> Result:
     base: dict[str, Any] = dict(name="slurm.controller", subject="slurmctld", category="cluster")
     if ping is None:
         said = error or ""
-        if "configuration source" in said or "fetch_config" in said or "slurm.conf" in said:
+        config_said = ("configuration source", "fetch_config", "slurm.conf", "cannot stat file", "Unable to process")
+        if any(words in said for words in config_said):
             # scontrol found no slurm.conf and no DNS SRV record for slurmctld: this host is not set up as a
             # client of the cluster, whatever slurmctld's state.
             fix = (
@@ -115,6 +117,26 @@ def judge_controller(ping: str | None, error: str | None) -> Result:
         threshold_source="fixed: the controller answers",
         message=ping.strip().splitlines()[0] if ping.strip() else "no answer",
         remediation=None if up else "start slurmctld (systemctl start slurmctld) and check its log",
+    )
+
+
+def slurm_conf_unreadable(environ: Mapping[str, str] | None = None) -> Result | None:
+    """An ERROR when SLURM_CONF is set and names no file this process can read, else None. Said before any
+    scontrol: scontrol retries such a file for 60 s in silence, then says only that it could not process it."""
+    path = (os.environ if environ is None else environ).get("SLURM_CONF")
+    if not path or (os.path.isfile(path) and os.access(path, os.R_OK)):
+        return None
+    why = "is not readable" if os.path.isfile(path) else "is not a file" if os.path.exists(path) else "does not exist"
+    return Result(
+        name="slurm.controller",
+        subject="slurmctld",
+        category="cluster",
+        status=Status.ERROR,
+        expected="SLURM_CONF names a readable slurm.conf",
+        message=f"expected SLURM_CONF to name this cluster's slurm.conf, found SLURM_CONF={path}, which {why}: "
+        "no Slurm command can run; nothing was asked of Slurm",
+        remediation="point SLURM_CONF at the cluster's slurm.conf (export SLURM_CONF=/etc/slurm/slurm.conf), or "
+        "unset it (unset SLURM_CONF) for Slurm's default",
     )
 
 
@@ -406,10 +428,14 @@ def run_checks(
     timeout_s: float,
     gpucert_argv: list[str],
     ask: Any = None,
+    environ: Mapping[str, str] | None = None,
 ) -> list[Result]:
     """The checks in order; each job check runs only where its failure would say something new: nothing is
     submitted to a partition that does not exist or is not UP, and no step asks for what no node has."""
     ask = ask or _ask
+    unreadable = slurm_conf_unreadable(environ)
+    if unreadable is not None:
+        return [unreadable]
     ping, error = ask(["scontrol", "ping"], timeout_s)
     results = [judge_controller(ping, error)]
     if ping is None:
