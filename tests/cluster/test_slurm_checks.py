@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gpucert.cluster.slurm_checks import REASON_CHARS, apply_drain, drain_reason, parse_gres_gpus, run_checks
+from gpucert.cluster.slurm_checks import (
+    REASON_CHARS,
+    apply_drain,
+    drain_reason,
+    drain_result,
+    parse_gres_gpus,
+    run_checks,
+)
 from gpucert.report.schema import Result
 from gpucert.status import Status, worst
 
@@ -38,12 +45,16 @@ class Scontrol:
         return (self.node_line if argv[1] == "show" else ""), None
 
 
+IDLE = "NodeName=gpu07 Arch=x86_64 State=IDLE Partitions=gpu"
+
+
 def test_a_fail_drains_a_pass_resumes_only_a_drain_of_gpucerts_own() -> None:
-    ask = Scontrol()
+    ask = Scontrol(IDLE)
     said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
     assert ok and said.startswith("drained gpu07: gpucert: gpu.ecc")
     assert ask.asked == [
-        ["scontrol", "update", "NodeName=gpu07", "State=DRAIN", "Reason=gpucert: gpu.ecc gpu07 GPU 3: m"]
+        ["scontrol", "show", "node", "gpu07", "-o"],
+        ["scontrol", "update", "NodeName=gpu07", "State=DRAIN", "Reason=gpucert: gpu.ecc gpu07 GPU 3: m"],
     ]
     ours = (
         "NodeName=gpu07 Arch=x86_64 State=IDLE+DRAIN Partitions=gpu "
@@ -59,8 +70,47 @@ def test_a_fail_drains_a_pass_resumes_only_a_drain_of_gpucerts_own() -> None:
 
 
 def test_a_drain_scontrol_refuses_is_reported_as_not_done() -> None:
-    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, Scontrol(fail="Invalid node name"))
+    def refuses(argv: list[str], timeout_s: float) -> tuple[str | None, str | None]:
+        return (IDLE, None) if argv[1] == "show" else (None, "Invalid node name")
+
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, refuses)
     assert not ok and said == "could not drain gpu07: Invalid node name"
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, Scontrol(fail="Unable to contact"))
+    assert not ok and said == "could not read Slurm node gpu07: Unable to contact"
+
+
+def test_a_fail_leaves_a_drain_or_down_set_by_someone_else_as_it_is() -> None:
+    """An operator's drain overwritten by gpucert's reason would later be resumed as gpucert's own."""
+    theirs = IDLE.replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=cable swap [root@2026-11-22T19:40:01]"
+    ask = Scontrol(theirs)
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
+    assert ok and said == (
+        "gpu07 is already drained by someone else (Reason=cable swap, set by root at 2026-11-22T19:40:01): left as "
+        "it is; gpucert's FAIL: gpu.ecc gpu07 GPU 3: m"
+    )
+    assert len(ask.asked) == 1  # read, nothing updated
+    down = IDLE.replace("State=IDLE", "State=DOWN") + " Reason=Not responding [slurm@2026-11-22T19:40:01]"
+    ask = Scontrol(down)
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
+    assert ok and said.startswith("gpu07 is already down by someone else (Reason=Not responding, set by slurm")
+    assert len(ask.asked) == 1
+    # gpucert's own drain takes the new FAIL's reason (and a fresh count of passes).
+    ours = IDLE.replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=gpucert: gpu.xid x [passes 1 of 3] [root@t]"
+    ask = Scontrol(ours)
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
+    assert ok and said.startswith("drained gpu07: gpucert: gpu.ecc") and ask.asked[-1][1] == "update"
+
+
+def test_a_node_slurm_does_not_know_is_neither_drained_nor_resumed_and_the_fix_names_the_node_flag() -> None:
+    """`scontrol update NodeName=vm` of an unknown name can match another node by its host name and drain it."""
+    said_by_scontrol = "`scontrol show node` exited 1: Node vm not found"
+    for status, left in ((Status.FAIL, "still in service"), (Status.PASS, "whether gpucert drained it before")):
+        ask = Scontrol(fail=said_by_scontrol)
+        drained = drain_result("vm", [result("gpu.ecc", status)], 5.0, ask)
+        assert drained.status is Status.ERROR and drained.subject == "vm"
+        assert drained.message.startswith(f"Slurm knows no node vm ({said_by_scontrol})"), drained.message
+        assert "--slurm-node NAME" in (drained.remediation or "") and "SLURMD_NODENAME" in (drained.remediation or "")
+        assert [argv[1] for argv in ask.asked] == ["show"] and left in drained.message
 
 
 def test_an_unreadable_slurm_conf_is_said_at_once_and_nothing_is_asked_of_slurm(tmp_path: Path) -> None:
