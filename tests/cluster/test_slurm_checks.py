@@ -106,7 +106,7 @@ def test_a_node_slurm_does_not_know_is_neither_drained_nor_resumed_and_the_fix_n
     said_by_scontrol = "`scontrol show node` exited 1: Node vm not found"
     for status, left in ((Status.FAIL, "still in service"), (Status.PASS, "whether gpucert drained it before")):
         ask = Scontrol(fail=said_by_scontrol)
-        drained = drain_result("vm", [result("gpu.ecc", status)], 5.0, ask)
+        drained = drain_result("vm", [result("gpu.ecc", status)], 5.0, ask, environ={})
         assert drained.status is Status.ERROR and drained.subject == "vm"
         assert drained.message.startswith(f"Slurm knows no node vm ({said_by_scontrol})"), drained.message
         assert "--slurm-node NAME" in (drained.remediation or "") and "SLURMD_NODENAME" in (drained.remediation or "")
@@ -122,6 +122,19 @@ def test_an_unreadable_slurm_conf_is_said_at_once_and_nothing_is_asked_of_slurm(
         assert "point SLURM_CONF at the cluster's slurm.conf" in (checked.remediation or "")
         assert "unset SLURM_CONF" in (checked.remediation or "")
         assert ask.asked == []
+
+
+def test_health_drain_with_an_unreadable_slurm_conf_asks_nothing_of_slurm(tmp_path: Path) -> None:
+    ask = Scontrol(IDLE)
+    conf = {"SLURM_CONF": str(tmp_path / "nonexistent")}
+    drained = drain_result("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask, environ=conf)
+    assert drained.status is Status.ERROR and f"SLURM_CONF={tmp_path / 'nonexistent'}" in drained.message
+    assert "still in service" in drained.message and "unset SLURM_CONF" in (drained.remediation or "")
+    assert ask.asked == []
+    readable = tmp_path / "slurm.conf"
+    readable.write_text("ClusterName=c\n")
+    drain_result("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask, environ={"SLURM_CONF": str(readable)})
+    assert [argv[1] for argv in ask.asked] == ["show", "update"]
 
 
 def test_cluster_slurm_with_an_unreadable_slurm_conf_exits_3_at_once(

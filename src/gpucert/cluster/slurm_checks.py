@@ -605,13 +605,20 @@ def drain_result(
     timeout_s: float,
     ask: Any = None,
     resume_after: int = 1,
+    environ: Mapping[str, str] | None = None,
 ) -> Result:
     """What `health --drain` did, as one more result of the health report, so that the report's one verdict is
     the exit code: INFO when Slurm did what the verdict asked (drained, resumed, left an operator's drain, or
-    nothing to do), ERROR when it could not be done or checked (slurmctld unreachable, the node unknown)."""
+    nothing to do), ERROR when it could not be done or checked (SLURM_CONF unreadable, slurmctld unreachable, the
+    node unknown)."""
     base: dict[str, Any] = dict(name="slurm.drain", subject=node)
     should_drain = drain_reason(results) is not None
     left = "this failing node is still in service" if should_drain else "whether gpucert drained it before is unknown"
+    unreadable = slurm_conf_unreadable(environ)
+    if unreadable is not None:
+        return Result(
+            **base, status=Status.ERROR, message=f"{unreadable.message}; {left}", remediation=unreadable.remediation
+        )
     said, ok = apply_drain(node, results, timeout_s, ask, resume_after)
     if ok:
         return Result(**base, status=Status.INFO, message=said)
