@@ -1,10 +1,15 @@
 """The drain lifecycle on the real Slurm of the test suite: a FAIL drains node2 with the check as reason, passing
 runs are counted in that reason (scontrol keeps it, and shows who set it), the third pass in a row resumes it,
-and a run with an ERROR in between changes nothing."""
+and a run with an ERROR in between changes nothing. A FAIL leaves an operator's drain as it is (so no pass resumes
+it), and drains nothing where the node's name is not one Slurm has."""
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +87,64 @@ def test_health_drain_rechecks_a_fail_and_resumes_after_two_passes(slurm_cluster
         assert "DRAIN" not in node2()[0]
     finally:
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], env=slurm_cluster.env, timeout=30)
+
+
+def _health(
+    slurm_cluster, out: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "gpucert", "health", "--profile", "cpu", "--drain", "--json", "-o", str(out)]
+    argv += ["--set", "health.liveness=false", *extra]
+    return subprocess.run(argv, env=env or slurm_cluster.env, capture_output=True, text=True, timeout=120)
+
+
+def _node(slurm_cluster, name: str) -> tuple[str, str]:
+    out = subprocess.run(["scontrol", "show", "node", name, "-o"], env=slurm_cluster.env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout  # fmt: skip
+    return out.split("State=")[1].split()[0], out.split(" Reason=")[1].strip() if " Reason=" in out else ""
+
+
+@pytest.mark.slow
+def test_a_fail_leaves_an_operators_drain_and_a_later_pass_does_not_resume_it(slurm_cluster, tmp_path) -> None:
+    """The tester's case: gpucert's FAIL reason replaced `cable swap`, and the next passing run resumed the node
+    as if gpucert had drained it."""
+    env = slurm_cluster.env
+    try:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=cable swap"], env=env,
+                       check=True, timeout=30)  # fmt: skip
+        failed = _health(slurm_cluster, tmp_path / "failed", "--slurm-node", "node2", "--set", "health.expected_gpus=1")
+        assert failed.returncode == 2, failed.stderr
+        assert "node2 is already drained by someone else (Reason=cable swap, set by " in failed.stderr, failed.stderr
+        assert "left as it is; gpucert's FAIL: gpu.count" in failed.stderr, failed.stderr
+        state, reason = _node(slurm_cluster, "node2")
+        assert "DRAIN" in state and reason.startswith("cable swap"), (state, reason)
+        passed = _health(slurm_cluster, tmp_path / "passed", "--slurm-node", "node2")
+        assert passed.returncode == 0 and "drained by someone else: cable swap" in passed.stderr, passed.stderr
+        state, reason = _node(slurm_cluster, "node2")
+        assert "DRAIN" in state and reason.startswith("cable swap"), (state, reason)
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], env=env, timeout=30)
+
+
+@pytest.mark.slow
+def test_a_fail_on_a_node_slurm_does_not_have_drains_nothing_and_names_the_flag(slurm_cluster, tmp_path) -> None:
+    """No --slurm-node, no SLURMD_NODENAME: the node is the host name, which is no NodeName of the cluster but is
+    both nodes' NodeHostname, so `scontrol update NodeName=<host>` drained one of them."""
+    host = socket.gethostname().split(".")[0]
+    if host in slurm_cluster.nodes:
+        pytest.skip(f"this host is named {host}, a node of the test cluster")
+    env = {k: v for k, v in slurm_cluster.env.items() if k != "SLURMD_NODENAME"}
+    try:
+        failed = _health(slurm_cluster, tmp_path / "failed", "--set", "health.expected_gpus=1", env=env)
+        assert failed.returncode == 3, failed.stderr
+        assert f"Slurm knows no node {host} (" in failed.stderr and f"Node {host} not found" in failed.stderr
+        assert "this failing node is still in service" in failed.stderr
+        report = json.loads(failed.stdout)
+        (drain,) = [r for r in report["results"] if r["name"] == "slurm.drain"]
+        assert drain["status"] == "ERROR" and "--slurm-node NAME" in drain["remediation"], drain
+        assert "SLURMD_NODENAME" in drain["remediation"]
+        for name in slurm_cluster.nodes:
+            state, reason = _node(slurm_cluster, name)
+            assert "DRAIN" not in state, (name, state, reason)
+    finally:
+        for name in slurm_cluster.nodes:
+            subprocess.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], env=env, timeout=30)

@@ -3,7 +3,19 @@ same paths in test_slurm_cluster.py)."""
 
 from __future__ import annotations
 
-from gpucert.cluster.slurm_checks import REASON_CHARS, apply_drain, drain_reason, parse_gres_gpus, run_checks
+import json
+from pathlib import Path
+
+import pytest
+
+from gpucert.cluster.slurm_checks import (
+    REASON_CHARS,
+    apply_drain,
+    drain_reason,
+    drain_result,
+    parse_gres_gpus,
+    run_checks,
+)
 from gpucert.report.schema import Result
 from gpucert.status import Status, worst
 
@@ -33,12 +45,16 @@ class Scontrol:
         return (self.node_line if argv[1] == "show" else ""), None
 
 
+IDLE = "NodeName=gpu07 Arch=x86_64 State=IDLE Partitions=gpu"
+
+
 def test_a_fail_drains_a_pass_resumes_only_a_drain_of_gpucerts_own() -> None:
-    ask = Scontrol()
+    ask = Scontrol(IDLE)
     said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
     assert ok and said.startswith("drained gpu07: gpucert: gpu.ecc")
     assert ask.asked == [
-        ["scontrol", "update", "NodeName=gpu07", "State=DRAIN", "Reason=gpucert: gpu.ecc gpu07 GPU 3: m"]
+        ["scontrol", "show", "node", "gpu07", "-o"],
+        ["scontrol", "update", "NodeName=gpu07", "State=DRAIN", "Reason=gpucert: gpu.ecc gpu07 GPU 3: m"],
     ]
     ours = (
         "NodeName=gpu07 Arch=x86_64 State=IDLE+DRAIN Partitions=gpu "
@@ -54,8 +70,87 @@ def test_a_fail_drains_a_pass_resumes_only_a_drain_of_gpucerts_own() -> None:
 
 
 def test_a_drain_scontrol_refuses_is_reported_as_not_done() -> None:
-    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, Scontrol(fail="Invalid node name"))
+    def refuses(argv: list[str], timeout_s: float) -> tuple[str | None, str | None]:
+        return (IDLE, None) if argv[1] == "show" else (None, "Invalid node name")
+
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, refuses)
     assert not ok and said == "could not drain gpu07: Invalid node name"
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, Scontrol(fail="Unable to contact"))
+    assert not ok and said == "could not read Slurm node gpu07: Unable to contact"
+
+
+def test_a_fail_leaves_a_drain_or_down_set_by_someone_else_as_it_is() -> None:
+    """An operator's drain overwritten by gpucert's reason would later be resumed as gpucert's own."""
+    theirs = IDLE.replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=cable swap [root@2026-11-22T19:40:01]"
+    ask = Scontrol(theirs)
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
+    assert ok and said == (
+        "gpu07 is already drained by someone else (Reason=cable swap, set by root at 2026-11-22T19:40:01): left as "
+        "it is; gpucert's FAIL: gpu.ecc gpu07 GPU 3: m"
+    )
+    assert len(ask.asked) == 1  # read, nothing updated
+    down = IDLE.replace("State=IDLE", "State=DOWN") + " Reason=Not responding [slurm@2026-11-22T19:40:01]"
+    ask = Scontrol(down)
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
+    assert ok and said.startswith("gpu07 is already down by someone else (Reason=Not responding, set by slurm")
+    assert len(ask.asked) == 1
+    # gpucert's own drain takes the new FAIL's reason (and a fresh count of passes).
+    ours = IDLE.replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=gpucert: gpu.xid x [passes 1 of 3] [root@t]"
+    ask = Scontrol(ours)
+    said, ok = apply_drain("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask)
+    assert ok and said.startswith("drained gpu07: gpucert: gpu.ecc") and ask.asked[-1][1] == "update"
+
+
+def test_a_node_slurm_does_not_know_is_neither_drained_nor_resumed_and_the_fix_names_the_node_flag() -> None:
+    """`scontrol update NodeName=vm` of an unknown name can match another node by its host name and drain it."""
+    said_by_scontrol = "`scontrol show node` exited 1: Node vm not found"
+    for status, left in ((Status.FAIL, "still in service"), (Status.PASS, "whether gpucert drained it before")):
+        ask = Scontrol(fail=said_by_scontrol)
+        drained = drain_result("vm", [result("gpu.ecc", status)], 5.0, ask, environ={})
+        assert drained.status is Status.ERROR and drained.subject == "vm"
+        assert drained.message.startswith(f"Slurm knows no node vm ({said_by_scontrol})"), drained.message
+        assert "--slurm-node NAME" in (drained.remediation or "") and "SLURMD_NODENAME" in (drained.remediation or "")
+        assert [argv[1] for argv in ask.asked] == ["show"] and left in drained.message
+
+
+def test_an_unreadable_slurm_conf_is_said_at_once_and_nothing_is_asked_of_slurm(tmp_path: Path) -> None:
+    """scontrol retries a SLURM_CONF it cannot stat for 60 s in silence, then says only `Unable to process`."""
+    for conf, why in ((tmp_path / "nonexistent", "does not exist"), (tmp_path, "is not a file")):
+        ask = Scontrol()
+        (checked,) = run_checks(None, 1, 0, 64, 5.0, ["gpucert"], ask, environ={"SLURM_CONF": str(conf)})
+        assert checked.status is Status.ERROR and f"SLURM_CONF={conf}, which {why}" in checked.message
+        assert "point SLURM_CONF at the cluster's slurm.conf" in (checked.remediation or "")
+        assert "unset SLURM_CONF" in (checked.remediation or "")
+        assert ask.asked == []
+
+
+def test_health_drain_with_an_unreadable_slurm_conf_asks_nothing_of_slurm(tmp_path: Path) -> None:
+    ask = Scontrol(IDLE)
+    conf = {"SLURM_CONF": str(tmp_path / "nonexistent")}
+    drained = drain_result("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask, environ=conf)
+    assert drained.status is Status.ERROR and f"SLURM_CONF={tmp_path / 'nonexistent'}" in drained.message
+    assert "still in service" in drained.message and "unset SLURM_CONF" in (drained.remediation or "")
+    assert ask.asked == []
+    readable = tmp_path / "slurm.conf"
+    readable.write_text("ClusterName=c\n")
+    drain_result("gpu07", [result("gpu.ecc", Status.FAIL)], 5.0, ask, environ={"SLURM_CONF": str(readable)})
+    assert [argv[1] for argv in ask.asked] == ["show", "update"]
+
+
+def test_cluster_slurm_with_an_unreadable_slurm_conf_exits_3_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpucert.cli import main
+    from gpucert.cluster import slurm_checks
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(slurm_checks, "_ask", lambda argv, timeout_s: (asked.append(argv), (None, "not run"))[1])
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")
+    code = main(["cluster", "slurm", "--json", "--output", str(tmp_path / "run")])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 3 and asked == []
+    (said,) = report["results"]
+    assert said["status"] == "ERROR" and "SLURM_CONF=/nonexistent, which does not exist" in said["message"]
 
 
 # `scontrol show partition -o` and `scontrol show node -o` from Slurm 22.05.8 on the harness's cluster (cut).
@@ -97,7 +192,7 @@ class Slurm:
 
 
 def checks(ask: Slurm, partition: str | None = None, cpus: int = 1, gpus: int = 0, mem_mb: int = 64) -> list[Result]:
-    return run_checks(partition, cpus, gpus, mem_mb, 5.0, ["gpucert"], ask)
+    return run_checks(partition, cpus, gpus, mem_mb, 5.0, ["gpucert"], ask, environ={})
 
 
 def by_name(results: list[Result]) -> dict[tuple[str, str], Result]:
@@ -180,5 +275,11 @@ def test_a_host_without_slurm_configuration_is_told_to_run_on_a_login_node_or_se
     )
     result = judge_controller(None, no_config)
     assert result.status is Status.ERROR and "SLURM_CONF" in (result.remediation or "")
+    # SLURM_CONF naming a file that is not there, after scontrol's 60 s of retries.
+    unstated = (
+        "`scontrol ping` exited 1: scontrol: error: s_p_parse_file: cannot stat file /nonexistent: No such file or "
+        "directory, retrying in 1sec up to 60sec; scontrol: fatal: Unable to process configuration file"
+    )
+    assert "SLURM_CONF" in (judge_controller(None, unstated).remediation or "")
     down = judge_controller(None, "slurm_load_ctl_conf error: Unable to contact slurm controller")
     assert "slurmctld runs and answers" in (down.remediation or "")

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,8 @@ def judge_controller(ping: str | None, error: str | None) -> Result:
     base: dict[str, Any] = dict(name="slurm.controller", subject="slurmctld", category="cluster")
     if ping is None:
         said = error or ""
-        if "configuration source" in said or "fetch_config" in said or "slurm.conf" in said:
+        config_said = ("configuration source", "fetch_config", "slurm.conf", "cannot stat file", "Unable to process")
+        if any(words in said for words in config_said):
             # scontrol found no slurm.conf and no DNS SRV record for slurmctld: this host is not set up as a
             # client of the cluster, whatever slurmctld's state.
             fix = (
@@ -115,6 +117,26 @@ def judge_controller(ping: str | None, error: str | None) -> Result:
         threshold_source="fixed: the controller answers",
         message=ping.strip().splitlines()[0] if ping.strip() else "no answer",
         remediation=None if up else "start slurmctld (systemctl start slurmctld) and check its log",
+    )
+
+
+def slurm_conf_unreadable(environ: Mapping[str, str] | None = None) -> Result | None:
+    """An ERROR when SLURM_CONF is set and names no file this process can read, else None. Said before any
+    scontrol: scontrol retries such a file for 60 s in silence, then says only that it could not process it."""
+    path = (os.environ if environ is None else environ).get("SLURM_CONF")
+    if not path or (os.path.isfile(path) and os.access(path, os.R_OK)):
+        return None
+    why = "is not readable" if os.path.isfile(path) else "is not a file" if os.path.exists(path) else "does not exist"
+    return Result(
+        name="slurm.controller",
+        subject="slurmctld",
+        category="cluster",
+        status=Status.ERROR,
+        expected="SLURM_CONF names a readable slurm.conf",
+        message=f"expected SLURM_CONF to name this cluster's slurm.conf, found SLURM_CONF={path}, which {why}: "
+        "no Slurm command can run; nothing was asked of Slurm",
+        remediation="point SLURM_CONF at the cluster's slurm.conf (export SLURM_CONF=/etc/slurm/slurm.conf), or "
+        "unset it (unset SLURM_CONF) for Slurm's default",
     )
 
 
@@ -406,10 +428,14 @@ def run_checks(
     timeout_s: float,
     gpucert_argv: list[str],
     ask: Any = None,
+    environ: Mapping[str, str] | None = None,
 ) -> list[Result]:
     """The checks in order; each job check runs only where its failure would say something new: nothing is
     submitted to a partition that does not exist or is not UP, and no step asks for what no node has."""
     ask = ask or _ask
+    unreadable = slurm_conf_unreadable(environ)
+    if unreadable is not None:
+        return [unreadable]
     ping, error = ask(["scontrol", "ping"], timeout_s)
     results = [judge_controller(ping, error)]
     if ping is None:
@@ -498,27 +524,61 @@ def passes_so_far(reason: str) -> tuple[str, int]:
     return (reason[: match.start()], int(match.group(1))) if match else (reason, 0)
 
 
+def _set_by(reason: str) -> str:
+    """`cable swap, set by root at 2026-11-22T19:40:01` from scontrol's `cable swap [root@2026-11-22T19:40:01]`."""
+    match = _SET_BY.search(reason)
+    if match is None:
+        return reason
+    who, _, when = match.group(0).strip(" []").partition("@")
+    return f"{reason[: match.start()]}, set by {who} at {when}"
+
+
+# Said when scontrol has no node of that name; drain_result then says how to name the node.
+UNKNOWN_NODE = "Slurm knows no node"
+
+
+def _out_of_service(state: str) -> str | None:
+    """How a node Slurm keeps from jobs is said (`drained`, `down`), None for a node that takes jobs."""
+    flags = set(state.split("+"))
+    if "DRAIN" in state:
+        return "drained"
+    if flags & {"DOWN", "FAIL"}:
+        return "down"
+    return None
+
+
 def apply_drain(
     node: str, results: list[Result], timeout_s: float, ask: Any = None, resume_after: int = 1
 ) -> tuple[str, bool]:
     """Drain `node` on a FAIL (a drain of gpucert's own restarts its count); resume it when gpucert drained it
     (reason starting `gpucert: `) and `resume_after` consecutive runs have passed, each pass before the last
     counted in the reason; a run with an ERROR (a check that could not run) is no pass and changes nothing. A
-    drain set by anyone else is left alone. (what was done, succeeded)"""
+    drain (or down) set by anyone else is left alone, on a FAIL too. (what was done, succeeded)"""
     ask = ask or _ask
     reason = drain_reason(results)
+    # Read the node before changing it, on a FAIL as on a pass: an operator's drain must keep its reason, or a
+    # later pass would take it for gpucert's and resume it; and `scontrol update NodeName=` of a name Slurm does
+    # not have can match another node by its host name and drain that one.
+    out, error = ask(["scontrol", "show", "node", node, "-o"], timeout_s)
+    if error is not None or out is None:
+        if error is not None and re.search(rf"Node {re.escape(node)} not found", error):
+            return f"{UNKNOWN_NODE} {node} ({error})", False
+        return f"could not read Slurm node {node}: {error}", False
+    found = parse_nodes(out)
+    if not found:
+        return f"{UNKNOWN_NODE} {node}", False
+    state, was = found[0].state, found[0].reason or ""
+    held = _out_of_service(state)
     if reason is not None:
+        if held is not None and not was.startswith(DRAIN_PREFIX):
+            return (
+                f"{node} is already {held} by someone else (Reason={_set_by(was) or 'none'}): left as it is; "
+                f"gpucert's FAIL: {reason.removeprefix(DRAIN_PREFIX)}"
+            ), True
         _, error = ask(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], timeout_s)
         if error is not None:
             return f"could not drain {node}: {error}", False
         return f"drained {node}: {reason}", True
-    out, error = ask(["scontrol", "show", "node", node, "-o"], timeout_s)
-    if error is not None or out is None:
-        return f"could not read Slurm node {node}: {error}", False
-    found = parse_nodes(out)
-    if not found:
-        return f"Slurm knows no node {node} (--slurm-node)", False
-    state, was = found[0].state, found[0].reason or ""
     if "DRAIN" in state and was.startswith(DRAIN_PREFIX):
         base, passes = passes_so_far(was)
         if any(r.status is Status.ERROR for r in results):
@@ -539,21 +599,38 @@ def apply_drain(
     ), True
 
 
-def drain_result(node: str, results: list[Result], timeout_s: float, ask: Any = None, resume_after: int = 1) -> Result:
+def drain_result(
+    node: str,
+    results: list[Result],
+    timeout_s: float,
+    ask: Any = None,
+    resume_after: int = 1,
+    environ: Mapping[str, str] | None = None,
+) -> Result:
     """What `health --drain` did, as one more result of the health report, so that the report's one verdict is
-    the exit code: INFO when Slurm did what the verdict asked (drained, resumed, or nothing to do), ERROR when
-    it could not be done or checked (slurmctld unreachable, the node unknown)."""
-    said, ok = apply_drain(node, results, timeout_s, ask, resume_after)
+    the exit code: INFO when Slurm did what the verdict asked (drained, resumed, left an operator's drain, or
+    nothing to do), ERROR when it could not be done or checked (SLURM_CONF unreadable, slurmctld unreachable, the
+    node unknown)."""
     base: dict[str, Any] = dict(name="slurm.drain", subject=node)
+    should_drain = drain_reason(results) is not None
+    left = "this failing node is still in service" if should_drain else "whether gpucert drained it before is unknown"
+    unreadable = slurm_conf_unreadable(environ)
+    if unreadable is not None:
+        return Result(
+            **base, status=Status.ERROR, message=f"{unreadable.message}; {left}", remediation=unreadable.remediation
+        )
+    said, ok = apply_drain(node, results, timeout_s, ask, resume_after)
     if ok:
         return Result(**base, status=Status.INFO, message=said)
-    should_drain = drain_reason(results) is not None
-    return Result(
-        **base,
-        status=Status.ERROR,
-        message=f"{said}; "
-        + ("this failing node is still in service" if should_drain else "whether gpucert drained it before is unknown"),
-        remediation=f"check that slurmctld answers (`scontrol ping`) and that {node} is the node's Slurm name "
-        "(--slurm-node)"
-        + (f"; drain it by hand: scontrol update NodeName={node} State=DRAIN Reason=..." if should_drain else ""),
-    )
+    unknown = said.startswith(UNKNOWN_NODE)
+    name = "NAME" if unknown else node
+    by_hand = f"; drain it by hand: scontrol update NodeName={name} State=DRAIN Reason=..." if should_drain else ""
+    if unknown:
+        fix = (
+            f"give this node's Slurm name, not {node} (its NodeName in slurm.conf; `sinfo -N` lists them): "
+            "--slurm-node NAME, or SLURMD_NODENAME=NAME (slurmd sets it for its HealthCheckProgram); without either "
+            "it is the short host name"
+        )
+    else:
+        fix = f"check that slurmctld answers (`scontrol ping`) and that {node} is the node's Slurm name (--slurm-node)"
+    return Result(**base, status=Status.ERROR, message=f"{said}; {left}", remediation=fix + by_hand)
