@@ -175,6 +175,15 @@ def test_a_metrics_file_that_cannot_be_written_is_refused_before_the_run(
     with pytest.raises(SystemExit):
         main([*argv, "--metrics-file", str(tmp_path)])
     assert "is a directory: name the file" in capsys.readouterr().err
+    # Root passes os.access everywhere: /proc said yes, and the write failed after the benchmarks.
+    with pytest.raises(SystemExit):
+        main([*argv, "--metrics-file", "/proc/g.prom"])
+    assert "argument --metrics-file: /proc: cannot write a file there: " in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit):
+        main([*argv, "--metrics-file", str(tmp_path / "afile" / "g.prom")])
+    assert f"{tmp_path / 'afile'} is not a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe is gone
 
 
 def test_write_metrics_error_names_the_file(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -15,10 +16,18 @@ def metrics_path(text: str) -> Path:
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a directory: name the file, e.g. {path / 'gpucert-health.prom'}")
     directory = path.parent
+    if directory.exists() and not directory.is_dir():
+        raise argparse.ArgumentTypeError(f"{directory} is not a directory: name a file in a directory")
     if not directory.is_dir():
         raise argparse.ArgumentTypeError(
             f"{directory} does not exist: create it, or name a file in node_exporter's textfile directory"
         )
-    if not os.access(directory, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{directory} is not writable by this user")
+    # A file made and removed, not os.access: root passes every permission check, and /proc or a read-only mount
+    # refuses the write itself. The name does not end in .prom, so node_exporter never reads it.
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".gpucert-probe-")
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{directory}: cannot write a file there: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
     return path
