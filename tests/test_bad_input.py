@@ -55,6 +55,8 @@ CASES = [
     (["report", "corrupt.json"], ["corrupt.json: not a readable gpucert report"]),
     (["report", "a", "b", "c"], ["report takes one run (render) or two runs"]),
     (["report", "corrupt.json", "corrupt.json", "--threshold", "-5"], ["--threshold", "found -5.0"]),
+    (["report", "corrupt.json", "corrupt.json", "--threshold", "nan"], ["--threshold (the % worse", "found nan"]),
+    (["report", "corrupt.json", "corrupt.json", "--threshold", "1e309"], ["--threshold (the % worse", "found inf"]),
     (["report", "merge", "a"], ["two or more per-node run directories"]),
     (["report", "history", "n", ".", "--metrics-file", "h.prom"], ["report history does not use --metrics-file"]),
     # A flag one use of report reads, given to another: refused, not ignored.

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import sys
 import traceback
@@ -416,8 +417,10 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     args.runs = [Path(run) for run in args.runs]
     if len(args.runs) > 2:
         raise ConfigError("report takes one run (render) or two runs (baseline, candidate)")
-    if args.threshold < 0:
-        raise ConfigError(f"--threshold (the % worse that counts as a regression) must be >= 0, found {args.threshold}")
+    if not 0 <= args.threshold < math.inf:  # nan fails both; inf would find no regression ever
+        raise ConfigError(
+            f"--threshold (the % worse that counts as a regression) must be a number >= 0, found {args.threshold}"
+        )
     reports = [_load_run(path) for path in args.runs]
     if len(reports) == 2:
         from gpucert.report.compare import (

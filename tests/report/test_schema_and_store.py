@@ -456,3 +456,10 @@ def test_a_full_disk_while_writing_names_the_file_and_leaves_nothing(tmp_path: P
         store.write_atomic(tmp_path / "report.json", chunks())
     assert describe_os_error(caught.value) == f"{tmp_path / 'report.json'}: No space left on device"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_report_cut_inside_a_string_reads_once_at(tmp_path: Path) -> None:
+    (tmp_path / "report.json").write_text('{"meta": {"verb": "acc')
+    with pytest.raises(ValueError) as caught:
+        load_report(tmp_path)
+    assert "not JSON: Unterminated string starting at line 1 column 19 (cut short" in str(caught.value), caught.value

@@ -268,7 +268,8 @@ def load_report(path: Path) -> Report:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(
-                f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (cut short, or not a report.json?)"
+                f"not JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} column {exc.colno} (cut short, or "
+                "not a report.json?)"
             ) from None
         return Report.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError) as exc:
