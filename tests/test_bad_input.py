@@ -48,6 +48,8 @@ CASES = [
     (["health", "--set", "health.liveness=maybe"], ["health.liveness: expected bool, found 'maybe'"]),
     (["health", "--profile", "/nonexistent/site.yaml"], ["/nonexistent/site.yaml: cannot read"]),
     (["health", "--output", "afile"], ["--output ", "afile is not a directory"]),
+    (["health", "--output", ""], ["argument --output/-o: an empty path (an unset variable?)"]),
+    (["finetune", "-o", " "], ["argument --output/-o: an empty path (an unset variable?)"]),
     (["discover", "--replay", "afile"], ["afile: not a capture bundle"]),
     # report
     (["report", "nope"], ["nope: no such run directory or report.json"]),

@@ -186,6 +186,12 @@ def test_report_compares_two_runs_and_exits_on_regression(capsys) -> None:
 def test_report_merge_builds_one_cluster_report_from_per_node_runs(tmp_path: Path, capsys) -> None:
     for node in ("a", "b"):
         assert main(["health", "--profile", "cpu", "-o", str(tmp_path / node)]) == 0
+    # Both ran on this GPU-less host: b's report is made another node's, as a second machine would have written
+    # it (one host's two runs are refused: nothing tells them apart).
+    b = json.loads((tmp_path / "b/report.json").read_text())
+    b["meta"]["host"] = b["inventory"]["hostname"] = "node-b"
+    b["meta"]["nodes"] = ["node-b"]
+    (tmp_path / "b/report.json").write_text(json.dumps(b))
     merged = tmp_path / "cluster"
     assert main(["report", "merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(merged)]) == 0
     report = json.loads((merged / "report.json").read_text())

@@ -65,6 +65,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def nonempty(text: str) -> str:
+    """An --output that is a path: `-o ''` (an unset shell variable) wrote the report into the current directory,
+    beside whatever was there."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?): name a directory")
+    return text
+
+
+def output_dir(text: str) -> Path:
+    return Path(nonempty(text))
+
+
 def _common_options() -> _Parser:
     common = _Parser(add_help=False)
     common.add_argument("--config", type=Path, help="run config YAML (defaults < file < --set)")
@@ -77,7 +89,7 @@ def _common_options() -> _Parser:
         help="override one config key, e.g. --set health.expected_gpus=8 (repeatable)",
     )
     common.add_argument("--profile", help="hardware profile name or YAML path (default: chosen by GPU name)")
-    common.add_argument("--output", "-o", type=Path, help="directory for report.json and report.md")
+    common.add_argument("--output", "-o", type=output_dir, help="directory for report.json and report.md")
     common.add_argument("--json", action="store_true", help="print the JSON report to stdout instead of tables")
     common.add_argument(
         "--replay",
@@ -179,10 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare: a per-metric tolerance in %%, e.g. matmul.bf16.max=8 (repeatable; see docs/reports.md)",
     )
     report.add_argument(
-        "--output", "-o", type=Path, help="merge: directory for the cluster report; compare --html: for comparison.html"
+        "--output",
+        "-o",
+        type=output_dir,
+        help="merge: directory for the cluster report; compare --html: for comparison.html",
     )
     capture = verbs.add_parser("capture", help="save raw hardware answers as a bundle for --replay and support")
-    capture.add_argument("--output", "-o", type=Path, required=True, help="bundle directory to create")
+    capture.add_argument("--output", "-o", type=output_dir, required=True, help="bundle directory to create")
     verbs.add_parser("profiles", help="list built-in hardware profiles")
     cluster = verbs.add_parser("cluster", help="checks of the cluster around the GPUs")
     cluster_checks = cluster.add_subparsers(dest="check", required=True, parser_class=_Parser)
@@ -227,12 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--list-recipes", action="store_true", help="the recipes --config takes by name, and exit")
     commands.add_arguments(finetune)
     finetune.add_argument("--resume", help="none, auto (latest complete checkpoint) or a checkpoint directory")
-    finetune.add_argument("--output", "-o", help="run directory (default runs/<time>-finetune)")
+    finetune.add_argument("--output", "-o", type=nonempty, help="run directory (default runs/<time>-finetune)")
     evaluate = verbs.add_parser("evaluate", help="function-calling accuracy of a trained adapter")
     commands.add_arguments(evaluate, config_help=commands.EVALUATE_CONFIG_HELP)
     evaluate.add_argument("--adapter", type=Path, required=True, help="adapter directory (PEFT format)")
     evaluate.add_argument("--data", help="held-out data source (default: the config's data.source)")
-    evaluate.add_argument("--output", "-o", help="report directory (default: evaluation/ beside the adapter)")
+    evaluate.add_argument(
+        "--output", "-o", type=nonempty, help="report directory (default: evaluation/ beside the adapter)"
+    )
     add_suite_arguments(evaluate)
     for verb in [*verbs.choices.values(), *cluster_checks.choices.values()]:  # after the verb too; SUPPRESS: no reset
         verb.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help=output_format)
@@ -396,7 +413,7 @@ def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> in
             print(json.dumps(report.to_dict(), indent=1))
         else:
             show = args.verb in ("discover", "accept")
-            print_report(report, console, show_inventory=show, report_path=str(path.absolute()))
+            print_report(report, console, show_inventory=show, report_path=str(path.absolute()) if path else None)
     return int(code)
 
 
