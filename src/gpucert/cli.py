@@ -314,10 +314,13 @@ def _duration_override(args: argparse.Namespace) -> list[str]:
         raise ConfigError(f"--duration: {exc}") from None
 
 
-def run_suite(args: argparse.Namespace, console: Console) -> int:
-    from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_on_nodes
-    from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
+# The verbs run_suite runs: their flags are checked by suite_args, here and by `gpucert launch` before it submits.
+SUITE_VERBS = ("discover", "health", "accept", "bench")
 
+
+def suite_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """A suite verb's flags as (config overrides, benchmarks), each refused with a ConfigError where it cannot run:
+    --nproc, --skip, --duration, --resume-after and --drain."""
     overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
     nproc = getattr(args, "nproc", None)
     if nproc is not None:
@@ -334,6 +337,14 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--drain acts on this live node: not with --replay or --nnodes (run it on every node)")
     if benchmarks and args.replay:
         raise ConfigError("--replay reads a captured node: benchmarks need the live node")
+    return overrides, benchmarks
+
+
+def run_suite(args: argparse.Namespace, console: Console) -> int:
+    from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_on_nodes
+    from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
+
+    overrides, benchmarks = suite_args(args)
     request = RunRequest(
         verb=args.verb if args.verb != "bench" else f"bench {args.benchmark}",
         benchmarks=benchmarks,
@@ -364,6 +375,7 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
     else:
         # This node's process: its ranks run this same command on torchrun's engine (runtime/launcher.py).
         ranks = [sys.executable, "-m", "gpucert", *args.argv]
+        nproc = getattr(args, "nproc", None)
         outcome = run_on_nodes(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, ranks, say)
     if getattr(args, "drain", False) and outcome.report is not None:
         from gpucert.fleet.recheck import recheck

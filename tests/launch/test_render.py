@@ -281,6 +281,11 @@ def test_a_config_file_that_is_not_there_is_refused_before_anything_is_printed(t
         (["torchrun", "--head", "a", "accept", "--set", "bench.nope=3"], "bench.nope"),
         (["slurm", "accept", "--gpus-per-node", "0", "--bogus", "--dry-run"], "unrecognized arguments: --bogus"),
         (["k8s", "--image", "reg/gpucert:1", "finetune", "--config", "no-such-recipe"], "no-such-recipe"),
+        # The verb's own checks of its flags, not argparse's alone: each was refused only by every node.
+        (["slurm", "accept", "--skip", "foo"], "launch ... accept: --skip: unknown benchmark(s) foo"),
+        (["torchrun", "--head", "a", "accept", "--nproc", "0"], "launch ... accept: --nproc must be >= 1, found 0"),
+        (["slurm", "bench", "burn", "--duration", "abc"], "launch ... bench: --duration: expected a duration"),
+        (["k8s", "--image", "reg/gpucert:1", "bench", "matmul", "--duration", "5s"], "`bench matmul` has none"),
     ],
 )
 def test_the_verbs_own_options_are_checked_before_anything_is_printed_or_submitted(argv, said, capsys) -> None:

@@ -90,6 +90,7 @@ def check_verb_args(verb: str, rest: list[str], here: bool = True) -> str | None
     """The options passed on to the verb, checked here with the verb's own parser and config schema, so a
     mistyped option, --set key or profile is refused now, not by every node of a job that was already submitted.
     Returns the hardware profile the verb will use ("auto": chosen by each node's GPUs; None for finetune)."""
+    from gpucert.cli import SUITE_VERBS, suite_args
     from gpucert.cli import build_parser as verb_parser
 
     argv = [*slurm.VERB_ARGV[verb][1:], *rest]
@@ -111,7 +112,13 @@ def check_verb_args(verb: str, rest: list[str], here: bool = True) -> str | None
         load_finetune_config(resolve_recipe(config), overrides, False)
         return None
     flag = getattr(parsed, "profile", None)
-    if flag is not None:
+    if parsed.verb in SUITE_VERBS:
+        # The verb's own checks of its flags (--skip names, --nproc, --duration), the profile added as it adds it.
+        try:
+            overrides = suite_args(parsed)[0]
+        except ConfigError as exc:
+            raise ConfigError(f"launch ... {verb}: {exc}") from None
+    elif flag is not None:
         overrides.append(f"profile={flag}")  # as the verb itself adds it (cli.run_suite)
     if verb == "localize" and not overrides and config is None:
         return "auto"
