@@ -190,3 +190,18 @@ def test_an_output_with_a_report_gpucert_cannot_read_is_refused_not_cleared(tmp_
     assert main(["health", "--profile", "cpu", "-o", str(out)]) == 3
     assert "a report.json gpucert cannot read" in capsys.readouterr().err
     assert (out / "report.json").read_text() == "{not json"
+
+
+def test_a_run_stopped_in_its_start_up_leaves_no_directory_of_empty_logs(tmp_path: Path) -> None:
+    """Ctrl-C while the ranks started left runs/<time>-<host>/logs/rank-1.log, empty, and nothing else."""
+    started = datetime.now(timezone.utc)
+    with claim_run_dir(None, tmp_path / "runs", "vm", started) as run_dir:
+        (run_dir.path / "logs").mkdir()
+        (run_dir.path / "logs" / "rank-1.log").write_text("")
+    assert not (tmp_path / "runs").exists()
+    # A run that wrote its report keeps its logs, empty or not.
+    with claim_run_dir(None, tmp_path / "runs", "vm", started) as run_dir:
+        (run_dir.path / "logs").mkdir()
+        (run_dir.path / "logs" / "rank-1.log").write_text("")
+        (run_dir.path / "report.json").write_text("{}")
+    assert (run_dir.path / "logs" / "rank-1.log").exists()

@@ -14,6 +14,7 @@ any work (check_reuse), as HF Trainer refuses a non-empty output_dir: gpucert wi
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -49,6 +50,8 @@ class RunDir:
         """Idempotent: the run's end and an abort handler may both call it."""
         fd, self.fd = self.fd, None
         unlock_dir(self.path, fd)
+        if self.created and not (self.path / "report.json").exists():
+            _drop_empty_logs(self.path / "logs")
         for directory in self.created:
             try:
                 directory.rmdir()  # only when empty
@@ -67,6 +70,18 @@ class RunDir:
 # logs are runtime/launcher.py's names. Anything else (a launch's job.sbatch and node logs, the user's files) stays.
 RUN_ARTEFACTS = ("report.json", "report.md", "report.html")
 RANK_LOGS = ("rank-*.log", "error-rank-*.json")
+
+
+def _drop_empty_logs(logs: Path) -> None:
+    """The ranks' logs that stayed empty in a run that wrote no report (stopped in its start-up): they say
+    nothing, and kept the directory of a run that left nothing else."""
+    for pattern in RANK_LOGS:
+        for log in logs.glob(pattern):
+            with contextlib.suppress(OSError):
+                if log.stat().st_size == 0:
+                    log.unlink()
+    with contextlib.suppress(OSError):
+        logs.rmdir()  # only when empty
 
 
 # earlier_verb's answer for a report.json gpucert cannot read.
