@@ -323,3 +323,17 @@ def test_bad_count_floors_are_refused_at_load_naming_the_key(tmp_path: Path, ben
 def test_the_cpu_profile_judges_no_bandwidth_or_scaling() -> None:
     benchmarks = load_profile("cpu").benchmarks
     assert benchmarks.busbw_gbps_min == {} and benchmarks.train_scaling_efficiency_min is None
+
+
+def test_a_site_profiles_negative_or_nan_values_are_refused_with_their_lines(tmp_path: Path) -> None:
+    """`ib_ports: -1` read as "at least -1 active ports" and FAILed a node that has none."""
+    path = tmp_path / "site.yaml"
+    path.write_text(
+        "name: s\ndescription: d\nextends: h100-sxm\nnetwork:\n  ib_ports: -1\ngpu: {temperature_c_warn: .nan}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_profile(str(path))
+    assert caught.value.problems == [
+        f"{path}:6: gpu.temperature_c_warn must be >= 0, found nan",
+        f"{path}:5: network.ib_ports must be >= 0, found -1",
+    ]

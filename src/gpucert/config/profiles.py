@@ -7,6 +7,8 @@ to the measured value with its profile field as the source.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucert.config.floors import CountFloors, floor_problems
-from gpucert.config.loader import ConfigError, build, load_yaml, merge_mappings
+from gpucert.config.loader import ConfigError, build, dotted, key_line, load_yaml, merge_mappings
 from gpucert.config.run import COLLECTIVE_OPS
 
 
@@ -169,7 +171,26 @@ def load_profile(name_or_path: str) -> Profile:
     problems = count_floor_problems(profile.benchmarks)
     if problems:
         raise ConfigError(f"{path}: {'; '.join(problems)}")
+    if negative := negative_values(profile):
+        # `ib_ports: -1` read as "at least -1 active ports" and FAILed a node with none: every count, floor,
+        # share and limit of a profile is a number >= 0.
+        raise ConfigError(
+            problems=[
+                f"{path}:{key_line(path, key) or 1}: {key} must be >= 0, found {value!r}" for key, value in negative
+            ]
+        )
     return Profile(**{**profile.__dict__, "source": str(path)})
+
+
+def negative_values(profile: Profile) -> list[tuple[str, Any]]:
+    """(dotted key, value) of each number of the gpu, network and benchmarks sections that is below 0 or not
+    finite, dict entries (per-count floors, per-dtype shares) included."""
+    found = []
+    for section in ("gpu", "network", "benchmarks"):
+        for key, value in dotted(dataclasses.asdict(getattr(profile, section)), f"{section}.").items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < math.inf:
+                found.append((key, value))
+    return found
 
 
 def count_floor_problems(benchmarks: BenchmarkExpectations) -> list[str]:
