@@ -49,6 +49,8 @@ CASES = [
     (["health", "--profile", "/nonexistent/site.yaml"], ["/nonexistent/site.yaml: cannot read"]),
     (["health", "--output", "afile"], ["--output ", "afile is not a directory"]),
     (["health", "--output", ""], ["argument --output/-o: an empty path (an unset variable?)"]),
+    # Refused before the capture's seconds of work, naming --output (it named a temporary directory after them).
+    (["capture", "-o", "afile"], ["--output afile: ", "afile is not a directory"]),
     (["finetune", "-o", " "], ["argument --output/-o: an empty path (an unset variable?)"]),
     (["discover", "--replay", "afile"], ["afile: not a capture bundle"]),
     # report
@@ -105,8 +107,8 @@ CASES = [
     (["launch", "slurm", "accept", "--nodes", "2", "--time", "abc"], ["--time 'abc': expected sbatch's format"]),
     (["launch", "slurm", "accept", "--nodes", "2", "--follow-timeout", "-1"], ["--follow-timeout must be a positive"]),
     (["launch", "slurm", "bogus", "--nodes", "2"], ["invalid choice: 'bogus'"]),
-    # capture: the filesystem refuses (an OSError), named in one line
-    (["capture", "-o", "afile/x"], ["afile/x: Not a directory"]),
+    # capture: refused before any work, naming --output
+    (["capture", "-o", "afile/x"], ["--output afile/x: ", "afile is not a directory"]),
     # finetune and evaluate (tests/test_recipes.py: the same through a fresh process, nothing heavy imported)
     (["finetune", "--config", "nope.yaml"], ["--config nope.yaml: no such file", "recipes shipped with gpucert: "]),
     (["finetune", "--config", "bad.yaml"], ["bad.yaml: line 2"]),

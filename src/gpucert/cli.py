@@ -661,7 +661,9 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
     """The verb's work; main turns what it raises into one line and an exit code."""
     if args.verb == "capture":
         from gpucert.hardware.capture import capture_node
+        from gpucert.report.store import check_writable
 
+        check_writable(args.output, "--output")  # before the capture's seconds, not after (naming a temporary)
         problems = capture_node(args.output)
         for problem in problems:
             console.print(f"not captured: {problem}", style="yellow")
