@@ -49,6 +49,10 @@ CASES = [
     (["health", "--profile", "/nonexistent/site.yaml"], ["/nonexistent/site.yaml: cannot read"]),
     (["health", "--output", "afile"], ["--output ", "afile is not a directory"]),
     (["health", "--output", ""], ["argument --output/-o: an empty path (an unset variable?)"]),
+    # A node rank that says nothing (no --nnodes) or is out of range: it ran as node rank 0, unsaid.
+    (["bench", "matmul", "--node-rank", "1"], ["--node-rank 1 says which of --nnodes this node is"]),
+    (["health", "--nnodes", "1", "--node-rank", "3"], ["--node-rank must be in 0..0 for --nnodes 1, found 3"]),
+    (["health", "--nnodes", "2", "--node-rank", "5"], ["--node-rank must be in 0..1 for --nnodes 2, found 5"]),
     # Refused before the capture's seconds of work, naming --output (it named a temporary directory after them).
     (["capture", "-o", "afile"], ["--output afile: ", "afile is not a directory"]),
     (["finetune", "-o", " "], ["argument --output/-o: an empty path (an unset variable?)"]),

@@ -263,6 +263,8 @@ def _flag_plan(args: argparse.Namespace) -> NodeEnv | None:
     if getattr(args, "nnodes", None) is None:
         if getattr(args, "node_name", None) is not None:
             raise ConfigError("--node-name names this node among others: it needs --nnodes (and --node-rank)")
+        if getattr(args, "node_rank", None) is not None:
+            raise ConfigError(f"--node-rank {args.node_rank} says which of --nnodes this node is: give --nnodes too")
         return None
     return node_env_from_flags(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.node_name)
 

@@ -192,14 +192,15 @@ def node_env_from_flags(
         raise ConfigError(f"--nnodes must be >= 1, found {nnodes}")
     if node_name is not None and not re.fullmatch(r"[A-Za-z0-9_.:@+=-]+", node_name):
         raise ConfigError(f"--node-name {node_name!r}: use letters, digits and _.:@+=- (it names files and results)")
+    # Out of range is said as such, before what else is missing (`--node-rank 3` of one node ran as rank 0).
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, found {node_rank}")
     if nnodes == 1:
         return NodeEnv("flags", 0, 1, master_addr or "127.0.0.1", master_port, node_name)
     if node_rank is None or master_addr is None:
         raise ConfigError(
             f"--nnodes {nnodes} needs --node-rank (0..{nnodes - 1}) and --master-addr (node rank 0's address)"
         )
-    if not 0 <= node_rank < nnodes:
-        raise ConfigError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, found {node_rank}")
     if not 0 < master_port < 65536:
         raise ConfigError(f"--master-port must be in 1..65535, found {master_port}")
     return NodeEnv("flags", node_rank, nnodes, master_addr, master_port, node_name)
