@@ -66,6 +66,7 @@ CASES = [
     (["report", "corrupt.json", "corrupt.json", "--threshold", "nan"], ["--threshold (the % worse", "found nan"]),
     (["report", "corrupt.json", "corrupt.json", "--threshold", "1e309"], ["--threshold (the % worse", "found inf"]),
     (["report", "merge", "a"], ["two or more per-node run directories"]),
+    (["report", "merge", "corrupt.json", "afile", "-o", "afile"], ["--output afile: ", "is not a directory"]),
     (["report", "history", "n", ".", "--metrics-file", "h.prom"], ["report history does not use --metrics-file"]),
     # A flag one use of report reads, given to another: refused, not ignored.
     (["report", "corrupt.json", "--tolerance", "x=5"], ["gpucert report RUN does not use --tolerance"]),

@@ -827,7 +827,7 @@ def write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
 def _refuse_paths(paths: list[Path], output: Path) -> None:
     """Before anything is created: an input named twice (one node counted as two), and an --output that is an
     input's run directory or holds another verb's report (the cluster report would replace a node's own)."""
-    from gpucert.report.store import check_reuse
+    from gpucert.report.store import check_reuse, check_writable
 
     files = [(p / "report.json" if p.is_dir() else p).resolve() for p in paths]
     seen: dict[Path, Path] = {}
@@ -843,6 +843,7 @@ def _refuse_paths(paths: list[Path], output: Path) -> None:
             "choose a new directory for the cluster report"
         )
     check_reuse(output, MERGE_VERB)  # a ConfigError, which is a ValueError as merge's other refusals are
+    check_writable(output, "--output")  # a file there, a read-only mount: said as --output's, before any work
 
 
 def _write_merged(paths: list[Path], output: Path, command: list[str]) -> Report:
