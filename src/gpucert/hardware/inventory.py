@@ -77,16 +77,32 @@ def bundle_sources(bundle: Path) -> NodeSources:
     env_path = bundle / "environment.json"
     log_path = bundle / "dmesg.txt"
     hostname_path = bundle / "hostname.txt"
+    software = _bundle_object(software_path) if software_path.exists() else None
     return NodeSources(
         hostname=hostname_path.read_text().strip() if hostname_path.exists() else bundle.name,
         root=bundle / "root",
-        env=json.loads(env_path.read_text()) if env_path.exists() else {},
+        env=_bundle_object(env_path) if env_path.exists() else {},
         nvml=nvml,
         nvml_error=None if nvml else f"{snapshot_path} missing: NVML was not available when captured",
-        software=SoftwareVersions(**json.loads(software_path.read_text())) if software_path.exists() else None,
+        # A newer capture's extra names are left unread, a missing one is unknown (None), as reports' keys are.
+        software=SoftwareVersions(**{f.name: software.get(f.name) for f in dataclasses.fields(SoftwareVersions)})
+        if software is not None
+        else None,
         kernel_log=log_path.read_text() if log_path.exists() else None,
         replayed_from=str(bundle),
     )
+
+
+def _bundle_object(path: Path) -> dict[str, Any]:
+    """A bundle's JSON object file, or a ValueError naming the file and what is wrong (a bare JSON error named
+    none, and a list or a number failed later as a traceback)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(f"{path}: not readable as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, found a {type(data).__name__}")
+    return data
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,8 @@ class SnapshotNvml:
     """
 
     def __init__(self, snapshot: dict[str, Any]):
+        if not isinstance(snapshot, dict):
+            raise ValueError(f"expected a JSON object (a gpucert NVML snapshot), found a {type(snapshot).__name__}")
         if snapshot.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"not a gpucert NVML snapshot (format {snapshot.get('format')!r})")
         self.snapshot = snapshot
