@@ -262,3 +262,20 @@ def test_evaluate_refuses_an_unfinished_run_before_loading_anything(
     (unfinished / "checkpoints").mkdir(parents=True)
     assert cli(["evaluate", "--adapter", str(unfinished)]) == 3
     assert "has not finished" in capsys.readouterr().err
+
+
+def test_a_cut_or_broken_adapter_is_named_before_the_base_model_loads(tmp_path: Path) -> None:
+    """A truncated adapter_model.safetensors was a safetensors traceback, and a broken adapter_config.json a bare
+    JSON error, both after the base model had loaded."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 16')
+    with pytest.raises(ModelSourceError, match=r"adapter_config.json: not a readable adapter config: Expecting"):
+        resolve_adapter(adapter)
+    (adapter / "adapter_config.json").write_text('{"r": 16}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"\x10" * 100)
+    with pytest.raises(ModelSourceError, match=r"adapter_model.safetensors: not a readable safetensors file"):
+        resolve_adapter(tmp_path / "adapter")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ModelSourceError, match=r"--adapter .*afile: a file; expected a run directory"):
+        resolve_adapter(tmp_path / "afile")

@@ -17,6 +17,7 @@ runs at most once per process.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -117,10 +118,12 @@ def resolve_adapter(given: str | os.PathLike[str]) -> tuple[Path, str | None]:
     name = str(given)
     path = Path(name).expanduser()
     if (path / ADAPTER_MARKER).is_file():
-        return path, None
+        return check_adapter_files(path), None
     final = path / "adapter"
     if (final / ADAPTER_MARKER).is_file():
-        return final, f"{name} is a run directory: evaluating its final adapter, {final}"
+        return check_adapter_files(final), f"{name} is a run directory: evaluating its final adapter, {final}"
+    if path.exists() and not path.is_dir():
+        raise ModelSourceError(f"--adapter {name}: a file; expected a run directory (runs/<id>) or its adapter/")
     if (path / "config.yaml").is_file() or (path / "checkpoints").is_dir():
         raise ModelSourceError(
             f"--adapter {name}: a run directory without a final adapter (no {final / ADAPTER_MARKER}): the run "
@@ -135,6 +138,32 @@ def resolve_adapter(given: str | os.PathLike[str]) -> tuple[Path, str | None]:
         f"--adapter {name}: no such directory{'' if path.is_absolute() else f' (relative to {Path.cwd()})'}; "
         "expected a run directory (runs/<id>) or its adapter/. An adapter on the hub: hf download ID --local-dir DIR"
     )
+
+
+def check_adapter_files(adapter: Path) -> Path:
+    """The adapter directory, its config and weights readable: a cut or broken file is named now, not as a
+    library's traceback after the base model has loaded (seconds on a CPU, minutes for a 7B)."""
+    config = adapter / ADAPTER_MARKER
+    try:
+        if not isinstance(json.loads(config.read_text()), dict):
+            raise ValueError("expected a JSON object")
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"--adapter: {config}: not a readable adapter config: {exc}") from None
+    weights = adapter / "adapter_model.safetensors"
+    if weights.is_file():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights), framework="pt") as opened:
+                opened.keys()
+        except Exception as exc:  # safetensors' own error type: a header cut short, not a safetensors file
+            raise ModelSourceError(
+                f"--adapter: {weights}: not a readable safetensors file ({exc}): a copy cut short? copy it again, "
+                "or evaluate another checkpoint"
+            ) from None
+    elif not (adapter / "adapter_model.bin").is_file():
+        raise ModelSourceError(f"--adapter: {adapter}: no adapter_model.safetensors (the adapter's weights)")
+    return adapter
 
 
 def check_model_source(model_cfg: ModelConfig) -> None:
