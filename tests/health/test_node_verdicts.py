@@ -99,7 +99,11 @@ def test_the_drain_is_a_result_error_when_slurm_cannot_be_asked() -> None:
     failing = drain_result("gpu07", [ok("gpu.ecc", Status.FAIL)], 5.0, unreachable)
     assert failing.status is Status.ERROR and "this failing node is still in service" in failing.message
     assert failing.remediation and "scontrol update NodeName=gpu07 State=DRAIN" in failing.remediation
-    answered = drain_result("gpu07", [ok("gpu.ecc", Status.FAIL)], 5.0, lambda argv, timeout_s: ("", None))
+    # A FAIL reads the node before it drains it (an operator's drain is left alone): an idle gpu07, then drained.
+    idle = "NodeName=gpu07 Arch=x86_64 State=IDLE Partitions=gpu"
+    answered = drain_result(
+        "gpu07", [ok("gpu.ecc", Status.FAIL)], 5.0, lambda argv, timeout_s: (idle if "show" in argv else "", None)
+    )
     assert answered.status is Status.INFO and answered.message.startswith("drained gpu07: gpucert: gpu.ecc")
 
 
