@@ -161,8 +161,6 @@ def check_adapter_files(adapter: Path) -> Path:
                 f"--adapter: {weights}: not a readable safetensors file ({exc}): a copy cut short? copy it again, "
                 "or evaluate another checkpoint"
             ) from None
-    elif not (adapter / "adapter_model.bin").is_file():
-        raise ModelSourceError(f"--adapter: {adapter}: no adapter_model.safetensors (the adapter's weights)")
     return adapter
 
 
