@@ -33,7 +33,7 @@ from rich.console import Console
 import gpucert
 from gpucert.bench.catalog import BENCHMARKS
 from gpucert.bytecode import use_cache
-from gpucert.config.loader import ConfigError, describe_os_error
+from gpucert.config.loader import ConfigError, describe_os_error, error_text
 from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.fleet.options import metrics_path
 from gpucert.report.terminal import FORMATS, make_console, set_format
@@ -635,7 +635,7 @@ def run_launch(argv: list[str]) -> int:
     try:
         return command.run(argv, _Parser, lambda line: console.print(line, style="dim"))
     except (ConfigError, SlurmError, ValueError) as exc:
-        print(f"gpucert launch: error: {exc.said() if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
+        print(f"gpucert launch: error: {error_text(exc)}", file=sys.stderr)
         return ERROR_EXIT
     except KeyboardInterrupt:
         print("gpucert launch: interrupted (a submitted job keeps running: scancel it)", file=sys.stderr)
@@ -741,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpucert: interrupted", file=sys.stderr)
         return 130
     except (ConfigError, ValueError) as exc:
-        print(f"gpucert: error: {exc.said() if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
+        print(f"gpucert: error: {error_text(exc)}", file=sys.stderr)
         return ERROR_EXIT
     except BrokenPipeError:
         # The reader left (`gpucert report ... | head`): what it read was right, there is nothing to say. Later

@@ -38,6 +38,12 @@ class ConfigError(ValueError):
         return f"{len(self.problems)} problems:" + "".join(f"\n  {problem}" for problem in self.problems)
 
 
+def error_text(exc: BaseException) -> str:
+    """An error as a terminal shows it: a ConfigError's problems a line each (ConfigError.said), any other as
+    str()."""
+    return exc.said() if isinstance(exc, ConfigError) else str(exc)
+
+
 def describe_os_error(exc: OSError) -> str:
     """An OSError as one line that names the path it concerns: `[Errno 28] No space left on device: '/x'` reads
     `/x: No space left on device`; a message of our own (no errno) is kept as it is."""

@@ -201,14 +201,11 @@ def write_atomic(path: Path, text: str | Iterable[str]) -> None:
         # mkstemp makes 0600 files; reports in a shared runs/ directory must be readable as the umask allows.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if exc.filename is None:
+        if isinstance(exc, OSError) and exc.filename is None:
             # A write's ENOSPC or EIO names no file: say which one could not be written.
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -203,13 +203,7 @@ def why_terminated(rt: Runtime, store: Any, settle_s: float = SETTLE_S) -> Abort
             rank=peer.rank,
             node=peer.node,
         )
-    if rt.world_size == 1:
-        # A lone run: no rank ended before it, and the SIGTERM may come from the user's `kill` as well as a launcher.
-        cause = (
-            "stopped by SIGTERM (a `kill`, a cancelled job, or a launcher stopping it); it ran alone, so no other "
-            "rank ended first"
-        )
-    else:
+    if rt.world_size > 1:
         # Nobody here ended first: a cancelled job or a time limit, or a rank on another node that ended without
         # a word. Said as the launcher's stop, naming no rank (this one only noticed it).
         return AbortRecord(
@@ -220,9 +214,11 @@ def why_terminated(rt: Runtime, store: Any, settle_s: float = SETTLE_S) -> Abort
             rank=rt.rank,
             launcher=True,
         )
+    # A lone run: no rank ended before it, and the SIGTERM may come from the user's `kill` as well as a launcher.
     return AbortRecord(
         who=rt.me.describe(),
-        cause=cause,
+        cause="stopped by SIGTERM (a `kill`, a cancelled job, or a launcher stopping it); it ran alone, so no other "
+        "rank ended first",
         phase=rt.phase,
         rank=rt.rank,
         node=rt.me.node,

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from gpucert.config.loader import ConfigError
+from gpucert.config.loader import ConfigError, error_text
 from gpucert.finetune.config import FinetuneConfig, check_data_source, load_finetune_config
 from gpucert.finetune.data.formats import DataError
 from gpucert.finetune.data.hub import check_model_source
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_finetune_config(args.config, overrides, training=True)
     except ConfigError as exc:
-        print(f"gpucert finetune: error: {exc.said()}", file=sys.stderr)
+        print(f"gpucert finetune: error: {error_text(exc)}", file=sys.stderr)
         return Status.ERROR.exit_code
     return finetune_exit_code(cfg)
 
@@ -243,8 +243,7 @@ def finetune_exit_code(cfg: FinetuneConfig) -> int:
     try:
         result = run_finetune(cfg, profile_peak())
     except (ConfigError, RendezvousError) as exc:
-        said = exc.said() if isinstance(exc, ConfigError) else exc
-        print(f"gpucert finetune: error: {said}", file=sys.stderr)
+        print(f"gpucert finetune: error: {error_text(exc)}", file=sys.stderr)
         return Status.ERROR.exit_code
     except FinetuneFailed:
         return Status.ERROR.exit_code  # run_finetune said which rank failed, where, and why
