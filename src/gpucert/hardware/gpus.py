@@ -158,7 +158,63 @@ class _Answers:
         if is_error(value):
             self.unreadable[key] = f"{value.get('nvml_error')}: {value.get('message', '')}".strip()
             return None
+        problem = shape_problem(fn, value)
+        if problem is not None:
+            # A hand-edited or damaged snapshot (or a binding that changed its types): the field is unknown, said
+            # as such by every check that needs it, rather than a traceback from deep inside one.
+            self.unreadable[key] = f"BadValue: {problem}"
+            return None
         return value
+
+
+# What parse_device reads from each answer beyond a number: a dict's keys and their types, a list's least length.
+_DICT_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "nvmlDeviceGetPciInfo": {"busId": str},
+    "nvmlDeviceGetNvLinkRemotePciInfo": {"busId": str},
+    "nvmlDeviceGetMemoryInfo": {"total": (int, float), "used": (int, float)},
+    "nvmlDeviceGetUtilizationRates": {"gpu": (int, float)},
+}
+_LIST_LENGTHS = {
+    "nvmlDeviceGetCudaComputeCapability": 2,
+    "nvmlDeviceGetMigMode": 2,
+    "nvmlDeviceGetEccMode": 2,
+    "nvmlDeviceGetRemappedRows": 4,
+    "nvmlDeviceGetCpuAffinity": 0,
+    "nvmlDeviceGetComputeRunningProcesses": 0,
+}
+_TEXT = {
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetInforomImageVersion",
+}
+
+
+def shape_problem(fn: str, value: Any) -> str | None:
+    """What is wrong with the type of NVML answer `fn`'s recorded value, or None."""
+
+    def kind(v: Any) -> str:
+        return "null" if v is None else type(v).__name__
+
+    if fn in _DICT_FIELDS:
+        if not isinstance(value, dict):
+            return f"expected an object, found a {kind(value)}"
+        for name, types in _DICT_FIELDS[fn].items():
+            if name in value and value[name] is not None and not isinstance(value[name], types):
+                return f"{name}: expected a {'number' if types is not str else 'string'}, found a {kind(value[name])}"
+        return None
+    if fn in _LIST_LENGTHS:
+        if not isinstance(value, list) or len(value) < _LIST_LENGTHS[fn]:
+            least = _LIST_LENGTHS[fn]
+            return f"expected a list{f' of {least} or more' if least else ''}, found {kind(value)} {value!r}"[:160]
+        if fn != "nvmlDeviceGetComputeRunningProcesses" and not all(isinstance(v, int) for v in value):
+            return f"expected a list of integers, found {value!r}"[:160]
+        return None
+    if fn in _TEXT:
+        return None if isinstance(value, str) else f"expected a string, found a {kind(value)}"
+    # Every other answer parse_device reads is a number (a count, a clock, a limit, a mask, a state).
+    return None if isinstance(value, (int, float)) else f"expected a number, found a {kind(value)}"
 
 
 def _num(value: Any, scale: float = 1.0, digits: int = 2) -> float | None:

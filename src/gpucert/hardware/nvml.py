@@ -189,6 +189,9 @@ class SnapshotNvml:
             raise ValueError(f"expected a JSON object (a gpucert NVML snapshot), found a {type(snapshot).__name__}")
         if snapshot.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"not a gpucert NVML snapshot (format {snapshot.get('format')!r})")
+        problem = snapshot_shape_problem(snapshot)
+        if problem is not None:
+            raise ValueError(f"not a gpucert NVML snapshot: {problem}")
         self.snapshot = snapshot
 
     @classmethod
@@ -238,6 +241,26 @@ class SnapshotNvml:
         if is_error(value):
             raise _nvml_error(value.get("code"), value.get("message", ""))
         return value
+
+
+def snapshot_shape_problem(snapshot: dict[str, Any]) -> str | None:
+    """The first key of a snapshot whose type is not what take_snapshot writes, or None. A single answer's value
+    of the wrong type is left to the parser (gpus.py), which calls that one field unreadable."""
+    count = snapshot.get("device_count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        return f"device_count: expected a count of GPUs, found {count!r}"
+    devices = snapshot.get("devices")
+    if not isinstance(devices, list) or len(devices) != count:
+        found = f"{len(devices)} entries" if isinstance(devices, list) else repr(devices)[:60]
+        return f"devices: expected a list of {count} (device_count), found {found}"
+    for key in ("system", "pairs"):
+        if not isinstance(snapshot.get(key, {}), dict):
+            return f"{key}: expected an object, found a {type(snapshot[key]).__name__}"
+    for where, tables in (("devices", enumerate(devices)), ("pairs", snapshot.get("pairs", {}).items())):
+        for name, table in tables:
+            if not isinstance(table, dict):
+                return f"{where}[{name!r}]: expected an object of NVML answers, found a {type(table).__name__}"
+    return None
 
 
 def _nvml_error(code: int | None, message: str) -> Exception:
