@@ -363,7 +363,9 @@ def run_on_nodes(
             f"node {outcome.labels.get(plan.node_rank)}: the report is written by node 0 ({outcome.labels.get(0)}); "
             f"verdict exit code {code}"
         )
-    return RunOutcome(None, None, code)
+        return RunOutcome(None, None, code)
+    # Rank 0 printed the report; its path is kept for what this process writes once (--metrics-file).
+    return RunOutcome(None, _written_since(run_dir.path / "report.json", started), code)
 
 
 def _written_since(path: Path, started: datetime) -> Path | None:
@@ -464,7 +466,8 @@ def run_in_ranks(request: RunRequest, say: Callable[[str], None]) -> RunOutcome:
         stop_runtime,
         watch_run_store,
     )
-    from gpucert.runtime.launcher import launched_by_gpucert, write_verdict
+    from gpucert.runtime.launch_env import launched_by_gpucert
+    from gpucert.runtime.launcher import write_verdict
     from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
 
     pre = load_run_config(request)

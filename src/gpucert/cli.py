@@ -38,6 +38,7 @@ from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.fleet.options import metrics_path
 from gpucert.report.terminal import FORMATS, make_console, set_format
 from gpucert.runtime.errors import BROKEN_PIPE_EXIT
+from gpucert.runtime.launch_env import launched_by_gpucert
 from gpucert.status import Status
 
 if TYPE_CHECKING:
@@ -412,10 +413,15 @@ def _show(outcome: RunOutcome, args: argparse.Namespace, console: Console) -> in
     from gpucert.report.terminal import print_report
 
     report, path, code = outcome.report, outcome.path, outcome.exit_code
-    if report is not None and getattr(args, "metrics_file", None):
+    if getattr(args, "metrics_file", None) and not launched_by_gpucert():
+        # Once a run, by the process the operator started: under gpucert's launcher the node process, which reads
+        # back the report its rank 0 wrote (a rank that failed to write it said so once per rank and process).
         from gpucert.fleet.metrics import write_metrics
+        from gpucert.report.store import load_report
 
-        write_metrics(report, args.metrics_file)
+        written = report or (load_report(path) if path is not None else None)
+        if written is not None:
+            write_metrics(written, args.metrics_file)
     if report is not None and getattr(args, "npd", False):
         from gpucert.fleet.npd import plugin_answer
 
@@ -749,11 +755,12 @@ def main(argv: list[str] | None = None) -> int:
         # ended (`yes | head`): no verdict (0-3) is claimed for output nobody read.
         with contextlib.suppress(OSError, ValueError):  # a stdout with no descriptor (a test's capture)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        launcher = sys.modules.get("gpucert.runtime.launcher")  # loaded where this is a rank; torch otherwise not
-        if launcher is not None and launcher.launched_by_gpucert():
+        if launched_by_gpucert():
             # Rank 0 printing the report for gpucert's node process: that process exits 141, quietly. A rank
             # exiting 141 itself would look failed to torchrun's agent, which would start another round.
-            launcher.write_verdict(BROKEN_PIPE_EXIT)
+            from gpucert.runtime.launcher import write_verdict  # loaded already in a rank: torch is there
+
+            write_verdict(BROKEN_PIPE_EXIT)
             return 0
         return BROKEN_PIPE_EXIT
     except OSError as exc:

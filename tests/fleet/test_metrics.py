@@ -3,6 +3,7 @@ and a real Prometheus (Debian's package) scraping them and answering a query for
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import shutil
@@ -16,10 +17,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from gpucert.acceptance import RunOutcome
 from gpucert.cli import main
 from gpucert.fleet.metrics import render_metrics, unit_suffix, write_metrics
+from gpucert.fleet.options import metrics_path
 from gpucert.report.schema import Report, Result
 from gpucert.report.store import load_report
+from gpucert.report.terminal import make_console
 from gpucert.status import Status
 from tests.conftest import FIXTURES, NODE_BUNDLES
 from tests.fleet import prometheus_server
@@ -184,6 +188,21 @@ def test_a_metrics_file_that_cannot_be_written_is_refused_before_the_run(
         main([*argv, "--metrics-file", str(tmp_path / "afile" / "g.prom")])
     assert f"{tmp_path / 'afile'} is not a directory" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe is gone
+
+
+def test_a_rank_of_gpucerts_launcher_neither_probes_nor_writes_the_metrics_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its node process checked the path before starting the ranks and writes the file once after them."""
+    from gpucert.cli import _show
+    from gpucert.runtime.launch_env import VERDICT_FILE
+
+    monkeypatch.setenv(VERDICT_FILE, str(tmp_path / "verdict"))
+    gone = tmp_path / "gone" / "g.prom"
+    assert metrics_path(str(gone)) == gone  # no probe: refusing it now would stop a run that was fine to start
+    args = argparse.Namespace(metrics_file=gone, npd=False, json=True, verb="health")
+    assert _show(RunOutcome(load_report(SYNTHETIC), None, 0), args, make_console()) == 0  # no write, so no error
+    assert not gone.parent.exists()
 
 
 def test_write_metrics_error_names_the_file(tmp_path: Path) -> None:

@@ -431,11 +431,14 @@ def test_the_operators_stop_is_one_line_and_recorded_as_such(
 
 
 def test_collectives_run_across_the_nodes_and_within_each(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    argv = ["bench", "collectives", "--profile", "cpu", "--nproc", "2", "-o", str(out)]
+    """Also: --metrics-file is written once, by node 0's process from the report its rank 0 wrote (every rank
+    probed the path again and rank 0 wrote it, so a failed write was said three times)."""
+    out, prom = tmp_path / "run", tmp_path / "gpucert.prom"
+    argv = ["bench", "collectives", "--profile", "cpu", "--nproc", "2", "-o", str(out), "--metrics-file", str(prom)]
     argv += ["--set", "bench.collectives.ops=[all_reduce]"]
     head, other = two_nodes(argv, free_port(), tmp_path)
     assert (head.returncode, other.returncode) == (0, 0), head.stderr[-2000:] + other.stderr[-2000:]
+    assert "gpucert_run_status{" in prom.read_text() and 'verb="bench collectives"' in prom.read_text()
     host = socket.gethostname()
     results = load(out)["results"]
     found = {(r["name"], r["subject"], r["node"], r["status"]) for r in results if r["name"].startswith("collect")}

@@ -539,7 +539,8 @@ def run_in_ranks(request: Any, options: FsOptions, say: Callable[[str], None]) -
     from gpucert.acceptance import RunOutcome, build_report, collect_node, load_run_config, rank_run_dir
     from gpucert.report.store import write_report
     from gpucert.runtime.group import fail, leave_failed, start_runtime, stop_runtime
-    from gpucert.runtime.launcher import launched_by_gpucert, write_verdict
+    from gpucert.runtime.launch_env import launched_by_gpucert
+    from gpucert.runtime.launcher import write_verdict
 
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     rt = start_runtime(load_run_config(request).runtime)

@@ -99,7 +99,8 @@ def finetune(args: argparse.Namespace) -> int:
     from gpucert.finetune.train.run import finetune_exit_code
 
     code = finetune_exit_code(cfg)
-    from gpucert.runtime.launcher import launched_by_gpucert, write_verdict
+    from gpucert.runtime.launch_env import launched_by_gpucert
+    from gpucert.runtime.launcher import write_verdict
 
     if launched_by_gpucert():
         # The node's process returns the verdict: a rank that exited non-zero would look failed to torchrun.

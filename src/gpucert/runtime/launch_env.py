@@ -13,11 +13,23 @@ slurmd on a host).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpucert.config.loader import ConfigError
+
+# Set in every worker gpucert's node process starts (runtime/launcher.py): where local rank 0 writes the node's
+# verdict. Here, not there, so a light check (the CLI's argument types) can ask without importing torch.
+VERDICT_FILE = "GPUCERT_VERDICT_FILE"
+
+
+def launched_by_gpucert(environ: Mapping[str, str] | None = None) -> bool:
+    """This process is a rank that gpucert's node process started: that process checked the command line and
+    writes what is written once a node (the metrics file), so the rank does neither."""
+    return VERDICT_FILE in (os.environ if environ is None else environ)
+
 
 # Variables a launcher sets for its workers; a launch from inside a worker must not inherit them.
 RANK_VARIABLES = (

@@ -60,7 +60,7 @@ from gpucert.runtime.group import (
     record_abort,
     wait_for_count,
 )
-from gpucert.runtime.launch_env import RANK_VARIABLES, NodeEnv
+from gpucert.runtime.launch_env import RANK_VARIABLES, VERDICT_FILE, NodeEnv
 from gpucert.runtime.open_files import fit_open_files
 from gpucert.runtime.sigterm import restore_handlers
 from gpucert.runtime.spawn import exit_cause
@@ -91,7 +91,6 @@ def worker_prefix(round_: int) -> str:
 # Set in every worker's environment: the node process's pid (workers die with it) and where local rank 0
 # writes the node's verdict (the exit code this process returns).
 AGENT_PID = "GPUCERT_AGENT_PID"
-VERDICT_FILE = "GPUCERT_VERDICT_FILE"
 LOG_DIR = "GPUCERT_LOG_DIR"
 
 
@@ -566,10 +565,6 @@ def _read_verdict(path: Path) -> int | None:
         return int(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def launched_by_gpucert() -> bool:
-    return VERDICT_FILE in os.environ
 
 
 def python_module(module: str, *args: str) -> list[str]:
