@@ -60,6 +60,9 @@ CASES = [
     # report
     (["report", "nope"], ["nope: no such run directory or report.json"]),
     (["finetune", "prepare", "--output", "x"], ["finetune prepare writes the prepared data to data.cache_dir"]),
+    # A listing reads no other argument: it listed every recipe as though --config was not there.
+    (["finetune", "--list-recipes", "--config", "x"], ["--list-recipes lists and exits", "found --config"]),
+    (["finetune", "prepare", "--list-recipes", "--set", "a=b"], ["reads no other argument, found prepare, --set"]),
     (["report", "corrupt.json"], ["corrupt.json: not a readable gpucert report"]),
     (["report", "a", "b", "c"], ["report takes one run (render) or two runs"]),
     (["report", "corrupt.json", "corrupt.json", "--threshold", "-5"], ["--threshold", "found -5.0"]),

@@ -535,6 +535,20 @@ REPORT_USE_TEXT = {
 }
 
 
+def _refuse_flags_beside(flag: str, args: argparse.Namespace) -> None:
+    """`flag` (a listing) reads no other flag of its verb: one given beside it is refused, not silently ignored
+    (`finetune --list-recipes --config x` listed every recipe as though x was not there)."""
+    parser = build_parser()
+    defaults = vars(parser.parse_args([args.verb, f"--{flag.replace('_', '-')}"]))
+    given = [key for key, value in defaults.items() if key not in (flag, "format") and getattr(args, key) != value]
+    if given:
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        # Each as the user typed it: --set, not its dest (overrides); a positional by its value.
+        named = {a.dest: max(a.option_strings, key=len) for a in verbs.choices[args.verb]._actions if a.option_strings}
+        said = ", ".join(named.get(key) or str(getattr(args, key)) for key in given)
+        raise ConfigError(f"{named[flag]} lists and exits: it reads no other argument, found {said}")
+
+
 def _refuse_unused_report_flags(args: argparse.Namespace, mode: str) -> None:
     given = [key for key in REPORT_FLAGS if getattr(args, key) not in (None, False, [])]
     unused = [key for key in given if key not in REPORT_USES[mode]]
@@ -682,6 +696,7 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         from gpucert.finetune.config import recipe_lines, resolve_recipe
 
         if getattr(args, "list_recipes", False):
+            _refuse_flags_beside("list_recipes", args)
             print("\n".join(recipe_lines()))
             return 0
         # A recipe name or a path; refused here if neither. evaluate keeps None: it means the adapter's run config.
