@@ -56,6 +56,8 @@ CASES = [
     # Refused before the capture's seconds of work, naming --output (it named a temporary directory after them).
     (["capture", "-o", "afile"], ["--output afile: ", "afile is not a directory"]),
     (["finetune", "-o", " "], ["argument --output/-o: an empty path (an unset variable?)"]),
+    # A negative duration is a value for its check, not an unknown flag ("expected one argument").
+    (["bench", "burn", "--duration", "-5s", "--profile", "cpu"], ["--duration: expected a duration", "'-5s'"]),
     (["discover", "--replay", "afile"], ["afile: not a capture bundle"]),
     # report
     (["report", "nope"], ["nope: no such run directory or report.json"]),

@@ -22,11 +22,12 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -59,6 +60,12 @@ class UsageError(SystemExit):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A negative number with a unit (`--duration -5s`) is a value, as argparse already takes `-5`: it was read
+        # as an unknown flag ("expected one argument"), never reaching the check that says why -5s is refused.
+        self._negative_number_matcher = re.compile(r"^-\d*\.?\d+(e[+-]?\d+)?[a-z]*$", re.IGNORECASE)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse exits 2 on usage errors, which our contract reserves for FAIL.
         self.print_usage(sys.stderr)
