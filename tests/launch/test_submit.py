@@ -107,6 +107,19 @@ def test_a_venv_without_bin_activate_is_refused_before_submitting(tmp_path: Path
     assert f"source {venv}/bin/activate" in capsys.readouterr().out
 
 
+def test_localize_onto_an_earlier_localize_run_is_refused_before_submitting(
+    tmp_path: Path, slurm_bin: Path, capsys
+) -> None:
+    """The job would have queued for its allocation and then refused the directory (cluster/localize.py)."""
+    stand_in(slurm_bin, "sbatch", f"touch {tmp_path}/submitted; echo 17")
+    out = tmp_path / "run"
+    (out / "pairs").mkdir(parents=True)
+    argv = ["launch", "slurm", "localize", "--nodes", "2", "--gpus-per-node", "0", "--profile", "cpu"]
+    assert main([*argv, "--output", str(out)]) == 3
+    assert f"localize: {out} holds an earlier localize run (pairs/): choose another --output" in capsys.readouterr().err
+    assert not (tmp_path / "submitted").exists()
+
+
 def test_a_failed_job_shows_its_own_logs_not_an_earlier_jobs(tmp_path: Path, slurm_bin: Path, capsys) -> None:
     """An --output used again: an earlier job's logs there (its verdict PASS among them) are no part of why this
     job failed. Its own: the job's log named by its id and the node logs written while it ran."""

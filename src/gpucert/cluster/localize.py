@@ -1336,13 +1336,22 @@ def run_localize(request: Any, hosts: Sequence[str] | None, say: Callable[[str],
     # Locked for the whole search: a second localize pointed at the same --output is refused (exit 3).
     with claim_output(request, work, started) as claimed:
         run_dir = claimed.path.absolute()
-        if (run_dir / "pairs").exists():
-            raise ConfigError(f"{run_dir} holds an earlier localize run (pairs/): choose another --output")
+        earlier = earlier_run(run_dir)
+        if earlier is not None:
+            raise ConfigError(earlier)
         try:
             (run_dir / "pairs").mkdir()
         except OSError as exc:
             raise ConfigError(f"cannot create the run directory {run_dir}: {exc.strerror or exc}") from exc
         return _search_and_report(request, nodes, slurm, work, run_dir, started, t0, say, env)
+
+
+def earlier_run(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot take a localize run (it holds one already: its pair jobs' directories would mix), or
+    None. `gpucert launch slurm localize` asks it too, before the job queues."""
+    if (run_dir / "pairs").exists():
+        return f"{run_dir.absolute()} holds an earlier localize run (pairs/): choose another --output"
+    return None
 
 
 def _search_and_report(

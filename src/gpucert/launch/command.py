@@ -274,7 +274,7 @@ def launch_problems(args: argparse.Namespace) -> list[str]:
     return found
 
 
-def slurm_problems(args: argparse.Namespace, gpus: int, profile: str | None) -> list[str]:
+def slurm_problems(args: argparse.Namespace, rest: list[str], gpus: int, profile: str | None) -> list[str]:
     """What every node of a Slurm job would fail on once it had its allocation (on a busy cluster, after queueing
     for it), said before it is submitted."""
     found = []
@@ -284,6 +284,14 @@ def slurm_problems(args: argparse.Namespace, gpus: int, profile: str | None) -> 
             "localize sizes its pair jobs by the nodes' GPU profile, and a job of --gpus-per-node 0 has no GPU to "
             "choose one by: pass --profile (e.g. h100-sxm, h200; cpu for CPU nodes)"
         )
+    output = _value_of(rest, "--output", "-o") if args.verb == "localize" else None
+    if output is not None and not args.dry_run:
+        from gpucert.cluster.localize import earlier_run
+
+        # The job would claim the directory and stop at once, after its wait in the queue.
+        earlier = earlier_run(Path(output))
+        if earlier is not None:
+            found.append(earlier)
     activate = Path(args.venv).absolute() / "bin" / "activate" if args.venv else None
     # This host sees the shared filesystem the nodes activate it from (as it does for --config). Not under
     # --dry-run: the printed script may be submitted later, once the environment is made.
@@ -345,7 +353,7 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
             end="",
         )
         return 0
-    problems = slurm_problems(args, gpus, profile)
+    problems = slurm_problems(args, rest, gpus, profile)
     if problems:
         raise ConfigError(problems=[f"gpucert launch slurm {args.verb}: {problem}" for problem in problems])
     rest, run_dir = _with_run_dir(args.verb, rest)
