@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import gpucert
-from gpucert.config.loader import ConfigError, blame_sources, load_config
-from gpucert.config.profiles import Profile, load_profile, select_profile
+from gpucert.config.loader import ConfigError, also_wrong, blame_sources, load_config
+from gpucert.config.profiles import Profile, available_profiles, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
@@ -121,18 +121,48 @@ def with_gpu_uuids(results: list[Result], nodes: dict[str, dict[str, Any]]) -> l
 
 def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> RunConfig:
     """The resolved config, every range and name checked (ConfigError naming each bad key) before any work."""
-    config = load_config(RunConfig, request.config_path, request.overrides, base=base)
+
+    def checked(base: dict[str, Any] | None) -> Callable[[RunConfig, Sequence[str]], list[str]]:
+        def check(config: RunConfig, used: Sequence[str]) -> list[str]:
+            # "auto": the profile, whose run defaults may change a related key (gate_bytes against max_bytes), is
+            # known once collect_node has read the hardware and loads again; only the timeouts are judged now.
+            runtime = config.runtime.problems() + config.localize.problems()
+            problems = config.problems() if base is not None else runtime
+            return blame_sources(problems, request.config_path, used, f"profile {config.profile}", base)
+
+        return check
+
+    def load(base: dict[str, Any] | None) -> RunConfig:
+        try:
+            return load_config(RunConfig, request.config_path, request.overrides, base=base)
+        except ConfigError as exc:  # wrong types: said with the ranges of what was right, all at once
+            if base is None:  # the profile the rest names, for its run defaults
+                named: list[str] = []
+                also_wrong(RunConfig, request.config_path, request.overrides, exc, _note_profile(named))
+                if named and named[0] in available_profiles():
+                    base = load_profile(named[0]).run_defaults
+            more = also_wrong(RunConfig, request.config_path, request.overrides, exc, checked(base), base)
+            raise ConfigError(problems=exc.problems + more) from None
+
+    config = load(base)
     if base is None and config.profile != "auto":
         # A named profile's run defaults sit under the file and --set values: judge the values the run will use.
         base = load_profile(config.profile).run_defaults
-        config = load_config(RunConfig, request.config_path, request.overrides, base=base)
-    # "auto": the profile, whose run defaults may change a related key (gate_bytes against max_bytes), is known
-    # once collect_node has read the hardware and loads again; only the timeouts are judged now.
-    problems = config.problems() if base is not None else config.runtime.problems() + config.localize.problems()
+        config = load(base)
+    problems = checked(base)(config, request.overrides)
     if problems:
-        said = blame_sources(problems, request.config_path, request.overrides, f"profile {config.profile}", base)
-        raise ConfigError(problems=said)
+        raise ConfigError(problems=problems)
     return config
+
+
+def _note_profile(named: list[str]) -> Callable[[RunConfig, Sequence[str]], list[str]]:
+    """A check that finds nothing and notes the profile a config names (load_run_config's first look)."""
+
+    def note(config: RunConfig, _used: Sequence[str]) -> list[str]:
+        named.append(config.profile)
+        return []
+
+    return note
 
 
 def collect_node(request: RunRequest, label: str | None = None) -> NodeWork:

@@ -107,6 +107,14 @@ def test_every_problem_is_named_at_once(tmp_path: Path, capsys) -> None:
         assert key in err
 
 
+def test_a_wrong_type_and_a_bad_range_are_named_at_once_under_the_named_profile(tmp_path: Path, capsys) -> None:
+    """The range was said only once the type was fixed; judged with the cpu profile's run defaults, as the run's."""
+    argv = ["accept", "--profile", "cpu", "--set", "bench.timeout_s=abc", "--set", "bench.memory.size_mib=0"]
+    err = refuse([*argv, "--set", "bench.collectives.max_bytes=8388608"], tmp_path, capsys)
+    assert "2 problems:" in err and "bench.timeout_s: expected float" in err and "bench.memory.size_mib" in err, err
+    assert "gate_bytes" not in err  # under the cpu profile's 4 MiB gate, an 8 MiB max_bytes is fine
+
+
 def test_the_messages_name_the_allowed_values(tmp_path: Path, capsys) -> None:
     err = refuse(["bench", "collectives", "--set", "bench.collectives.dtype=bf61"], tmp_path, capsys)
     assert "bf16, fp16, fp32" in err and "'bf61'" in err

@@ -121,6 +121,27 @@ def test_a_bad_value_in_a_file_names_the_file(empty_cwd: Path, capsys: pytest.Ca
     assert sorted(p.name for p in empty_cwd.iterdir()) == ["bad.yaml"]
 
 
+def test_wrong_types_and_bad_ranges_are_said_together(tmp_path: Path) -> None:
+    """A type problem hid every range problem until it was fixed: two runs to learn of four mistakes. A range
+    problem of a key whose value was wrong is not said twice, nor one the defaults would have passed."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  lr: abc\n  max_steps: -1\nlora:\n  r: 0\n")
+    overrides = ["train.micro_batch=x", "train.seed=q", "train.epochs=0"]
+    with pytest.raises(ConfigError) as caught:
+        load_finetune_config(path, overrides)
+    problems = caught.value.problems
+    assert problems[:2] == [  # the types first, as build finds them; then the ranges, as the config checks them
+        f"{path}:2: train.lr: expected float, found 'abc'",
+        "--set train.seed=q: train.seed: expected int, found 'q'",
+    ], problems
+    assert sorted(problems[2:]) == [
+        "--set train.epochs=0: train.epochs must be a finite number > 0, found 0.0",
+        "--set train.micro_batch=x: train.micro_batch must be a number >= 1 or \"auto\", found 'x'",
+        f"{path}:3: train.max_steps must be null or >= 1, found -1",
+        f"{path}:5: lora.r must be >= 1, found 0",
+    ], problems
+
+
 def test_a_set_that_fixes_the_file_wins(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("train: {micro_batch: 0}\n")

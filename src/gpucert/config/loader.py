@@ -11,7 +11,7 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,8 +78,11 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") -> T:
-    """Make a `cls` from `data`, rejecting unknown keys and values of the wrong type."""
+def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "", dropped: list[str] | None = None) -> T:
+    """Make a `cls` from `data`, rejecting unknown keys and values of the wrong type.
+
+    dropped: build anyway, each unknown or wrong key left at its default and its dotted name appended here (what
+    `also_wrong` checks the ranges of); a missing required key still raises."""
     if not isinstance(data, Mapping):
         where = prefix.rstrip(".") or "top level"
         raise ConfigError(f"{source}: {where}: expected a mapping, found {type(data).__name__}")
@@ -92,11 +95,20 @@ def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") 
     for name, value in data.items():
         if name not in fields:
             problems.append(f"{source}: unknown key '{prefix}{name}'; expected one of: {', '.join(sorted(fields))}")
+            if dropped is not None:
+                dropped.append(f"{prefix}{name}")
             continue
         try:
-            kwargs[name] = _coerce(hints[name], value, source, f"{prefix}{name}")
+            tp = hints[name]
+            if dropped is not None and dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                # A section: its good keys kept, its bad ones dropped one by one.
+                kwargs[name] = build(tp, {} if value is None else value, source, f"{prefix}{name}.", dropped)
+            else:
+                kwargs[name] = _coerce(tp, value, source, f"{prefix}{name}")
         except ConfigError as exc:
             problems += exc.problems
+            if dropped is not None:
+                dropped.append(f"{prefix}{name}")
     missing = [
         name
         for name, f in fields.items()
@@ -104,7 +116,8 @@ def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") 
     ]
     if missing:
         problems.append(f"{source}: missing required key(s): {', '.join(prefix + m for m in missing)}")
-    if problems:
+        dropped = None
+    if problems and dropped is None:
         raise ConfigError(problems=problems)
     return cls(**kwargs)
 
@@ -241,6 +254,36 @@ def load_config(
         data = apply_overrides(data, cls, [item])
         config = build(cls, data, f"--set {item}")
     return config
+
+
+def also_wrong(
+    cls: type[T],
+    path: Path | None,
+    overrides: Sequence[str],
+    error: ConfigError,
+    check: Callable[[T, Sequence[str]], list[str]],
+    base: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """What `check` (a config's range problems, with their sources) finds in a config whose types were wrong
+    (`error`, from load_config), over what was right: every wrong key at its default and every wrong --set left out.
+    So `--set train.lr=abc --set train.max_steps=-1` is told both at once, not the type first and the range on the
+    next run. A range problem that names a key left out is not said: its value was not the user's."""
+    wrong_sets = [item for item in overrides if any(p.startswith(f"--set {item}: ") for p in error.problems)]
+    good = [item for item in overrides if item not in wrong_sets]
+    dropped: list[str] = [item.split("=", 1)[0].strip() for item in wrong_sets]
+    try:
+        data = merge_mappings(base or {}, load_yaml(path) if path else {})
+        for item in good:
+            data = apply_overrides(data, cls, [item])
+        config = build(cls, data, "", dropped=dropped)
+    except ConfigError:  # a missing required key, or the file unreadable as a whole: its own error stands alone
+        return []
+
+    def names_dropped(problem: str) -> bool:
+        keys = {problem.split(" ", 1)[0], *_DOTTED_KEY.findall(problem)}
+        return any(k == d or k.startswith(f"{d}.") or d.startswith(f"{k}.") for k in keys for d in dropped)
+
+    return [problem for problem in check(config, good) if not names_dropped(problem)]
 
 
 # What build's messages say after the source: `key.path: expected ...` or `unknown key 'key.path'`.

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from gpucert.config.loader import ConfigError, blame_sources, load_config
+from gpucert.config.loader import ConfigError, also_wrong, blame_sources, load_config
 from gpucert.runtime.config import RuntimeConfig
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -413,12 +413,20 @@ def load_finetune_config(
     "resume=\"x\"" -> "--resume x"), else the file that sets it. `training` adds the checks of output_dir and
     resume against the filesystem.
     """
-    cfg = load_config(FinetuneConfig, path, overrides)
-    cfg = _model_beside_recipe(cfg, path, overrides)
-    found = cfg.problems() + (cfg.path_problems() if training else [])
+
+    def check(cfg: FinetuneConfig, used: Sequence[str]) -> list[str]:
+        cfg = _model_beside_recipe(cfg, path, used)
+        found = cfg.problems() + (cfg.path_problems() if training else [])
+        return blame_sources(found, path, used, flags=flags, top_keys=TOP_KEYS)
+
+    try:
+        cfg = load_config(FinetuneConfig, path, overrides)
+    except ConfigError as exc:  # wrong types: said with the ranges of what was right, all at once
+        raise ConfigError(problems=exc.problems + also_wrong(FinetuneConfig, path, overrides, exc, check)) from None
+    found = check(cfg, overrides)
     if found:
-        raise ConfigError(problems=blame_sources(found, path, overrides, flags=flags, top_keys=TOP_KEYS))
-    return cfg
+        raise ConfigError(problems=found)
+    return _model_beside_recipe(cfg, path, overrides)
 
 
 def _model_beside_recipe(cfg: FinetuneConfig, path: Path | None, overrides: Sequence[str]) -> FinetuneConfig:
