@@ -109,19 +109,33 @@ def accept(out: Path) -> dict[str, Any]:
     port, runs = free_port(), [Path(f"/tmp/accept-{n}") for n in NAMES]
     for run in runs:
         shutil.rmtree(run, ignore_errors=True)
-    sets = ["--set", "health.expected_gpus=1"]
+    sets = ["--set", "health.expected_gpus=2"]  # NVML counts the host's GPUs, not the ones a node's process sees
     # Over sockets (a few GB/s) the default sweep to the largest message takes minutes per operation.
     if os.environ.get("MAX_BYTES"):
         sets += ["--set", f"bench.collectives.max_bytes={os.environ['MAX_BYTES']}"]
         sets += ["--set", f"bench.collectives.gate_bytes={os.environ['MAX_BYTES']}"]
+    # Each node's --metrics-file (METRICS=1): node 0's process writes the cluster's once; node 1 has no report.
+    proms = [Path(f"/tmp/accept-{n}.prom") for n in NAMES]
+    for prom in proms:
+        prom.unlink(missing_ok=True)
+    metrics_flags = [["--metrics-file", str(proms[r])] if os.environ.get("METRICS") else [] for r in (0, 1)]
     t0 = time.monotonic()
-    procs = [start([*GPUCERT, "accept", "-o", str(runs[r]), *node_flags(r, port), *sets], r, out / f"accept-{r}.log")
+    procs = [start([*GPUCERT, "accept", "-o", str(runs[r]), *node_flags(r, port), *sets, *metrics_flags[r]], r,
+                   out / f"accept-{r}.log")
              for r in (0, 1)]  # fmt: skip
     codes = wait_all(procs, 560)
     took = time.monotonic() - t0
     report_dir = next((p.parent for p in runs[0].rglob("report.json")), None)
     said = [last_line(out / f"accept-{r}.log") for r in (0, 1)]
     summary: dict[str, Any] = {"seconds": round(took, 1), "exit_codes": codes, "said": said}
+    if os.environ.get("METRICS"):
+        summary["metrics_files"] = {
+            NAMES[r]: {"lines": len(proms[r].read_text().splitlines()) if proms[r].exists() else None,
+                       "errors_said": (out / f"accept-{r}.log").read_text(errors="replace").count("--metrics-file")}
+            for r in (0, 1)
+        }  # fmt: skip
+        if proms[0].exists():
+            shutil.copy(proms[0], out / "accept-node-a.prom")
     if report_dir is not None:
         for name in ("report.json", "report.md", "report.html"):
             if (report_dir / name).exists():
