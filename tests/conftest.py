@@ -42,17 +42,33 @@ def _module_fixtures(item: pytest.Item) -> list[str]:
     )
 
 
+def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
+    """Send `item` to the one pytest-xdist worker of group `name` (`--dist loadgroup`).
+
+    pytest-xdist's worker marks a group by appending `@name` to the test's nodeid (item._nodeid), which pytest 9
+    no longer reads: it builds nodeid from item._id. There the suffix is set on _id, or no test is grouped (every
+    module fixture below was built once per worker, the Slurm cluster started on both)."""
+    item.add_marker(pytest.mark.xdist_group(name))
+    if not config.getvalue("loadgroup") or "@" in item.nodeid or not hasattr(item, "_id"):
+        return  # no grouping asked, or a pytest whose nodeid xdist's own suffix reaches
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{name}")
+
+
+# First, so the marks are set before pytest-xdist's worker reads them in its own pytest_collection_modifyitems.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Every test on the one Slurm cluster goes to one pytest-xdist worker (`make test` runs `-n 2 --dist
     # loadgroup`): the cluster is a session fixture with daemons, ports and an /etc/hosts line of its own, and two
     # workers would each start one.
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+            _group(config, item, "slurm")
         elif shared := _module_fixtures(item):
             # A module fixture that trains or compiles (two short runs, a compiled kernel) is built once per
             # worker that runs one of its tests: its tests on one worker build it once, not twice.
-            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}::{shared[0]}"))
+            _group(config, item, f"{item.module.__name__}::{shared[0]}")
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run them on a GPU node)")
