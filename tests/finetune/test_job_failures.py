@@ -255,3 +255,36 @@ def test_a_sigterm_ends_a_run_saying_where_and_releases_its_directory(tmp_path: 
     resumes = r"gpucert: (the latest complete checkpoint is .* --resume auto continues|no complete checkpoint in)"
     assert re.search(resumes, said), said[-3000:]
     assert not (run / ".gpucert.lock").exists()
+
+
+def test_a_reader_that_leaves_ends_every_rank_at_once_with_the_shells_sigpipe_code(tmp_path: Path) -> None:
+    """`gpucert finetune --nproc 2 2>&1 | head`: rank 0's next progress line finds the reader gone. Every rank
+    leaves at once and the job exits 141 without a word, as a lone run does; rank 1's log says why. Rank 0's
+    BrokenPipeError was taken for a broken peer's socket and waited out a heartbeat timeout, then its traceback
+    broke the same pipe: the job ended exit 1, rank 1 waiting out its own timeout."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")).replace("save_every: 100000", "save_every: 2"))
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "gpucert", "finetune", "--config", str(config), "--output", str(run)]
+    argv += ["--nproc", "2", *(a for item in HEARTBEATS for a in ("--set", item))]
+    proc = subprocess.Popen(argv, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + within(START_TIMEOUT_S)
+    while not (seen and seen[-1].startswith("[finetune] step 3/")):  # the reader reads on until training, and leaves
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "".join(seen)[-3000:]
+        seen.append(line)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    proc.stdout.close()
+    left = time.monotonic()
+    assert proc.wait(timeout=within(END_TIMEOUT_S)) == 141
+    took = time.monotonic() - left
+    # Within a heartbeat timeout (6 s): each rank left when told, none waited one out.
+    assert took < within(6), took
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    rank_1 = (run / "logs" / "rank-1.log").read_text()
+    said = r"rank 1 \(.*\) stops: rank 0 \(.*\) failed during step \d+: ReaderLeft: the reader"
+    assert re.search(said, rank_1), rank_1
+    assert complete_checkpoints(run), "what was trained stays, for --resume auto"
+    print(f"every rank gone {took:.1f} s after the reader left")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -175,7 +176,7 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     from gpucert.finetune.train.checkpoint import what_resumes
     from gpucert.finetune.train.rundir import run_dir_name
     from gpucert.runtime.device import gpu_count
-    from gpucert.runtime.errors import Interrupted, JobFailed
+    from gpucert.runtime.errors import BROKEN_PIPE_EXIT, Interrupted, JobFailed
     from gpucert.runtime.launcher import launch_ranks
 
     nproc = args.nproc or gpu_count() or 1
@@ -200,6 +201,10 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     except Interrupted as exc:
         exc.after = hint()
         raise
+    if outcome.verdict == BROKEN_PIPE_EXIT:
+        # Rank 0 found the reader of its output gone and stopped the job (train/run.py): not a word more, and the
+        # CLI exits 141 as the lone run does.
+        raise BrokenPipeError(errno.EPIPE, "the reader of gpucert's output closed it")
     if not outcome.ok:
         cause, after = outcome.cause or "the job failed", hint()
         raise JobFailed(f"{cause}; {after}" if after else cause)

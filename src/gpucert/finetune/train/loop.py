@@ -72,6 +72,7 @@ from gpucert.finetune.train.summary import (
 )
 from gpucert.report.schema import Result
 from gpucert.report.terminal import result_line
+from gpucert.runtime.errors import ReaderLeft
 from gpucert.runtime.group import (
     Runtime,
 )
@@ -251,10 +252,7 @@ def train(
                 # A requeued job that had finished: its report stands as written. Rewritten, it lost the run's
                 # time to the first step and took the peak memory of a process that trained nothing.
                 if rt.is_main:
-                    print(
-                        f"{kept['status']}: the run had finished; its report stands: {run_dir / 'report.json'}",
-                        flush=True,
-                    )
+                    say_result(f"{kept['status']}: the run had finished; its report stands: {run_dir / 'report.json'}")
                 log.close()
                 return kept
     elif cfg.resume == "auto":
@@ -353,14 +351,13 @@ def train(
         criteria = list(map(Result.from_dict, result["criteria"]))
         for criterion in criteria:
             if criterion.status >= Status.WARN:
-                print(result_line(criterion), flush=True)
+                say_result(result_line(criterion))
         # A PASS that held the loss to nothing says so: it covers the run finishing, not what it learnt.
         unjudged = [c.name for c in criteria if c.status is Status.INFO]
         caveat = f" (not judged: {', '.join(unjudged)}, no threshold set)" if unjudged else ""
-        print(
+        say_result(
             f"{result['status']}{caveat}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html "
-            f"draws it), metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}",
-            flush=True,
+            f"draws it), metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}"
         )
         if steps_this_process:
             for old in stale_evaluations(run_dir):
@@ -429,6 +426,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def say_result(line: str) -> None:
+    """A line of the run's result on stdout (progress is stderr's); a reader gone is ReaderLeft, as for progress."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        raise ReaderLeft("the reader of gpucert's output closed it") from None
+
+
 class RankZeroLog:
     """Progress lines on stderr and TensorBoard scalars, from rank 0 only; silent elsewhere."""
 
@@ -446,7 +451,10 @@ class RankZeroLog:
 
     def __call__(self, message: str) -> None:
         if self.enabled:
-            print(f"[finetune] {message}", file=sys.stderr, flush=True)
+            try:
+                print(f"[finetune] {message}", file=sys.stderr, flush=True)
+            except BrokenPipeError:  # `gpucert finetune 2>&1 | head`: the run stops, every rank (run.py)
+                raise ReaderLeft("the reader of gpucert's output closed it") from None
 
     def scalar(self, name: str, value: float | None, step: int) -> None:
         if self.writer is not None and value is not None:

@@ -33,6 +33,7 @@ metrics.json and report.json).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -55,6 +56,7 @@ from gpucert.finetune.train.loop import (
     train,
 )
 from gpucert.finetune.train.rundir import RunDir, open_run_dir
+from gpucert.runtime.errors import BROKEN_PIPE_EXIT, ReaderLeft
 from gpucert.runtime.group import (
     ABORTED_EXIT,
     AbortRecord,
@@ -67,6 +69,8 @@ from gpucert.runtime.group import (
     start_runtime,
     stop_runtime,
 )
+from gpucert.runtime.launch_env import launched_by_gpucert
+from gpucert.runtime.launcher import write_verdict
 from gpucert.runtime.sigterm import TermWatch, stopped_by_launcher
 from gpucert.status import Status
 
@@ -152,6 +156,19 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
                 check_resume_config(cfg)
             run = open_run_dir(cfg, rt)
             result = train(cfg, rt, run, resolve_peak(cfg, profile_peak), marks)
+        except ReaderLeft as exc:
+            # `gpucert finetune 2>&1 | head`: nobody reads a word more. Recorded for the peers (each leaves, naming
+            # it, in its own log), said nowhere, and the exit is the shell's for a writer SIGPIPE ended. What was
+            # trained stays (run.close keeps a run that took a step), its checkpoints for --resume auto.
+            fail(rt, exc)
+            if run is not None:
+                run.close(failed=True)
+            if rt.world_size > 1:
+                if launched_by_gpucert() and rt.local_rank == 0:
+                    write_verdict(BROKEN_PIPE_EXIT)  # the node's process exits 141 too, quietly (commands.launch)
+                leave_failed(rt, BROKEN_PIPE_EXIT)
+            stop_runtime(rt)
+            raise BrokenPipeError(errno.EPIPE, str(exc)) from None  # the CLI's own handler: exit 141, no word
         except (Exception, KeyboardInterrupt) as exc:
             record, code = report_failure(rt, exc)
             if run is not None:
