@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
     no longer reads: it builds nodeid from item._id. There the suffix is set on _id, or no test is grouped (every
     module fixture below was built once per worker, the Slurm cluster started on both)."""
     item.add_marker(pytest.mark.xdist_group(name))
-    if not config.getvalue("loadgroup") or "@" in item.nodeid or not hasattr(item, "_id"):
+    if not config.getoption("loadgroup", default=False) or "@" in item.nodeid or not hasattr(item, "_id"):
         return  # no grouping asked, or a pytest whose nodeid xdist's own suffix reaches
     from _pytest.nodeid import NodeId
 
@@ -75,6 +76,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    """Each test starts with torch.compile's caches empty: dynamo counts a code object's compiles per process (8 at
+    most), and every tiny model's decoder layers share one forward, so a worker that ran several compiling tests
+    refused the next one ("recompile limit exceeded") by the order xdist happened to give it."""
+    yield
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
 
 
 @pytest.fixture
