@@ -7,7 +7,7 @@
 nvidia-smi --query-gpu=name,uuid,power.limit --format=csv,noheader | tee $res/summary.txt
 echo "code ${COMMIT:-?}" | tee -a $res/summary.txt
 mkdir -p /tmp/w && cd /tmp/w
-sets="--set train.max_steps=3000 --set train.save_every=20"
+sets="--set train.max_steps=200 --set train.save_every=20"
 python3 - "$res" $sets <<'PY' 2>&1 | tee -a $res/summary.txt
 import subprocess, sys, time, re, pathlib
 res, sets = sys.argv[1], sys.argv[2:]
@@ -34,8 +34,8 @@ echo "gpucert processes left: $(pgrep -fc 'gpucert finetune' || true)" | tee -a 
 cp /tmp/w/run/logs/rank-1.log $res/rank-1.log 2>/dev/null
 tail -3 /tmp/w/run/logs/rank-1.log | cut -c1-300 | tee -a $res/summary.txt
 ls /tmp/w/run/checkpoints | tee -a $res/summary.txt
-timeout -k 10 240 gpucert finetune --nproc 2 -o /tmp/w/run --resume auto --set train.max_steps=60 --set train.save_every=20 \
+timeout -k 10 240 gpucert finetune --nproc 2 -o /tmp/w/run --resume auto $sets \
   > $res/resume.txt 2> $res/resume-stderr.txt
 echo "resume auto exit $?" | tee -a $res/summary.txt
-grep -E "resum|step 41/|step 60/" $res/resume-stderr.txt | head -5 | cut -c1-200 | tee -a $res/summary.txt
+grep -E "resum|step 41/|step 200/" $res/resume-stderr.txt | head -5 | cut -c1-200 | tee -a $res/summary.txt
 tail -1 $res/resume.txt | cut -c1-200 | tee -a $res/summary.txt
