@@ -50,7 +50,7 @@ def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
     no longer reads: it builds nodeid from item._id. There the suffix is set on _id, or no test is grouped (every
     module fixture below was built once per worker, the Slurm cluster started on both)."""
     item.add_marker(pytest.mark.xdist_group(name))
-    if not config.getoption("loadgroup", default=False) or "@" in item.nodeid or not hasattr(item, "_id"):
+    if not config.getoption("loadgroup", default=False) or item.nodeid.endswith(f"@{name}") or not hasattr(item, "_id"):
         return  # no grouping asked, or a pytest whose nodeid xdist's own suffix reaches
     from _pytest.nodeid import NodeId
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import gpucert
 from gpucert.config.loader import ConfigError, also_wrong, blame_sources, load_config
-from gpucert.config.profiles import Profile, available_profiles, load_profile, select_profile
+from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
@@ -122,36 +122,41 @@ def with_gpu_uuids(results: list[Result], nodes: dict[str, dict[str, Any]]) -> l
 def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> RunConfig:
     """The resolved config, every range and name checked (ConfigError naming each bad key) before any work."""
 
-    def checked(base: dict[str, Any] | None) -> Callable[[RunConfig, Sequence[str]], list[str]]:
-        def check(config: RunConfig, used: Sequence[str]) -> list[str]:
+    def problems_of(base: dict[str, Any] | None) -> Callable[[RunConfig, Sequence[str]], list[str]]:
+        def found(config: RunConfig, _used: Sequence[str]) -> list[str]:
             # "auto": the profile, whose run defaults may change a related key (gate_bytes against max_bytes), is
             # known once collect_node has read the hardware and loads again; only the timeouts are judged now.
             runtime = config.runtime.problems() + config.localize.problems()
-            problems = config.problems() if base is not None else runtime
-            return blame_sources(problems, request.config_path, used, f"profile {config.profile}", base)
+            return config.problems() if base is not None else runtime
 
-        return check
+        return found
+
+    def blamed(base: dict[str, Any] | None, profile: str) -> Callable[[list[str], Sequence[str]], list[str]]:
+        return lambda found, used: blame_sources(found, request.config_path, used, f"profile {profile}", base)
 
     def load(base: dict[str, Any] | None) -> RunConfig:
         try:
             return load_config(RunConfig, request.config_path, request.overrides, base=base)
         except ConfigError as exc:  # wrong types: said with the ranges of what was right, all at once
-            if base is None:  # the profile the rest names, for its run defaults
-                named: list[str] = []
-                also_wrong(RunConfig, request.config_path, request.overrides, exc, _note_profile(named))
-                if named and named[0] in available_profiles():
-                    base = load_profile(named[0]).run_defaults
-            more = also_wrong(RunConfig, request.config_path, request.overrides, exc, checked(base), base)
-            raise ConfigError(problems=exc.problems + more) from None
+            problems, named = list(exc.problems), ["auto"]
+            path, overrides = request.config_path, request.overrides
+            also_wrong(RunConfig, path, overrides, exc, _note_profile(named), blamed(None, ""))  # the profile named
+            if base is None and named[-1] != "auto":  # for its run defaults
+                try:
+                    base = load_profile(named[-1]).run_defaults
+                except ConfigError as unknown:  # said now too, not on the next run
+                    problems += unknown.problems
+            more = also_wrong(RunConfig, path, overrides, exc, problems_of(base), blamed(base, named[-1]), base)
+            raise ConfigError(problems=problems + more) from None
 
     config = load(base)
     if base is None and config.profile != "auto":
         # A named profile's run defaults sit under the file and --set values: judge the values the run will use.
         base = load_profile(config.profile).run_defaults
         config = load(base)
-    problems = checked(base)(config, request.overrides)
+    problems = problems_of(base)(config, request.overrides)
     if problems:
-        raise ConfigError(problems=problems)
+        raise ConfigError(problems=blamed(base, config.profile)(problems, request.overrides))
     return config
 
 
@@ -357,6 +362,8 @@ def run_on_nodes(
         else _unclaimed(request.output or default_run_dir(runs_dir, host, started)) as run_dir
     ):
         env[RUN_DIR_VARIABLE] = str(run_dir.path.absolute())
+        report_json = run_dir.path / "report.json"
+        before = _report_mark(report_json)  # an --output may hold an earlier run's report
         # One round of fresh workers a benchmark: a benchmark that fails or hangs costs that benchmark.
         restarts = len(request.benchmarks)
         if request.benchmarks:
@@ -365,13 +372,13 @@ def run_on_nodes(
         try:
             outcome = launch_ranks(plan, nproc, argv, config.runtime, run_dir.path / "logs", env, restarts)
         except RendezvousError as exc:
-            if plan.node_rank == 0 and not _lost_node_in_report(run_dir.path, started, str(exc)):
+            if plan.node_rank == 0 and not _lost_node_in_report(report_json, before, str(exc)):
                 raise  # nodes never met: nothing ran
             outcome = LaunchOutcome(False, None, str(exc))
         except JobFailed as exc:  # the ranks ended the run (a failure outside a benchmark, or the last one)
             outcome = LaunchOutcome(False, None, str(exc))
         except Interrupted as exc:  # Ctrl-C or SIGTERM here: the one line the CLI prints names what rank 0 wrote
-            written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
+            written = _written_since(report_json, before) if plan.node_rank == 0 else None
             exc.after = f"partial report written to {written}" if written else None
             raise
     if outcome.verdict == BROKEN_PIPE_EXIT:
@@ -379,7 +386,7 @@ def run_on_nodes(
         # what did not): nobody reads a word more, and the CLI exits 141.
         raise BrokenPipeError(errno.EPIPE, "the reader of gpucert's output closed it")
     if not outcome.ok:
-        written = _written_since(run_dir.path / "report.json", started) if plan.node_rank == 0 else None
+        written = _written_since(report_json, before) if plan.node_rank == 0 else None
         if written is None:
             raise JobFailed(outcome.cause or "the job failed")
         say_line(outcome.cause or "the job failed")
@@ -395,22 +402,35 @@ def run_on_nodes(
         )
         return RunOutcome(None, None, code)
     # Rank 0 printed the report; its path is kept for what this process writes once (--metrics-file).
-    return RunOutcome(None, _written_since(run_dir.path / "report.json", started), code)
+    return RunOutcome(None, _written_since(report_json, before), code)
 
 
-def _written_since(path: Path, started: datetime) -> Path | None:
-    """The report rank 0 wrote in this run (an --output may hold an older one)."""
-    return path if path.exists() and path.stat().st_mtime >= started.timestamp() else None
+def _report_mark(path: Path) -> tuple[int, int, int] | None:
+    """Which file `path` is now (inode, mtime, size), or None where there is none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _lost_node_in_report(run_dir: Path, started: datetime, cause: str) -> bool:
+def _written_since(path: Path, before: tuple[int, int, int] | None) -> Path | None:
+    """The report rank 0 wrote in this run: `path` where it is not the file that was there before the ranks
+    started (an --output may hold an earlier run's). By the file, not its time: on a shared filesystem the mtime is
+    the server's clock, which may run behind this node's (write_report replaces the file: a new inode)."""
+    now = _report_mark(path)
+    return path if now is not None and now != before else None
+
+
+def _lost_node_in_report(report_json: Path, before: tuple[int, int, int] | None, cause: str) -> bool:
     """A node that did not come back for the next round of workers (runtime/launcher.py): the report that
     rank 0 wrote before the round ended stands, with the lost node named in it. False: there is none."""
     from gpucert.report.store import load_report
 
-    path = _written_since(run_dir / "report.json", started)
+    path = _written_since(report_json, before)
     if path is None:
         return False  # the run never got that far: the error alone says it
+    run_dir = path.parent
     report = load_report(path)
     lost = Result(
         name="run.aborted",

@@ -115,6 +115,16 @@ def test_a_wrong_type_and_a_bad_range_are_named_at_once_under_the_named_profile(
     assert "gate_bytes" not in err  # under the cpu profile's 4 MiB gate, an 8 MiB max_bytes is fine
 
 
+def test_an_unknown_profile_beside_a_wrong_type_is_named_in_the_same_run() -> None:
+    request = RunRequest("accept", [], None, ["profile=nope", "bench.timeout_s=abc"], None, None, [])
+    with pytest.raises(ConfigError) as caught:
+        load_run_config(request)
+    assert [p.split(";")[0] for p in caught.value.problems] == [
+        "--set bench.timeout_s=abc: bench.timeout_s: expected float, found 'abc'",
+        "unknown profile 'nope'",
+    ]
+
+
 def test_the_messages_name_the_allowed_values(tmp_path: Path, capsys) -> None:
     err = refuse(["bench", "collectives", "--set", "bench.collectives.dtype=bf61"], tmp_path, capsys)
     assert "bf16, fp16, fp32" in err and "'bf61'" in err

@@ -142,6 +142,24 @@ def test_wrong_types_and_bad_ranges_are_said_together(tmp_path: Path) -> None:
     ], problems
 
 
+def test_which_range_problems_stand_beside_a_wrong_type_is_read_from_the_keys_not_the_file_name(
+    tmp_path: Path,
+) -> None:
+    """A file named train.yaml read as the key `train` and hid lora.r's range; a top-level key given the wrong type
+    (output_dir) kept the range problem of another key that names it (resume auto needs output_dir)."""
+    path = tmp_path / "train.yaml"
+    path.write_text("train: 5\nlora: {r: 0}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_finetune_config(path, [])
+    assert [p.split(": ", 1)[1] for p in caught.value.problems] == [
+        "train: expected a mapping, found int",
+        "lora.r must be >= 1, found 0",
+    ], caught.value.problems
+    with pytest.raises(ConfigError) as caught:
+        load_finetune_config(None, ["output_dir=5", "resume=auto"], training=True)
+    assert caught.value.problems == ["--set output_dir=5: output_dir: expected str, found 5"], caught.value
+
+
 def test_a_set_that_fixes_the_file_wins(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("train: {micro_batch: 0}\n")

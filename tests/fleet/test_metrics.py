@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
@@ -336,3 +337,20 @@ def test_alert_rules_fire_on_a_real_fail(tmp_path: Path, prometheus_binary: str)
         done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert labels["check"] == "gpu.count"
+
+
+def test_the_report_of_this_run_is_known_by_its_file_not_its_clock(tmp_path: Path) -> None:
+    """Node 0's process takes the report its rank 0 wrote (for --metrics-file, a partial report's path) by the file
+    having changed since the ranks started. By mtime, a shared filesystem whose server clock runs behind made this
+    run's report look older than the run, and the metrics file was silently not written."""
+    from gpucert.acceptance import _report_mark, _written_since
+    from gpucert.report.store import write_report
+
+    path = tmp_path / "report.json"
+    before = _report_mark(path)
+    assert _written_since(path, before) is None  # none yet
+    write_report(load_report(SYNTHETIC), tmp_path)
+    os.utime(path, (0, 0))  # written "in 1970": the server's clock
+    assert _written_since(path, before) == path
+    earlier = _report_mark(path)
+    assert _written_since(path, earlier) is None  # an earlier run's report, untouched, is not this run's

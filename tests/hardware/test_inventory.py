@@ -88,3 +88,20 @@ def test_a_wrong_typed_answer_is_an_unreadable_field_said_by_its_check(
     assert mine and mine[0]["status"] == "ERROR" and said in json.dumps(mine[0]), mine
     others = [r for r in results if r["name"] == check and "GPU 3 " not in r.get("subject", "")]
     assert others and all(r["status"] != "ERROR" for r in others)
+
+
+def test_a_wrong_typed_system_answer_is_an_unknown_version_said_by_its_check(
+    bundle_copy: Any, tmp_path: Any, capsys: Any
+) -> None:
+    """The driver version recorded as a number was an AttributeError from the version comparison, and no report."""
+    bundle = bundle_copy("h200x4")
+    path = bundle / "nvml-snapshot.json"
+    snapshot = json.loads(path.read_text())
+    snapshot["system"]["nvmlSystemGetDriverVersion"] = 550
+    path.write_text(json.dumps(snapshot))
+    out = tmp_path / "run"
+    main(["health", "--replay", str(bundle), "-o", str(out)])
+    assert "Traceback" not in capsys.readouterr().err
+    results = json.loads((out / "report.json").read_text())["results"]
+    (driver,) = [r for r in results if r["name"] == "software.driver"]
+    assert driver["status"] == "ERROR" and "BadValue: expected a string, found 550" in driver["message"], driver

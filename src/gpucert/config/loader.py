@@ -261,13 +261,15 @@ def also_wrong(
     path: Path | None,
     overrides: Sequence[str],
     error: ConfigError,
-    check: Callable[[T, Sequence[str]], list[str]],
+    problems_of: Callable[[T, Sequence[str]], list[str]],
+    blame: Callable[[list[str], Sequence[str]], list[str]],
     base: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """What `check` (a config's range problems, with their sources) finds in a config whose types were wrong
-    (`error`, from load_config), over what was right: every wrong key at its default and every wrong --set left out.
-    So `--set train.lr=abc --set train.max_steps=-1` is told both at once, not the type first and the range on the
-    next run. A range problem that names a key left out is not said: its value was not the user's."""
+    """The range problems (`problems_of` a config and the overrides it was built with, then `blame`d on where their
+    values came from) of a config whose types were wrong (`error`, from load_config), over what was right: every
+    wrong key at its default and every wrong --set left out. So `--set train.lr=abc --set train.max_steps=-1` is
+    told both at once, not the type first and the range on the next run. A range problem that names a key left out
+    is not said: its value was not the user's."""
     wrong_sets = [item for item in overrides if any(p.startswith(f"--set {item}: ") for p in error.problems)]
     good = [item for item in overrides if item not in wrong_sets]
     dropped: list[str] = [item.split("=", 1)[0].strip() for item in wrong_sets]
@@ -278,12 +280,10 @@ def also_wrong(
         config = build(cls, data, "", dropped=dropped)
     except ConfigError:  # a missing required key, or the file unreadable as a whole: its own error stands alone
         return []
-
-    def names_dropped(problem: str) -> bool:
-        keys = {problem.split(" ", 1)[0], *_DOTTED_KEY.findall(problem)}
-        return any(k == d or k.startswith(f"{d}.") or d.startswith(f"{k}.") for k in keys for d in dropped)
-
-    return [problem for problem in check(config, good) if not names_dropped(problem)]
+    # Before blame adds where each value came from (a file named train.yaml would read as the key train).
+    left_out = [re.compile(rf"(?<![\w.]){re.escape(key)}(?!\w)") for key in dropped]
+    found = [problem for problem in problems_of(config, good) if not any(k.search(problem) for k in left_out)]
+    return blame(found, good)
 
 
 # What build's messages say after the source: `key.path: expected ...` or `unknown key 'key.path'`.

@@ -414,18 +414,21 @@ def load_finetune_config(
     resume against the filesystem.
     """
 
-    def check(cfg: FinetuneConfig, used: Sequence[str]) -> list[str]:
+    def problems_of(cfg: FinetuneConfig, used: Sequence[str]) -> list[str]:
         cfg = _model_beside_recipe(cfg, path, used)
-        found = cfg.problems() + (cfg.path_problems() if training else [])
+        return cfg.problems() + (cfg.path_problems() if training else [])
+
+    def blame(found: list[str], used: Sequence[str]) -> list[str]:
         return blame_sources(found, path, used, flags=flags, top_keys=TOP_KEYS)
 
     try:
         cfg = load_config(FinetuneConfig, path, overrides)
     except ConfigError as exc:  # wrong types: said with the ranges of what was right, all at once
-        raise ConfigError(problems=exc.problems + also_wrong(FinetuneConfig, path, overrides, exc, check)) from None
-    found = check(cfg, overrides)
+        more = also_wrong(FinetuneConfig, path, overrides, exc, problems_of, blame)
+        raise ConfigError(problems=exc.problems + more) from None
+    found = problems_of(cfg, overrides)
     if found:
-        raise ConfigError(problems=found)
+        raise ConfigError(problems=blame(found, overrides))
     return _model_beside_recipe(cfg, path, overrides)
 
 

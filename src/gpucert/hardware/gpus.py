@@ -138,6 +138,8 @@ class GpuInventory:
     topology: GpuTopology
     # Why NVML gave nothing at all (no driver, no library); None when it answered.
     nvml_error: str | None = None
+    # A system query that did not answer, or answered a value of the wrong type: its key -> why.
+    system_unreadable: dict[str, str] = field(default_factory=dict)
 
 
 class _Answers:
@@ -388,20 +390,31 @@ def summarize_topology(matrix: list[list[str]]) -> str:
 
 def parse_nvml_snapshot(snapshot: dict[str, Any]) -> GpuInventory:
     system = snapshot.get("system", {})
+    unreadable: dict[str, str] = {}
 
-    def system_value(key: str) -> Any:
+    def system_value(key: str, kind: type) -> Any:
         value = system.get(key)
-        return None if value is None or is_error(value) else value
+        if value is None:
+            unreadable[key] = "NotRecorded: not in snapshot"
+        elif is_error(value):
+            unreadable[key] = f"{value.get('nvml_error')}: {value.get('message', '')}".strip()
+        elif not isinstance(value, kind) or isinstance(value, bool):
+            # A damaged or hand-edited capture: the version unknown, said by software.* as ERROR, not a traceback.
+            unreadable[key] = f"BadValue: expected a {'string' if kind is str else 'number'}, found {value!r}"[:160]
+        else:
+            return value
+        return None
 
-    cuda = system_value("nvmlSystemGetCudaDriverVersion_v2")
+    cuda = system_value("nvmlSystemGetCudaDriverVersion_v2", int)
     gpus = [parse_device(i, table) for i, table in enumerate(snapshot.get("devices", []))]
     return GpuInventory(
-        driver_version=system_value("nvmlSystemGetDriverVersion"),
+        driver_version=system_value("nvmlSystemGetDriverVersion", str),
         # NVML encodes CUDA 13.0 as 13000.
-        cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
-        nvml_version=system_value("nvmlSystemGetNVMLVersion"),
+        cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None,
+        nvml_version=system_value("nvmlSystemGetNVMLVersion", str),
         gpus=gpus,
         topology=build_topology(gpus, snapshot.get("pairs", {})),
+        system_unreadable=unreadable,
     )
 
 

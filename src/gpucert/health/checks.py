@@ -671,7 +671,12 @@ def check_software(inv: NodeInventory, profile: Profile) -> list[Result]:
             )
             continue
         if version is None:
-            why = inv.gpu.nvml_error if what != "nccl" else "torch has no NCCL (CPU build?)"
+            query = {"driver": "nvmlSystemGetDriverVersion", "cuda_driver": "nvmlSystemGetCudaDriverVersion_v2"}
+            why = (
+                inv.gpu.nvml_error or inv.gpu.system_unreadable.get(query[what], "NVML did not say")
+                if what != "nccl"
+                else "torch has no NCCL (CPU build?)"
+            )
             results.append(
                 Result(
                     **base,
