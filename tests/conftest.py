@@ -52,8 +52,10 @@ def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
     item.add_marker(pytest.mark.xdist_group(name))
     if not config.getoption("loadgroup", default=False) or item.nodeid.endswith(f"@{name}") or not hasattr(item, "_id"):
         return  # no grouping asked, or a pytest whose nodeid xdist's own suffix reaches
-    from _pytest.nodeid import NodeId
-
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # a pytest with _id but no NodeId: leave the grouping to xdist
+        return
     item._id = NodeId.parse(f"{item.nodeid}@{name}")
 
 
