@@ -203,25 +203,21 @@ def why_terminated(rt: Runtime, store: Any, settle_s: float = SETTLE_S) -> Abort
             rank=peer.rank,
             node=peer.node,
         )
-    if rt.world_size > 1:
-        # Nobody here ended first: a cancelled job or a time limit, or a rank on another node that ended without
-        # a word. Said as the launcher's stop, naming no rank (this one only noticed it).
-        return AbortRecord(
-            who=rt.me.describe(),
-            cause="no rank had ended before it (a cancelled job or a time limit; or torchrun stopping every rank "
-            "after one on another node ended: look for it in that node's launcher output)",
-            phase=rt.phase,
-            rank=rt.rank,
-            launcher=True,
-        )
-    # A lone run: no rank ended before it, and the SIGTERM may come from the user's `kill` as well as a launcher.
+    alone = rt.world_size == 1
     return AbortRecord(
         who=rt.me.describe(),
+        # A lone run: the SIGTERM may come from the user's `kill` as well as a launcher. In a job nobody here ended
+        # first: a cancelled job or a time limit, or a rank on another node that ended without a word; said as the
+        # launcher's stop, naming no rank (this one only noticed it).
         cause="stopped by SIGTERM (a `kill`, a cancelled job, or a launcher stopping it); it ran alone, so no other "
-        "rank ended first",
+        "rank ended first"
+        if alone
+        else "no rank had ended before it (a cancelled job or a time limit; or torchrun stopping every rank after "
+        "one on another node ended: look for it in that node's launcher output)",
         phase=rt.phase,
         rank=rt.rank,
-        node=rt.me.node,
+        node=rt.me.node if alone else None,
+        launcher=not alone,
     )
 
 
