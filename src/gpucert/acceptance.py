@@ -40,6 +40,7 @@ from gpucert.report.store import (
     check_reuse,
     claim_run_dir,
     default_run_dir,
+    file_identity,
     write_problem,
     write_report,
 )
@@ -363,7 +364,7 @@ def run_on_nodes(
     ):
         env[RUN_DIR_VARIABLE] = str(run_dir.path.absolute())
         report_json = run_dir.path / "report.json"
-        before = _report_mark(report_json)  # an --output may hold an earlier run's report
+        before = file_identity(report_json)  # an --output may hold an earlier run's report
         # One round of fresh workers a benchmark: a benchmark that fails or hangs costs that benchmark.
         restarts = len(request.benchmarks)
         if request.benchmarks:
@@ -405,20 +406,10 @@ def run_on_nodes(
     return RunOutcome(None, _written_since(report_json, before), code)
 
 
-def _report_mark(path: Path) -> tuple[int, int, int] | None:
-    """Which file `path` is now (inode, mtime, size), or None where there is none."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
-
-
 def _written_since(path: Path, before: tuple[int, int, int] | None) -> Path | None:
     """The report rank 0 wrote in this run: `path` where it is not the file that was there before the ranks
-    started (an --output may hold an earlier run's). By the file, not its time: on a shared filesystem the mtime is
-    the server's clock, which may run behind this node's (write_report replaces the file: a new inode)."""
-    now = _report_mark(path)
+    started (an --output may hold an earlier run's; store.file_identity)."""
+    now = file_identity(path)
     return path if now is not None and now != before else None
 
 

@@ -343,14 +343,14 @@ def test_the_report_of_this_run_is_known_by_its_file_not_its_clock(tmp_path: Pat
     """Node 0's process takes the report its rank 0 wrote (for --metrics-file, a partial report's path) by the file
     having changed since the ranks started. By mtime, a shared filesystem whose server clock runs behind made this
     run's report look older than the run, and the metrics file was silently not written."""
-    from gpucert.acceptance import _report_mark, _written_since
-    from gpucert.report.store import write_report
+    from gpucert.acceptance import _written_since
+    from gpucert.report.store import file_identity, write_report
 
     path = tmp_path / "report.json"
-    before = _report_mark(path)
+    before = file_identity(path)
     assert _written_since(path, before) is None  # none yet
     write_report(load_report(SYNTHETIC), tmp_path)
     os.utime(path, (0, 0))  # written "in 1970": the server's clock
     assert _written_since(path, before) == path
-    earlier = _report_mark(path)
+    earlier = file_identity(path)
     assert _written_since(path, earlier) is None  # an earlier run's report, untouched, is not this run's

@@ -25,6 +25,7 @@ from pathlib import Path
 from gpucert.config.loader import ConfigError
 from gpucert.launch import k8s, slurm, torchrun
 from gpucert.launch.presets import preset_env
+from gpucert.report.store import file_identity
 from gpucert.status import Status
 
 ERROR_EXIT = Status.ERROR.exit_code
@@ -431,17 +432,6 @@ def _write_job(run_dir: Path, script: str) -> Callable[[], None]:
     return undo
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    """Which file `path` is now (inode, mtime): an --output re-used from an earlier run holds that run's report
-    until the job's gpucert claims the directory (report/store.py), and a job that died before then must not pass
-    for it. Compared, not timed: a shared filesystem's server clock need not agree with this host's."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
 def _standing_verdict(run_dir: Path, exit_code: str) -> Status | None:
     """The verdict of a fine-tuning run that had finished before the job started (a requeue, a resubmission), or
     None. Such a job trains nothing and leaves the run's files as they were (finetune/train/loop.py,
@@ -464,8 +454,8 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
     run_dir = Path(job.run_dir)
     undo = _write_job(run_dir, script)
     path = run_dir / "job.sbatch"
-    earlier = {name: _identity(run_dir / name) for name in ("report.json", "metrics.json")}
-    earlier_logs = {log: _identity(log) for log in slurm.logs(run_dir)}
+    earlier = {name: file_identity(run_dir / name) for name in ("report.json", "metrics.json")}
+    earlier_logs = {log: file_identity(log) for log in slurm.logs(run_dir)}
     try:
         job_id = slurm.submit(path)
     except BaseException:
@@ -476,7 +466,7 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
     state, exit_code = record.get("JobState", "?"), record.get("ExitCode", "?")
     if job.verb in slurm.JUDGED_VERBS:
         report = run_dir / "report.json"
-        if report.exists() and _identity(report) != earlier["report.json"]:
+        if report.exists() and file_identity(report) != earlier["report.json"]:
             from gpucert.report.store import load_report
 
             verdict = load_report(report).status
@@ -484,7 +474,7 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
             return verdict.exit_code
     else:
         metrics = run_dir / "metrics.json"
-        if metrics.exists() and _identity(metrics) != earlier["metrics.json"]:
+        if metrics.exists() and file_identity(metrics) != earlier["metrics.json"]:
             status = Status(json.loads(metrics.read_text())["status"])
             say(f"job {job_id} {state} (exit {exit_code}); fine-tuning {status.value}: {metrics}")
             return status.exit_code
@@ -495,7 +485,7 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
                 f"(fine-tuning {standing.value}): {run_dir / 'report.json'}"
             )
             return standing.exit_code
-    mine = slurm.job_logs(run_dir, job.verb, job_id, lambda log: _identity(log) != earlier_logs.get(log))
+    mine = slurm.job_logs(run_dir, job.verb, job_id, lambda log: file_identity(log) != earlier_logs.get(log))
     if not mine:
         say(f"job {job_id} ended {state} (exit {exit_code}) without a result and wrote no log in {run_dir / 'logs'}")
         return ERROR_EXIT

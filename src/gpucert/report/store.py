@@ -190,6 +190,17 @@ def write_problem(target: Path) -> tuple[Path, str | None]:
     return nearest, None
 
 
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file `path` is now (inode, mtime, size), or None where there is none: compared before and after a job
+    to tell what it wrote from what an earlier run left in a re-used --output. Compared, not timed: a shared
+    filesystem's server clock need not agree with this host's (write_atomic replaces a file: a new inode)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def write_atomic(path: Path, text: str | Iterable[str]) -> None:
     """`text`, or its pieces as they come, under `path`, whole or not at all: a report half-written by a killed run
     or a full disk must never be read as a whole one, and no temporary file is left behind."""
