@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import gpucert
-from gpucert.config.loader import ConfigError, also_wrong, blame_sources, load_config
+from gpucert.config.loader import ConfigError, also_wrong, blame_sources, load_config, salvage
 from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
@@ -139,15 +139,17 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> 
         try:
             return load_config(RunConfig, request.config_path, request.overrides, base=base)
         except ConfigError as exc:  # wrong types: said with the ranges of what was right, all at once
-            problems, named = list(exc.problems), ["auto"]
-            path, overrides = request.config_path, request.overrides
-            also_wrong(RunConfig, path, overrides, exc, _note_profile(named), blamed(None, ""))  # the profile named
-            if base is None and named[-1] != "auto":  # for its run defaults
+            problems, path, overrides = list(exc.problems), request.config_path, request.overrides
+            found = salvage(RunConfig, path, overrides, exc, base)
+            if base is None and found is not None and found.config.profile != "auto":  # for its run defaults
                 try:
-                    base = load_profile(named[-1]).run_defaults
+                    base = load_profile(found.config.profile).run_defaults
                 except ConfigError as unknown:  # said now too, not on the next run
                     problems += unknown.problems
-            more = also_wrong(RunConfig, path, overrides, exc, problems_of(base), blamed(base, named[-1]), base)
+                else:
+                    found = salvage(RunConfig, path, overrides, exc, base)
+            profile = found.config.profile if found is not None else "auto"
+            more = also_wrong(found, problems_of(base), blamed(base, profile))
             raise ConfigError(problems=problems + more) from None
 
     config = load(base)
@@ -159,16 +161,6 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> 
     if problems:
         raise ConfigError(problems=blamed(base, config.profile)(problems, request.overrides))
     return config
-
-
-def _note_profile(named: list[str]) -> Callable[[RunConfig, Sequence[str]], list[str]]:
-    """A check that finds nothing and notes the profile a config names (load_run_config's first look)."""
-
-    def note(config: RunConfig, _used: Sequence[str]) -> list[str]:
-        named.append(config.profile)
-        return []
-
-    return note
 
 
 def collect_node(request: RunRequest, label: str | None = None) -> NodeWork:

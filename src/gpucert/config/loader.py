@@ -13,7 +13,7 @@ import types
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import yaml
 
@@ -256,34 +256,48 @@ def load_config(
     return config
 
 
-def also_wrong(
-    cls: type[T],
-    path: Path | None,
-    overrides: Sequence[str],
-    error: ConfigError,
-    problems_of: Callable[[T, Sequence[str]], list[str]],
-    blame: Callable[[list[str], Sequence[str]], list[str]],
-    base: Mapping[str, Any] | None = None,
-) -> list[str]:
-    """The range problems (`problems_of` a config and the overrides it was built with, then `blame`d on where their
-    values came from) of a config whose types were wrong (`error`, from load_config), over what was right: every
-    wrong key at its default and every wrong --set left out. So `--set train.lr=abc --set train.max_steps=-1` is
-    told both at once, not the type first and the range on the next run. A range problem that names a key left out
-    is not said: its value was not the user's."""
+@dataclasses.dataclass
+class Salvaged(Generic[T]):
+    """A config whose types were wrong, built over what was right (salvage)."""
+
+    config: T
+    used: list[str]  # the --set items that were right, applied
+    dropped: list[str]  # the keys left at their defaults: wrong in the file, or set by a wrong --set
+
+
+def salvage(
+    cls: type[T], path: Path | None, overrides: Sequence[str], error: ConfigError, base: Mapping[str, Any] | None = None
+) -> Salvaged[T] | None:
+    """The config `error` (from load_config: wrong types) refused, built anyway: every wrong key at its default and
+    every wrong --set left out. None where nothing can be built (a missing required key, a file unreadable as a
+    whole: its own error stands alone)."""
     wrong_sets = [item for item in overrides if any(p.startswith(f"--set {item}: ") for p in error.problems)]
-    good = [item for item in overrides if item not in wrong_sets]
+    used = [item for item in overrides if item not in wrong_sets]
     dropped: list[str] = [item.split("=", 1)[0].strip() for item in wrong_sets]
     try:
         data = merge_mappings(base or {}, load_yaml(path) if path else {})
-        for item in good:
+        for item in used:
             data = apply_overrides(data, cls, [item])
-        config = build(cls, data, "", dropped=dropped)
-    except ConfigError:  # a missing required key, or the file unreadable as a whole: its own error stands alone
+        return Salvaged(build(cls, data, "", dropped=dropped), used, dropped)
+    except ConfigError:
+        return None
+
+
+def also_wrong(
+    salvaged: Salvaged[T] | None,
+    problems_of: Callable[[T, Sequence[str]], list[str]],
+    blame: Callable[[list[str], Sequence[str]], list[str]],
+) -> list[str]:
+    """The range problems of a salvaged config (`problems_of` it and the overrides it was built with, then `blame`d
+    on where their values came from), said beside its type problems: `--set train.lr=abc --set train.max_steps=-1`
+    is told both at once, not the type first and the range on the next run. A range problem that names a key left
+    out is not said: its value was not the user's."""
+    if salvaged is None:
         return []
     # Before blame adds where each value came from (a file named train.yaml would read as the key train).
-    left_out = [re.compile(rf"(?<![\w.]){re.escape(key)}(?!\w)") for key in dropped]
-    found = [problem for problem in problems_of(config, good) if not any(k.search(problem) for k in left_out)]
-    return blame(found, good)
+    left_out = [re.compile(rf"(?<![\w.]){re.escape(key)}(?!\w)") for key in salvaged.dropped]
+    found = problems_of(salvaged.config, salvaged.used)
+    return blame([problem for problem in found if not any(k.search(problem) for k in left_out)], salvaged.used)
 
 
 # What build's messages say after the source: `key.path: expected ...` or `unknown key 'key.path'`.
