@@ -25,10 +25,10 @@ from gpucert.config.loader import ConfigError
 VERDICT_FILE = "GPUCERT_VERDICT_FILE"
 
 
-def launched_by_gpucert(environ: Mapping[str, str] | None = None) -> bool:
+def launched_by_gpucert() -> bool:
     """This process is a rank that gpucert's node process started: that process checked the command line and
     writes what is written once a node (the metrics file), so the rank does neither."""
-    return VERDICT_FILE in (os.environ if environ is None else environ)
+    return VERDICT_FILE in os.environ
 
 
 # Variables a launcher sets for its workers; a launch from inside a worker must not inherit them.
