@@ -15,7 +15,7 @@ from dataclasses import asdict
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -252,7 +252,7 @@ def train(
                 # A requeued job that had finished: its report stands as written. Rewritten, it lost the run's
                 # time to the first step and took the peak memory of a process that trained nothing.
                 if rt.is_main:
-                    say_result(f"{kept['status']}: the run had finished; its report stands: {run_dir / 'report.json'}")
+                    write_line(f"{kept['status']}: the run had finished; its report stands: {run_dir / 'report.json'}")
                 log.close()
                 return kept
     elif cfg.resume == "auto":
@@ -351,11 +351,11 @@ def train(
         criteria = list(map(Result.from_dict, result["criteria"]))
         for criterion in criteria:
             if criterion.status >= Status.WARN:
-                say_result(result_line(criterion))
+                write_line(result_line(criterion))
         # A PASS that held the loss to nothing says so: it covers the run finishing, not what it learnt.
         unjudged = [c.name for c in criteria if c.status is Status.INFO]
         caveat = f" (not judged: {', '.join(unjudged)}, no threshold set)" if unjudged else ""
-        say_result(
+        write_line(
             f"{result['status']}{caveat}: report in {run_dir / 'report.json'} (gpucert report {run_dir} --html "
             f"draws it), metrics in {run_dir / 'metrics.json'}, adapter in {adapter_dir}"
         )
@@ -426,10 +426,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def say_result(line: str) -> None:
-    """A line of the run's result on stdout (progress is stderr's); a reader gone is ReaderLeft, as for progress."""
+def write_line(line: str, stream: TextIO | None = None) -> None:
+    """A line on stdout (the run's result), or on `stream` (RankZeroLog's progress: stderr). A reader gone
+    (`gpucert finetune 2>&1 | head`) is ReaderLeft: the run stops, every rank (run.py)."""
     try:
-        print(line, flush=True)
+        print(line, file=stream or sys.stdout, flush=True)
     except BrokenPipeError:
         raise ReaderLeft("the reader of gpucert's output closed it") from None
 
@@ -451,10 +452,7 @@ class RankZeroLog:
 
     def __call__(self, message: str) -> None:
         if self.enabled:
-            try:
-                print(f"[finetune] {message}", file=sys.stderr, flush=True)
-            except BrokenPipeError:  # `gpucert finetune 2>&1 | head`: the run stops, every rank (run.py)
-                raise ReaderLeft("the reader of gpucert's output closed it") from None
+            write_line(f"[finetune] {message}", sys.stderr)
 
     def scalar(self, name: str, value: float | None, step: int) -> None:
         if self.writer is not None and value is not None:
