@@ -21,7 +21,7 @@ from gpucert.status import Status, worst
 
 
 def result(name: str, status: Status, message: str = "m") -> Result:
-    return Result(name=name, subject="gpu07 GPU 3", status=status, message=message)
+    return Result(name=name, subject="gpu07 GPU 3", status=status, message=message, expected="x")
 
 
 def test_only_a_fail_drains_and_the_reason_is_one_short_line_naming_the_check() -> None:
@@ -283,3 +283,57 @@ def test_a_host_without_slurm_configuration_is_told_to_run_on_a_login_node_or_se
     assert "SLURM_CONF" in (judge_controller(None, unstated).remediation or "")
     down = judge_controller(None, "slurm_load_ctl_conf error: Unable to contact slurm controller")
     assert "slurmctld runs and answers" in (down.remediation or "")
+
+
+@pytest.mark.parametrize(
+    ("state", "usable"),
+    [
+        ("IDLE", True),
+        ("MIXED+COMPLETING", True),
+        ("ALLOCATED+PLANNED", True),
+        ("IDLE+DRAIN", False),
+        ("DOWN", False),
+        ("FUTURE", False),  # declared in slurm.conf, not yet in service
+        ("UNKNOWN", False),
+        ("IDLE*", False),  # an older Slurm's mark of a node that does not answer
+        ("DOWN*+DRAIN", False),
+        ("IDLE+NOT_RESPONDING", False),
+    ],
+)
+def test_a_node_passes_only_in_a_state_that_takes_jobs(state: str, usable: bool) -> None:
+    """The result's own expected is "IDLE, MIXED or ALLOCATED": a state outside it (FUTURE, UNKNOWN, DOWN*) is
+    not a usable node, though no bad flag is joined to it."""
+    from gpucert.cluster.slurm_checks import judge_nodes, parse_nodes
+
+    (node,) = judge_nodes(parse_nodes(IDLE.replace("State=IDLE", f"State={state}")))
+    assert node.status is (Status.PASS if usable else Status.FAIL), node.message
+    if not usable:
+        assert node.message.startswith(f"expected a usable node, found gpu07 {state}")
+
+
+def test_the_memory_limit_is_the_smallest_of_the_cgroup_and_its_ancestors(tmp_path: Path) -> None:
+    """Slurm's cgroup v2 plugin sets the job's limit on job_N and runs the task in job_N/step_0/user/task_0, whose
+    own memory.max is "max": reading only the task's cgroup said Slurm enforced no --mem."""
+    from gpucert.cluster.slurm_checks import cgroup_memory_limit
+
+    task = "system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text(f"0::/{task}\n")
+    cgroup = tmp_path / "sys/fs/cgroup"
+    for level, value in [
+        ("", None),
+        ("system.slice", "max"),
+        ("system.slice/slurmstepd.scope", "max"),
+        ("system.slice/slurmstepd.scope/job_42", str(1000 << 20)),
+        ("system.slice/slurmstepd.scope/job_42/step_0", str(2000 << 20)),
+        ("system.slice/slurmstepd.scope/job_42/step_0/user", "max"),
+        (task, "max"),
+    ]:
+        (cgroup / level).mkdir(parents=True, exist_ok=True)
+        if value is not None:
+            (cgroup / level / "memory.max").write_text(f"{value}\n")
+    assert cgroup_memory_limit(tmp_path) == 1000 << 20
+    (cgroup / "system.slice/slurmstepd.scope/job_42/memory.max").write_text("max\n")
+    assert cgroup_memory_limit(tmp_path) == 2000 << 20
+    (cgroup / "system.slice/slurmstepd.scope/job_42/step_0/memory.max").write_text("max\n")
+    assert cgroup_memory_limit(tmp_path) is None

@@ -21,7 +21,9 @@ from tests.health.test_scenarios import apply_scenario
 
 
 def result(name: str, status: Status, value: float | None = None, subject: str = "gpu07 GPU 3") -> Result:
-    return Result(name=name, subject=subject, status=status, message=f"{name} {status.value}", value=value)
+    return Result(
+        name=name, subject=subject, status=status, message=f"{name} {status.value}", value=value, expected="x"
+    )
 
 
 class Slurmctld:

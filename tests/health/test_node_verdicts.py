@@ -88,7 +88,7 @@ def test_nvml_named_once_in_the_count_message() -> None:
 
 
 def ok(name: str, status: Status = Status.PASS) -> Result:
-    return Result(name=name, subject="gpu07", status=status, message="m")
+    return Result(name=name, subject="gpu07", status=status, message="m", expected="x")
 
 
 def test_the_drain_is_a_result_error_when_slurm_cannot_be_asked() -> None:

@@ -65,6 +65,8 @@ def result(name: str, value: Any, unit: str | None = None, **fields: Any) -> Res
     fields.setdefault("subject", "n1")
     # Measured performance: the only category compared by value (health readings compare by status).
     fields.setdefault("category", "benchmark")
+    if fields["status"] is Status.PASS:
+        fields.setdefault("expected", "a test threshold")  # a PASS names one; no comparison sign: the unit rules
     return Result(name=name, message=f"{name} {value}", value=value, unit=unit, **fields)
 
 
@@ -176,7 +178,8 @@ def test_direction_comes_from_the_unit(
 
 @pytest.mark.parametrize(("expected", "direction"), [(">= 690", HIGHER), ("> 1", HIGHER), ("< 80", LOWER)])
 def test_the_threshold_comparison_overrides_the_unit(expected: str, direction: str) -> None:
-    c = only(compare_reports(report(result("x", 700.0, "W", expected=expected)), report(result("x", 600.0, "W"))))
+    before, after = result("x", 700.0, "W", expected=expected), result("x", 600.0, "W", expected=expected)
+    c = only(compare_reports(report(before), report(after)))
     assert c.direction == direction
     assert c.regressed == (direction == HIGHER)
 

@@ -244,7 +244,9 @@ def test_plots_render_the_same_bytes_twice(synthetic: Report) -> None:
     ],
 )
 def test_malformed_details_draw_nothing(name: str, details: dict[str, object]) -> None:
-    result = Result(name=name, subject="n", status=Status.PASS, message="m", category="benchmark", details=details)
+    result = Result(
+        name=name, subject="n", status=Status.PASS, message="m", expected="x", category="benchmark", details=details
+    )
     assert [p for p in plots.report_plots(with_results(load_report(HEALTH_EXAMPLES[0]), [result]))] == []
 
 
@@ -254,11 +256,15 @@ def test_training_plot_without_loss_curves_still_draws_throughput() -> None:
         subject="n",
         status=Status.PASS,
         message="m",
+        expected="x",
         category="benchmark",
         details={"world_sizes": [1, 8], "tokens_per_s_per_gpu": [100.0, 95.0]},
     )
     png = plots.plot_training([result])
     assert png is not None and png.startswith(PNG_MAGIC)
+    # A first size that measured 0 tokens/s has no share to print beside the others (it divided by zero).
+    stalled = dataclasses.replace(result, details={"world_sizes": [1, 8], "tokens_per_s_per_gpu": [0.0, 95.0]})
+    assert plots.plot_training([stalled]) is not None
 
 
 def test_missed_samples_are_gaps_not_a_missing_plot() -> None:
@@ -268,6 +274,7 @@ def test_missed_samples_are_gaps_not_a_missing_plot() -> None:
             subject="n",
             status=Status.PASS,
             message="m",
+            expected="x",
             category="telemetry",
             details={"t_s": [0.0, 0.2, 0.4], "gpus": {"0": {"power_w": power}}},
         )
@@ -280,6 +287,7 @@ def test_missed_samples_are_gaps_not_a_missing_plot() -> None:
         subject="n",
         status=Status.PASS,
         message="m",
+        expected="x",
         category="benchmark",
         details={"loss": {"1": [10.0, None, 8.0]}},
     )

@@ -210,6 +210,19 @@ def _result_changed(**changes: Any) -> Any:
     return data
 
 
+def _changed(part: str, **changes: Any) -> Any:
+    data = make_report().to_dict()
+    data[part].update(changes)
+    return data
+
+
+def _gpu_changed(drop: str | None = None, **changes: Any) -> Any:
+    data = make_report().to_dict()
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_gib": 79.6, **changes}
+    data["inventory"] = {**data["inventory"], "gpus": [{k: v for k, v in gpu.items() if k != drop}]}
+    return data
+
+
 @pytest.mark.parametrize(
     ("data", "said"),
     [
@@ -218,13 +231,27 @@ def _result_changed(**changes: Any) -> Any:
         ({"driver": "550"}, "no schema_version: not a gpucert report (every report.json gpucert writes has one)"),
         (_without("meta"), "meta is missing, expected an object"),
         (_without("results"), "results is missing, expected a list"),
-        ({**make_report().to_dict(), "results": {}}, "results is a JSON dict, expected a list"),
+        ({**make_report().to_dict(), "results": {}}, "results is a JSON object, expected a list"),
         ({**make_report().to_dict(), "results": []}, "results is empty: this `gpucert health` report judged nothing"),
         (_result_changed(name=None), "results[1] has no name: every result names its check, subject, status"),
         (
             _result_changed(status="OK"),
             "results[1] (gpu.temperature): status 'OK' is not one of SKIP, INFO, PASS, WARN",
         ),
+        # A field of the wrong type is named on load; each of these broke a renderer later with a bare TypeError.
+        (_result_changed(message=12), "results[1] (gpu.temperature): message is a number, expected a string"),
+        (_result_changed(gpu_index="0"), "results[1] (gpu.temperature): gpu_index is a string, expected an integer"),
+        (_result_changed(gpu_index=True), "results[1] (gpu.temperature): gpu_index is a boolean, expected an integer"),
+        (_result_changed(details=[]), "results[1] (gpu.temperature): details is a list, expected an object"),
+        (_changed("meta", duration_s="5 s"), "meta: duration_s is a string, expected a number"),
+        (_changed("meta", nodes=None), "meta: nodes is null, expected a list"),
+        (_changed("meta", nodes=["a", 2]), "meta.nodes[1] is a number, expected a string (a node label)"),
+        (_changed("meta", command="gpucert accept"), "meta: command is a string, expected a list"),
+        ({**make_report().to_dict(), "nodes": ["a"]}, "nodes is a JSON list, expected an object (node label ->"),
+        (_gpu_changed(index="0"), "inventory.gpus[0]: index is a string, expected an integer"),
+        (_gpu_changed(memory_total_gib="80"), "inventory.gpus[0]: memory_total_gib is a string, expected a number"),
+        (_gpu_changed(name=None, drop="name"), "inventory.gpus[0] has no name: every GPU of an inventory has its"),
+        ({**make_report().to_dict(), "nodes": {"a": {"gpus": {}}}}, "nodes.a.gpus is an object, expected a list"),
     ],
 )
 def test_from_dict_names_what_is_missing_or_wrong(data: Any, said: str) -> None:
@@ -249,7 +276,11 @@ def test_a_pass_with_no_threshold_before_schema_2_1_is_read_as_info() -> None:
     first = Report.from_dict(data).results[0]
     assert first.status is Status.INFO
     assert first.message == "shown, not judged (PASS with no threshold in a schema 1.0 report): 3.1 TB/s"
-    data["schema_version"] = "2.1"  # written by a gpucert that has INFO: read as written
+    data["schema_version"] = "2.1"  # against the schema (a PASS names its threshold): read the same way, not refused
+    first = Report.from_dict(data).results[0]
+    assert first.status is Status.INFO
+    assert first.message == "shown, not judged (PASS with no threshold against the schema): 3.1 TB/s"
+    data["results"][0]["expected"] = ">= 3"
     assert Report.from_dict(data).results[0].status is Status.PASS
 
 
@@ -433,10 +464,24 @@ def test_terminal_header_names_tool_method_and_schema_versions(results: list[Res
     assert "gpucert health, profile h100-sxm  (gpucert 0.1.0, method 1, schema 2.1)" in console.export_text()
 
 
+def test_a_check_cannot_make_a_pass_without_a_threshold() -> None:
+    """The rule is held where results are made: a check that forgets its threshold fails its first test (two
+    cluster checks did, unnoticed, until 2026-11-30), not a user's report."""
+    with pytest.raises(ValueError, match=r"localize\.node on n1: a PASS must name what it was held to"):
+        Result(name="localize.node", subject="n1", status=Status.PASS, message="passes")
+    # A figure that came out nan passes every `value < floor` test: it is an ERROR, not a crash of the run.
+    nan = Result(name="x", subject="n1", status=Status.PASS, message="m", value=float("nan"), expected=">= 1")
+    assert (nan.status, nan.message) == (Status.ERROR, "measured nan, not a number to judge: m")
+    inf = Result(name="x", subject="n1", status=Status.PASS, message="m", value=float("inf"), expected=">= 1")
+    assert inf.status is Status.ERROR
+    assert Result(name="x", subject="n1", status=Status.INFO, message="m", value=float("nan")).status is Status.INFO
+
+
 def test_from_schema_2_1_a_pass_must_name_what_it_was_held_to() -> None:
     """A PASS that could not have failed misleads: from 2.1 the schema refuses one without `expected` (INFO is
     the status for a shown, unjudged figure); 2.0 reports, written before the rule, still validate."""
-    data = make_report([dataclasses.replace(PASS_RESULT, expected=None)]).to_dict()
+    data = make_report([PASS_RESULT]).to_dict()
+    data["results"][0]["expected"] = None
     assert schema_errors(data) == ["None is not of type 'string'"]
     data["results"][0]["status"] = "INFO"
     assert schema_errors(data) == []
@@ -463,3 +508,23 @@ def test_a_report_cut_inside_a_string_reads_once_at(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as caught:
         load_report(tmp_path)
     assert "not JSON: Unterminated string starting at line 1 column 19 (cut short" in str(caught.value), caught.value
+
+
+def test_an_older_inventorys_gpu_with_only_index_and_name_renders_everywhere() -> None:
+    """An inventory from an older gpucert may lack keys a later one writes (bus id, links, a topology): each
+    view shows "-" for them where Markdown and the terminal stopped with a KeyError."""
+    from rich.console import Console
+
+    from gpucert.report.html import render_html
+    from gpucert.report.terminal import print_report
+
+    data = _gpu_changed()
+    data["inventory"]["gpus"][0] = {"index": 0, "name": "NVIDIA H100 80GB HBM3"}
+    del data["inventory"]["topology"]
+    report = Report.from_dict(data)
+    assert "| 0 | NVIDIA H100 80GB HBM3 | - | - | - | 0 | - |" in render_markdown(report)
+    assert "Topology: -" in render_markdown(report)
+    console = Console(record=True, width=160)
+    print_report(report, console, show_inventory=True, report_path=None)
+    assert "H100 80GB HBM3" in console.export_text()
+    assert "H100 80GB HBM3" in render_html(report)

@@ -149,7 +149,7 @@ def test_nodes_sharing_a_hostname_get_unique_labels() -> None:
 
 def test_results_are_placed_on_their_node() -> None:
     gpu = Result("gpu.ecc", "GPU 2 (0000:1b:00.0)", Status.FAIL, "found 3 on GPU 2 (0000:1b:00.0)", gpu_index=2)
-    node = Result("node.xid", "box", Status.PASS, "no XID events on box")
+    node = Result("node.xid", "box", Status.PASS, "no XID events on box", expected="no XID")
     port = Result("ib.port", "mlx5_1 port 1", Status.FAIL, "expected ACTIVE, found DOWN on mlx5_1 port 1")
     placed = place_on_node([gpu, node, port], "box[n1]", "box")
     assert [(r.node, r.subject) for r in placed] == [
@@ -175,8 +175,10 @@ def test_every_gpu_result_carries_its_gpus_uuid() -> None:
     from gpucert.acceptance import with_gpu_uuids
 
     nodes = {"a": {"gpus": [{"index": 0, "uuid": "GPU-a0"}]}, "b": {"gpus": [{"index": 0, "uuid": "GPU-b0"}]}}
-    mm = Result("matmul.bf16.max", "b GPU 0", Status.PASS, "ok", gpu_index=0, node="b")
-    known = Result("gpu.ecc", "a GPU 0", Status.PASS, "ok", gpu_index=0, node="a", details={"uuid": "GPU-x"})
-    node = Result("node.xid", "a", Status.PASS, "ok", node="a")
+    mm = Result("matmul.bf16.max", "b GPU 0", Status.PASS, "ok", expected="x", gpu_index=0, node="b")
+    known = Result(
+        "gpu.ecc", "a GPU 0", Status.PASS, "ok", expected="x", gpu_index=0, node="a", details={"uuid": "GPU-x"}
+    )
+    node = Result("node.xid", "a", Status.PASS, "ok", expected="x", node="a")
     placed = with_gpu_uuids([mm, known, node], nodes)
     assert [r.details.get("uuid") for r in placed] == ["GPU-b0", "GPU-x", None]

@@ -1069,7 +1069,14 @@ def conclude(
             partner = _other(o, node.name)
             said = partner_text(partner) if o.pair.round > 1 else partner
             results.append(
-                Result(**subject, status=Status.PASS, message=f"{node.name} passes with {said} ({r.message})")
+                Result(
+                    **subject,
+                    status=Status.PASS,
+                    message=f"{node.name} passes with {said} ({r.message})",
+                    # What its pair job was held to (judge_pair's threshold), the node's verdict resting on it.
+                    expected=r.expected,
+                    threshold_source=r.threshold_source,
+                )
             )
             continue
         mine = [(o, r) for o, r in first if node in o.pair.nodes]
@@ -1106,7 +1113,13 @@ def conclude(
             )
         elif r.status is Status.PASS:
             results.append(
-                Result(**subject, status=Status.PASS, message=f"{node.name} passes with {partner} ({r.message})")
+                Result(
+                    **subject,
+                    status=Status.PASS,
+                    message=f"{node.name} passes with {partner} ({r.message})",
+                    expected=r.expected,
+                    threshold_source=r.threshold_source,
+                )
             )
         elif r.status is Status.INFO:
             reason = r.message.removeprefix("not judged: ")

@@ -26,7 +26,11 @@ from typing import Any
 from gpucert.report.schema import Result
 from gpucert.status import Status
 
-# A node in any of these states cannot run jobs (sinfo(1) "NODE STATE CODES"; flags joined with '+').
+# A node takes jobs only in one of these base states (the first word of scontrol's State=); FUTURE, UNKNOWN,
+# DOWN, ERROR and any state a later Slurm adds do not.
+USABLE_BASE_STATES = ("IDLE", "MIXED", "ALLOCATED")
+# Flags (joined to the base state with '+') that keep a node in a usable base state from taking jobs (sinfo(1)
+# "NODE STATE CODES").
 BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "INVALID", "MAINT", "REBOOT_REQUESTED", "POWERED_DOWN")
 
 
@@ -255,8 +259,15 @@ def _count(value: int | None, unit: str) -> str:
 def judge_nodes(nodes: list[SlurmNode]) -> list[Result]:
     results = []
     for n in nodes:
-        flags = set(n.state.split("+"))
+        base, *rest = n.state.split("+")
+        flags = set(rest)
+        # Slurm marks a node that does not answer with a '*' after its state (IDLE*, DOWN*).
+        if base.endswith("*"):
+            base = base.rstrip("*")
+            flags.add("NOT_RESPONDING")
         bad = sorted(flags & set(BAD_NODE_STATES)) or (["DRAINING"] if "DRAINING" in n.state else [])
+        if base not in USABLE_BASE_STATES:
+            bad = [base, *bad]
         reason = f" (reason: {n.reason})" if n.reason else ""
         results.append(
             Result(
@@ -299,23 +310,32 @@ def probe(environ: dict[str, str] | None = None, root: Path = Path("/")) -> dict
 
 
 def cgroup_memory_limit(root: Path = Path("/")) -> int | None:
-    """The memory limit of this process's cgroup (v2 memory.max, v1 memory.limit_in_bytes); None if none."""
+    """The memory limit this process runs under: the smallest of its cgroup's and every ancestor's (v2
+    memory.max, v1 memory.limit_in_bytes); None if none sets one.
+
+    The ancestors count: Slurm's cgroup v2 plugin puts the job's limit on job_N (and the step's on step_N) while
+    the task runs in a child (job_N/step_0/user/task_0) whose own memory.max is "max"."""
     try:
         lines = (root / "proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
+    limits = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
         for base, name in (("sys/fs/cgroup", "memory.max"), ("sys/fs/cgroup/memory", "memory.limit_in_bytes")):
             if controllers in ("", "memory") or "memory" in controllers.split(","):
-                try:
-                    value = (root / base / path.lstrip("/") / name).read_text().strip()
-                except OSError:
-                    continue
-                # "max" (v2) or a near-2^63 number (v1) mean no limit.
-                if value.isdigit() and int(value) < 1 << 60:
-                    return int(value)
-    return None
+                directory = root / base / path.lstrip("/")
+                for level in (directory, *directory.parents):
+                    try:
+                        value = (level / name).read_text().strip()
+                    except OSError:
+                        value = ""
+                    # "max" (v2) or a near-2^63 number (v1) mean no limit.
+                    if value.isdigit() and int(value) < 1 << 60:
+                        limits.append(int(value))
+                    if level == root / base:
+                        break
+    return min(limits, default=None)
 
 
 def judge_probe(seen: dict[str, Any] | None, error: str | None, cpus: int, gpus: int, mem_mb: int) -> list[Result]:
@@ -330,7 +350,16 @@ def judge_probe(seen: dict[str, Any] | None, error: str | None, cpus: int, gpus:
                 remediation="run `srun -N1 hostname` by hand; check slurmd's log on the node it chose",
             )
         ]
-    results = [Result(name="slurm.srun", **base, status=Status.PASS, message="a one-node step ran the probe")]
+    results = [
+        Result(
+            name="slurm.srun",
+            **base,
+            status=Status.PASS,
+            expected="the probe step runs",
+            threshold_source="fixed: a one-node step must run",
+            message="a one-node step ran the probe",
+        )
+    ]
     results.append(
         Result(
             name="slurm.job.cpus",

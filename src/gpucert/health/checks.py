@@ -212,11 +212,21 @@ def check_ecc(gpu: GpuInfo, profile: Profile) -> list[Result]:
         status = Status.FAIL
         message = f"expected 0 uncorrectable ECC errors since boot, found {volatile} on {gpu.label}"
         remediation = "drain the node; reset the GPU to trigger row remapping, RMA if errors recur"
+    elif volatile is None:
+        # The lifetime count alone cannot clear the GPU: errors since boot are the ones that fail it.
+        if gpu.ecc_enabled:
+            since_boot = "uncorrectable ECC errors since boot"
+            results.append(_unreadable(gpu, "gpu.ecc_uncorrectable", since_boot, "nvmlDeviceGetTotalEccErrors(1,0)"))
+        return results
     elif aggregate:
         # Lifetime errors already handled by row remapping: the GPU is usable, but the history matters.
         status = Status.WARN
         message = f"0 uncorrectable ECC errors since boot, but {aggregate} over the GPU's life on {gpu.label}"
         remediation = "watch remapped rows; RMA if uncorrectable errors keep appearing"
+    elif aggregate is None:
+        lifetime = gpu.unreadable.get("nvmlDeviceGetTotalEccErrors(1,1)", "no answer")
+        status, remediation = Status.PASS, None
+        message = f"0 uncorrectable ECC errors since boot (the lifetime count could not be read: {lifetime})"
     else:
         status, message, remediation = Status.PASS, "0 uncorrectable ECC errors (volatile and lifetime)", None
     results.append(
@@ -721,6 +731,7 @@ def check_infiniband(devices: list[IbDevice], profile: Profile, hostname: str) -
     # Without a profile rate, the fastest port on the node is what every port should run at.
     best = max((p.rate_gbps or 0) for _, p in ports)
     rate = want_rate or best
+    want = f"ACTIVE at {rate:g} Gb/s" if rate else "ACTIVE"
     results = []
     for device, port in ports:
         subject = f"{device.name} port {port.port}"
@@ -731,6 +742,22 @@ def check_infiniband(devices: list[IbDevice], profile: Profile, hostname: str) -
             problems.append(f"rate {port.rate_text}")
         strict = want_ports is not None or want_rate is not None
         status = Status.PASS if not problems else Status.FAIL if strict else Status.WARN
+        message = (
+            f"{port.state} at {port.rate_text}"
+            if not problems
+            else f"expected {want}, found {', '.join(problems)} on {subject}"
+        )
+        remediation = (
+            None
+            if not problems
+            else "check the cable and switch port (ibstat, mlxlink); "
+            "a port at a lower rate has a bad cable or a mis-set switch"
+        )
+        if status is Status.PASS and port.rate_gbps is None:
+            # Active, but its rate was not read: nothing says it runs at the rate it is held to.
+            status = Status.ERROR
+            message = f"expected {want}, found {port.state} at a rate that could not be read on {subject}"
+            remediation = f"read /sys/class/infiniband/{device.name}/ports/{port.port}/rate (or `ibstat`) by hand"
         results.append(
             Result(
                 name="ib.port",
@@ -738,15 +765,10 @@ def check_infiniband(devices: list[IbDevice], profile: Profile, hostname: str) -
                 status=status,
                 value=port.rate_gbps,
                 unit="Gb/s",
-                expected=f"ACTIVE at {rate:g} Gb/s",
+                expected=want,
                 threshold_source=_src(profile, "network.ib_rate_gbps") if want_rate else "fastest port on this node",
-                message=f"{port.state} at {port.rate_text}"
-                if not problems
-                else f"expected ACTIVE at {rate:g} Gb/s, found {', '.join(problems)} on {subject}",
-                remediation=None
-                if not problems
-                else "check the cable and switch port (ibstat, mlxlink); "
-                "a port at a lower rate has a bad cable or a mis-set switch",
+                message=message,
+                remediation=remediation,
             )
         )
     if want_ports is not None:

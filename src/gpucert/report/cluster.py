@@ -182,8 +182,10 @@ def _judge_field(f: ConfigField, nodes: dict[str, dict[str, Any]]) -> list[Resul
             )
         ]
     texts = {label: _text(r) for label, r in readable.items()}
-    # Counter keeps first-seen order and max() returns the first of equal counts: a tie goes to the earliest node.
     counts = Counter(texts.values())
+    most = max(counts.values())
+    if list(counts.values()).count(most) > 1:
+        return _no_majority(f, name, texts, unreadable, most)
     golden = max(counts, key=lambda value: counts[value])
     agreeing = [label for label, text in texts.items() if text == golden]
     results = []
@@ -230,6 +232,44 @@ def _judge_field(f: ConfigField, nodes: dict[str, dict[str, Any]]) -> list[Resul
             threshold_source=GOLDEN_SOURCE,
         )
     ]
+
+
+def _no_majority(f: ConfigField, name: str, texts: dict[str, str], unreadable: list[str], most: int) -> list[Result]:
+    """Nodes that differ with no value held by more of them than any other (two nodes, 550 and 535): nothing says
+    which is right, so none is named the culprit. One FAIL for the run lists every value with its nodes."""
+    groups: dict[str, list[str]] = {}
+    for label, text in texts.items():
+        groups.setdefault(text, []).append(label)
+    listed = "; ".join(f"{text} on {_names(labels)}" for text, labels in groups.items())
+    tied = [text for text, labels in groups.items() if len(labels) == most]
+    results = [
+        _cluster_result(
+            name,
+            Status.FAIL,
+            f"expected one {f.label} on every node, found {len(groups)}: {listed}; no value is on more nodes than "
+            "every other, so none is taken as the cluster's",
+            value=f"{len(groups)} values",
+            expected=SAME_EVERYWHERE,
+            threshold_source=GOLDEN_SOURCE,
+            remediation=f"bring every node to the {f.label} your site's image pins (one of {', '.join(tied)}), or "
+            "run with more nodes so the odd ones out are named",
+            details={"values": groups},
+        )
+    ]
+    for label in unreadable:
+        results.append(
+            _cluster_result(
+                name,
+                Status.ERROR,
+                f"expected {f.label} on {label} to compare with the other nodes' ({listed}), found it unreadable",
+                subject=label,
+                node=label,
+                expected=SAME_EVERYWHERE,
+                threshold_source=GOLDEN_SOURCE,
+                remediation=f"run `gpucert discover` on {label} and see why its {f.label} is missing",
+            )
+        )
+    return results
 
 
 def golden_config_diff(nodes: dict[str, dict[str, Any]]) -> list[Result]:

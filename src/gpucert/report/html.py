@@ -623,9 +623,16 @@ def _inventory(inv: dict[str, Any]) -> str:
 def _anchors(labels: list[str]) -> dict[str, str]:
     """An id per node label: labels may hold any character (`host[n1]`), ids keep to a URL-safe few."""
     anchors: dict[str, str] = {}
+    taken: set[str] = set()
     for i, label in enumerate(labels):
         anchor = "node-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or str(i))
-        anchors[label] = anchor if anchor not in anchors.values() else f"{anchor}-{i}"
+        # Two labels may clean to one id ("q " and "q"), and a suffix may be another label's id ("q-2"): count up
+        # until free.
+        unique, n = anchor, i
+        while unique in taken:
+            unique, n = f"{anchor}-{n}", n + 1
+        anchors[label] = unique
+        taken.add(unique)
     return anchors
 
 

@@ -51,12 +51,21 @@ def _gpu_lines(inv: dict[str, Any], heading: str) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for g in inv["gpus"]:
-        links = sum(link["active"] for link in g["nvlinks"])
-        lines.append(
-            f"| {g['index']} | {g['name']} | {g['bus_id']} | {g['memory_total_gib']} GiB | "
-            f"Gen{g['pcie_gen_current']} x{g['pcie_width_current']} | {links} | {g['vbios']} |"
-        )
-    return [*lines, "", f"Topology: {inv['topology']['summary']}", ""]
+        # An older gpucert's inventory may lack a key a later one writes: "-" for it.
+        links = sum(bool(link.get("active")) for link in g.get("nvlinks") or [] if isinstance(link, dict))
+        memory = g.get("memory_total_gib")
+        cells = [
+            g["index"],
+            g["name"],
+            g.get("bus_id") or "-",
+            f"{memory} GiB" if memory is not None else "-",
+            f"Gen{g['pcie_gen_current']} x{g.get('pcie_width_current')}" if g.get("pcie_gen_current") else "-",
+            links,
+            g.get("vbios") or "-",
+        ]
+        lines.append("| " + " | ".join(md_cell(cell) for cell in cells) + " |")
+    topology = (inv.get("topology") or {}).get("summary") or "-"
+    return [*lines, "", f"Topology: {md_cell(topology)}", ""]
 
 
 def _result_lines(results: list[Result], heading: str) -> list[str]:

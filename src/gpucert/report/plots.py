@@ -350,8 +350,10 @@ def plot_training(results: Sequence[Result]) -> bytes | None:
         ax.plot(sizes, tps, marker="o", linewidth=2, color=_TAB10[0], label="measured")
         ax.axhline(tps[0], color=_FLOOR_COLOUR, linestyle="--", linewidth=1, label=f"perfect scaling from {sizes[0]:g}")
         for s, t in zip(sizes, tps, strict=True):
+            # The share of the first size's figure, where that is a number to divide by.
+            share = f"\n({100 * t / tps[0]:.0f} %)" if tps[0] else ""
             ax.annotate(
-                f"{t:,.0f}\n({100 * t / tps[0]:.0f} %)",
+                f"{t:,.0f}{share}",
                 (s, t),
                 xytext=(0, -26),
                 textcoords="offset points",

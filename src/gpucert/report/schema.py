@@ -8,6 +8,7 @@ the tests validate every report the CLI writes against it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,17 @@ class Result:
     # the whole job (a collective across nodes, the golden-config diff).
     node: str | None = None
 
+    def __post_init__(self) -> None:
+        # Every PASS names what it was held to (schema 2.1): a figure held to nothing is INFO. Checked here so a
+        # check that forgets its threshold fails in its first test rather than in a user's report.
+        if self.status is Status.PASS and not self.expected:
+            raise ValueError(f"{self.name} on {self.subject}: a PASS must name what it was held to (expected)")
+        if self.status is Status.PASS and isinstance(self.value, float) and not math.isfinite(self.value):
+            # A measurement that came out nan or inf (a zero-length timing, a corrupt file) compares False with
+            # every threshold, so `value < floor` let it through: it is no pass, and the run is not crashed for it.
+            object.__setattr__(self, "status", Status.ERROR)
+            object.__setattr__(self, "message", f"measured {self.value}, not a number to judge: {self.message}")
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["status"] = self.status.value
@@ -67,7 +79,7 @@ def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
-def _checked_result(data: Any, index: int) -> Result:
+def _checked_result(data: Any, index: int, schema_version: str) -> Result:
     """results[index] as a Result; ValueError naming the index, the key and what was expected."""
     where = f"results[{index}]"
     if not isinstance(data, dict):
@@ -79,13 +91,106 @@ def _checked_result(data: Any, index: int) -> Result:
                          "status and message")  # fmt: skip
     if data["status"] not in {s.value for s in Status}:
         raise ValueError(f"{where} ({data['name']}): status {data['status']!r} is not one of {STATUS_NAMES}")
-    return Result.from_dict(_known(Result, data))
+    _check_types(data, RESULT_TYPES, f"{where} ({data['name']})" if isinstance(data["name"], str) else where)
+    known = _unjudged_as_info(_known(Result, data), schema_version)
+    try:
+        return Result.from_dict(known)
+    except ValueError as exc:  # Result's own rules (a PASS names its threshold): said with where it is
+        raise ValueError(f"{where}: {exc}") from None
+
+
+# The JSON types of each field a view reads (a number is int or float; bool is no number). A field of a wrong
+# type is refused on load, naming it, where it would otherwise break a renderer later with a bare TypeError.
+_NUMBER = (float, int)
+_TEXT_OR_NULL = (str, type(None))
+RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "subject": (str,),
+    "message": (str,),
+    "value": (float, int, str, bool, type(None)),
+    "unit": _TEXT_OR_NULL,
+    "expected": _TEXT_OR_NULL,
+    "threshold_source": _TEXT_OR_NULL,
+    "remediation": _TEXT_OR_NULL,
+    "category": (str,),
+    "gpu_index": (int, type(None)),
+    "details": (dict,),
+    "node": _TEXT_OR_NULL,
+}
+META_TYPES: dict[str, tuple[type, ...]] = {
+    "tool_version": (str,),
+    "method_version": (str,),
+    "verb": (str,),
+    "command": (list,),
+    "host": (str,),
+    "started_at": (str,),
+    "finished_at": (str,),
+    "duration_s": _NUMBER,
+    "profile": (str,),
+    "config": (dict,),
+    "software": (dict,),
+    "tool": (str,),
+    "nodes": (list,),
+}
+_INT_OR_NULL = (int, type(None))
+_NUMBER_OR_NULL = (float, int, type(None))
+# An inventory's GPU as the views read it (NodeInventory.to_dict): index and name always; the rest where present.
+GPU_TYPES: dict[str, tuple[type, ...]] = {
+    "index": (int,),
+    "name": (str,),
+    "bus_id": _TEXT_OR_NULL,
+    "memory_total_gib": _NUMBER_OR_NULL,
+    "pcie_gen_current": _INT_OR_NULL,
+    "pcie_gen_max": _INT_OR_NULL,
+    "pcie_width_current": _INT_OR_NULL,
+    "pcie_width_max": _INT_OR_NULL,
+    "nvlinks": (list, type(None)),
+    "ecc_enabled": (bool, type(None)),
+    "mig_enabled": (bool, type(None)),
+    "power_enforced_limit_w": _NUMBER_OR_NULL,
+    "temperature_c": _NUMBER_OR_NULL,
+    "vbios": _TEXT_OR_NULL,
+    "serial": _TEXT_OR_NULL,
+}
+_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", dict: "an object",
+               list: "a list", type(None): "null"}  # fmt: skip
+
+
+def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], where: str) -> None:
+    for key, allowed in types.items():
+        if key not in data:
+            continue
+        value = data[key]
+        bad_bool = isinstance(value, bool) and bool not in allowed  # True is an int to Python, not to JSON
+        if bad_bool or not isinstance(value, allowed):
+            wanted = " or ".join(_KIND_NAMES[t] for t in allowed if not (t is int and float in allowed))
+            raise ValueError(f"{where}: {key} is {_article(_json_kind(value))}, expected {wanted}")
+
+
+def _check_inventory(inventory: dict[str, Any], where: str) -> None:
+    """The GPUs of one node's inventory as the views read them; ValueError naming the GPU entry and key."""
+    gpus = inventory.get("gpus")
+    if gpus is None:
+        return
+    if not isinstance(gpus, list):
+        raise ValueError(f"{where}.gpus is {_article(_json_kind(gpus))}, expected a list")
+    for i, gpu in enumerate(gpus):
+        here = f"{where}.gpus[{i}]"
+        if not isinstance(gpu, dict):
+            raise ValueError(f"{here} is {_article(_json_kind(gpu))}, expected an object")
+        missing = [key for key in ("index", "name") if key not in gpu]
+        if missing:
+            raise ValueError(f"{here} has no {', '.join(missing)}: every GPU of an inventory has its index and name")
+        _check_types(gpu, GPU_TYPES, here)
+
+
+def _article(kind: str) -> str:
+    return "null" if kind == "null" else f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _json_kind(value: Any) -> str:
-    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
+    kinds = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return {**kinds, type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _before_info(schema_version: str) -> bool:
@@ -97,21 +202,19 @@ def _before_info(schema_version: str) -> bool:
     return (major, minor) < (2, 1)
 
 
-def _read_result(data: Any, index: int, schema_version: str) -> Result:
-    result = _checked_result(data, index)
-    return _unjudged_as_info(result, schema_version) if _before_info(schema_version) else result
-
-
-def _unjudged_as_info(result: Result, schema_version: str) -> Result:
-    """A PASS with no threshold in a report from before 2.1 is read as what it was: shown, not judged (INFO), so
-    no view, comparison or history counts it as passed or regressed."""
-    if result.status is not Status.PASS or result.expected:
+def _unjudged_as_info(result: dict[str, Any], schema_version: str) -> dict[str, Any]:
+    """A PASS with no threshold is read as what it was: shown, not judged (INFO), so no view, comparison or
+    history counts it as passed or regressed. Before 2.1 a figure held to nothing could read PASS; from 2.1 the
+    schema refuses one, and a file that has one anyway (hand-edited, another tool's) is read the same way rather
+    than refused whole."""
+    if result["status"] != Status.PASS.value or result.get("expected"):
         return result
-    return dataclasses.replace(
-        result,
-        status=Status.INFO,
-        message=f"shown, not judged (PASS with no threshold in a schema {schema_version} report): {result.message}",
-    )
+    why = f"in a schema {schema_version} report" if _before_info(schema_version) else "against the schema"
+    return {
+        **result,
+        "status": Status.INFO.value,
+        "message": f"shown, not judged (PASS with no threshold {why}): {result['message']}",
+    }
 
 
 @dataclass(frozen=True)
@@ -190,6 +293,11 @@ class Report:
         missing = [k for k in REQUIRED_META if k not in meta]
         if missing:
             raise ValueError(f"meta has no {', '.join(missing)}")
+        _check_types(meta, META_TYPES, "meta")
+        for key, what in (("nodes", "a node label"), ("command", "an argument")):
+            for i, item in enumerate(meta.get(key, [])):
+                if not isinstance(item, str):
+                    raise ValueError(f"meta.{key}[{i}] is {_article(_json_kind(item))}, expected a string ({what})")
         results = data.get("results")
         if not isinstance(results, list):
             raise ValueError(
@@ -203,10 +311,18 @@ class Report:
         inventory = data.get("inventory", {})
         if not isinstance(inventory, dict):
             raise ValueError(f"inventory is a JSON {_json_kind(inventory)}, expected an object")
+        _check_inventory(inventory, "inventory")
+        nodes = data.get("nodes") or {}
+        if not isinstance(nodes, dict):
+            raise ValueError(f"nodes is a JSON {_json_kind(nodes)}, expected an object (node label -> inventory)")
+        for label, node_inventory in nodes.items():
+            if not isinstance(node_inventory, dict):
+                raise ValueError(f"nodes.{label} is a JSON {_json_kind(node_inventory)}, expected an object")
+            _check_inventory(node_inventory, f"nodes.{label}")
         return cls(
             meta=RunMeta(**_known(RunMeta, meta)),
             inventory=inventory,
-            results=[_read_result(r, i, version) for i, r in enumerate(results)],
+            results=[_checked_result(r, i, version) for i, r in enumerate(results)],
             schema_version=version,
-            nodes=data.get("nodes") or {},
+            nodes=nodes,
         )

@@ -346,28 +346,33 @@ def _gpu_table(inv: dict[str, Any]) -> Table:
     for column in ("#", "name", "bus id", "memory", "PCIe now (max)", "NVLink", "ECC", "MIG", "power cap", "temp"):
         gpus.add_column(column)
     for g in inv["gpus"]:
-        links = g["nvlinks"]
+        # Report.from_dict checked the types; an older gpucert's inventory may lack a key a later one writes.
+        links = g.get("nvlinks") or []
+        bus_id = str(g.get("bus_id") or "-")
+        memory, power, temp = g.get("memory_total_gib"), g.get("power_enforced_limit_w"), g.get("temperature_c")
         gpus.add_row(
             str(g["index"]),
             g["name"].removeprefix("NVIDIA "),
             # NVML pads the PCI domain to 8 hex digits; the usual 4 are enough to find the slot.
-            str(g["bus_id"])[4:] if str(g["bus_id"]).startswith("0000") else str(g["bus_id"]),
-            f"{g['memory_total_gib']:.0f} GiB" if g["memory_total_gib"] else "-",
-            f"Gen{g['pcie_gen_current']} x{g['pcie_width_current']} (Gen{g['pcie_gen_max']} x{g['pcie_width_max']})",
-            f"{sum(link['active'] for link in links)}/{len(links)}" if links else "-",
-            _yes_no(g["ecc_enabled"]),
-            _yes_no(g["mig_enabled"]),
-            f"{g['power_enforced_limit_w']:.0f} W" if g["power_enforced_limit_w"] else "-",
-            f"{g['temperature_c']:.0f} C" if g["temperature_c"] is not None else "-",
+            bus_id[4:] if bus_id.startswith("0000") else bus_id,
+            f"{memory:.0f} GiB" if memory else "-",
+            f"Gen{g.get('pcie_gen_current')} x{g.get('pcie_width_current')} "
+            f"(Gen{g.get('pcie_gen_max')} x{g.get('pcie_width_max')})",
+            f"{sum(bool(link.get('active')) for link in links)}/{len(links)}" if links else "-",
+            _yes_no(g.get("ecc_enabled")),
+            _yes_no(g.get("mig_enabled")),
+            f"{power:.0f} W" if power else "-",
+            f"{temp:.0f} C" if temp is not None else "-",
         )
     return gpus
 
 
 def _topology_and_fabric(inv: dict[str, Any]) -> list[Table | Text]:
     tables: list[Table | Text] = []
-    matrix = inv["topology"]["matrix"]
+    topology = inv.get("topology") or {}  # an older gpucert's inventory may have none
+    matrix = topology.get("matrix") or []
     if len(matrix) > 1:
-        topo = Table(title=f"GPU topology: {inv['topology']['summary']}")
+        topo = Table(title=f"GPU topology: {topology.get('summary')}")
         topo.add_column("")
         for i in range(len(matrix)):
             topo.add_column(f"GPU{i}")
@@ -398,7 +403,8 @@ def _host_table(inv: dict[str, Any]) -> Table:
     host = Table(title="Host", show_header=False)
     host.add_column("what")
     host.add_column("value", overflow="fold")
-    cpu, mem, sw, env = inv.get("cpu") or {}, inv.get("memory") or {}, inv["software"], inv["environment"]
+    cpu, mem = inv.get("cpu") or {}, inv.get("memory") or {}
+    sw, env = inv.get("software") or {}, inv.get("environment") or {}
     host.add_row(
         "CPU",
         f"{cpu.get('sockets')}x {cpu.get('model')}, {cpu.get('logical_cpus')} logical CPUs, "

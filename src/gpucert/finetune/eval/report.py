@@ -170,6 +170,9 @@ def verdict_result(
             status=status,
             message=message + _not_judged(unjudged, results),
             remediation=remediation,
+            # Held to the results it sums up: each of theirs names its own floor and where it came from.
+            expected="every threshold met" if judged else None,
+            threshold_source="eval.thresholds, each result's own" if judged else None,
             category=CATEGORY,
             details=details,
         )
