@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import gpucert
-from gpucert.config.loader import ConfigError, also_wrong, blame_sources, load_config, salvage
+from gpucert.config.loader import ConfigError, also_wrong, blame_sources, in_file_order, load_config, salvage
 from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
@@ -59,6 +59,8 @@ class RunRequest:
     output: Path | None
     replay: Path | None
     command: list[str]
+    # An override a command-line flag made -> the flag as typed (`bench.nproc=2` -> `--nproc 2`), for messages.
+    flags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,8 +122,9 @@ def with_gpu_uuids(results: list[Result], nodes: dict[str, dict[str, Any]]) -> l
     ]
 
 
-def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> RunConfig:
-    """The resolved config, every range and name checked (ConfigError naming each bad key) before any work."""
+def load_run_config(request: RunRequest, base: dict[str, Any] | None = None, profile: str | None = None) -> RunConfig:
+    """The resolved config, every range and name checked (ConfigError naming each bad key) before any work.
+    `profile`: the name of the profile whose run defaults `base` is, where the config says "auto"."""
 
     def problems_of(base: dict[str, Any] | None) -> Callable[[RunConfig, Sequence[str]], list[str]]:
         def found(config: RunConfig, _used: Sequence[str]) -> list[str]:
@@ -133,7 +136,8 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> 
         return found
 
     def blamed(base: dict[str, Any] | None, profile: str) -> Callable[[list[str], Sequence[str]], list[str]]:
-        return lambda found, used: blame_sources(found, request.config_path, used, f"profile {profile}", base)
+        label = f"profile {profile}"
+        return lambda found, used: blame_sources(found, request.config_path, used, label, base, request.flags)
 
     def load(base: dict[str, Any] | None) -> RunConfig:
         try:
@@ -150,7 +154,7 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> 
                     found = salvage(RunConfig, path, overrides, exc, base)
             profile = found.config.profile if found is not None else "auto"
             more = also_wrong(found, problems_of(base), blamed(base, profile))
-            raise ConfigError(problems=problems + more) from None
+            raise ConfigError(problems=in_file_order(problems + more, path)) from None
 
     config = load(base)
     if base is None and config.profile != "auto":
@@ -159,7 +163,8 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None) -> 
         config = load(base)
     problems = problems_of(base)(config, request.overrides)
     if problems:
-        raise ConfigError(problems=blamed(base, config.profile)(problems, request.overrides))
+        found = blamed(base, profile or config.profile)(problems, request.overrides)
+        raise ConfigError(problems=in_file_order(found, request.config_path))
     return config
 
 
@@ -173,7 +178,7 @@ def collect_node(request: RunRequest, label: str | None = None) -> NodeWork:
         raise ConfigError("no GPU answered NVML's name query, so no profile can be chosen: name one with --profile")
     profile = select_profile(named) if config.profile == "auto" else load_profile(config.profile)
     # Now that the hardware is known, its profile's run defaults sit under the file and --set values.
-    config = load_run_config(request, base=profile.run_defaults)
+    config = load_run_config(request, base=profile.run_defaults, profile=profile.name)
     return NodeWork(label or inventory.hostname, sources, inventory, profile, config)
 
 
@@ -326,7 +331,7 @@ def run_on_nodes(
     """This node's process: check the request, claim the run directory (node 0), and start the node's ranks on
     torchrun's engine (runtime/launcher.py); each rank runs `argv` (this same command), rank 0 writes the
     report. The exit code is the run's verdict, or 3 with the cause in one line."""
-    started = datetime.now(timezone.utc)
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
     if plan.node_rank == 0:
         check_output_writable(request, load_run_config(request))  # before the inventory, which takes seconds
     # This node's hardware and profile: its sizes are refused here if they do not fit, before any rank starts.
@@ -366,7 +371,12 @@ def run_on_nodes(
             outcome = launch_ranks(plan, nproc, argv, config.runtime, run_dir.path / "logs", env, restarts)
         except RendezvousError as exc:
             if plan.node_rank == 0 and not _lost_node_in_report(report_json, before, str(exc)):
-                raise  # nodes never met: nothing ran
+                # The nodes never met, so nothing ran: the report says so (a prolog or a monitor reading
+                # report.json finds this run's verdict, not none, and not an earlier run's).
+                report = build_report(request, started, t0, work, [work.part()], [_rendezvous_failed(exc, work)])
+                path = write_report(report, run_dir.path)
+                say_line(str(exc))
+                return RunOutcome(report, path, Status.ERROR.exit_code)
             outcome = LaunchOutcome(False, None, str(exc))
         except JobFailed as exc:  # the ranks ended the run (a failure outside a benchmark, or the last one)
             outcome = LaunchOutcome(False, None, str(exc))
@@ -396,6 +406,19 @@ def run_on_nodes(
         return RunOutcome(None, None, code)
     # Rank 0 printed the report; its path is kept for what this process writes once (--metrics-file).
     return RunOutcome(None, _written_since(report_json, before), code)
+
+
+def _rendezvous_failed(exc: RendezvousError, work: NodeWork) -> Result:
+    label = work.label or work.inventory.hostname
+    return Result(
+        name="run.rendezvous",
+        subject=label,
+        node=label,
+        status=Status.ERROR,
+        message=f"the nodes never met, so nothing was run or judged: {exc}",
+        remediation="start gpucert on every node of the job (the same --nnodes, --master-addr and --master-port), "
+        "check that each reaches node rank 0's address and port, then run it again",
+    )
 
 
 def _written_since(path: Path, before: tuple[int, int, int] | None) -> Path | None:
@@ -446,7 +469,9 @@ def failure_result(record: Any, logs: Path | None, stopped: bool = False) -> Res
             status=Status.ERROR,
             category="benchmark",
             message=f"the {name} benchmark failed: {record.message()}",
-            remediation=f"look at the named rank and its node{where}; nothing after this point was run or judged",
+            # Not `stopped`: the run goes on with fresh ranks, and the benchmarks after this one are in the report.
+            remediation=f"look at the named rank and its node{where}; the run went on with fresh ranks for the "
+            "benchmarks after this one",
             details=details,
         )
     remediation = f"look at the named rank and its node{where}; nothing after this point was judged"

@@ -350,6 +350,18 @@ def suite_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return overrides, benchmarks
 
 
+def _flags_typed(args: argparse.Namespace, overrides: list[str]) -> dict[str, str]:
+    """The overrides suite_args made from flags, each with the flag as the user typed it."""
+    typed = {"profile": ("--profile", "profile"), "bench.nproc": ("--nproc", "nproc")}
+    typed["bench.burn.duration_s"] = ("--duration", "duration")
+    said = {}
+    for override in overrides[len(args.overrides) :]:  # the user's own --set items come first
+        flag, attribute = typed.get(override.split("=", 1)[0], (None, None))
+        if flag is not None:
+            said[override] = f"{flag} {getattr(args, str(attribute))}"
+    return said
+
+
 def run_suite(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_on_nodes
     from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
@@ -363,6 +375,7 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         output=args.output,
         replay=args.replay,
         command=["gpucert", *sys.argv[1:]],
+        flags=_flags_typed(args, overrides),
     )
 
     say = _progress(args)
@@ -734,6 +747,18 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
     return run_suite(args, console)
 
 
+def _launch_argv(argv: list[str]) -> list[str] | None:
+    """The arguments after `launch`, also behind the global --format (which launch, printing scripts, has no
+    use for); None for any other verb."""
+    rest = argv
+    while rest[:1] and rest[0].split("=", 1)[0] == "--format":
+        value = rest[0].partition("=")[2] if "=" in rest[0] else (rest[1] if len(rest) > 1 else "")
+        if value not in FORMATS:
+            return None  # the parser says what is wrong with it
+        rest = rest[1:] if "=" in rest[0] else rest[2:]
+    return rest[1:] if rest[:1] == ["launch"] else None
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a process's entry (not a caller in the same process): before torch, bytecode.py says why
         use_cache()
@@ -741,8 +766,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch loads (it reads this once): c10d's C++ errors come with a stack dump of 30 frames, and every
     # one of them is said again, in one line naming the node and the address, by gpucert's own message.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    if argv[:1] == ["launch"]:
-        return run_launch(argv[1:])
+    launch = _launch_argv(argv)
+    if launch is not None:
+        return run_launch(launch)
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:

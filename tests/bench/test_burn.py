@@ -230,6 +230,17 @@ def test_durations_past_30_days_are_refused_not_a_dead_watchdog(text: str) -> No
     ]
 
 
+def test_a_duration_too_short_names_the_flag_and_the_profile_it_came_from(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """It named `--set bench.burn.duration_s=...`, which the user never typed, and "profile auto" for the cpu
+    profile this node picked."""
+    assert main(["bench", "burn", "--duration", "0.0001s", "-o", str(tmp_path / "run")]) == 3
+    err = capsys.readouterr().err
+    assert "(bench.burn.duration_s from --duration 0.0001s, bench.burn.window_s from profile cpu)" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_config_is_checked() -> None:
     assert BurnBenchConfig().problems() == []
     bad = BurnBenchConfig(duration_s=0.2, window_s=0.1, size=0, dtype="fp8")

@@ -409,6 +409,22 @@ def test_every_bad_key_of_a_file_is_named_at_once_in_file_order(tmp_path: Path) 
     assert ConfigError("one thing").said() == "one thing"
 
 
+def test_type_and_range_problems_of_a_file_come_in_its_line_order(tmp_path: Path) -> None:
+    """Types and ranges are found in two passes: they were said types first, so line 16 came before line 13."""
+    from gpucert.acceptance import RunRequest, load_run_config
+
+    path = write(tmp_path, "runtime:\n  heartbeat_interval_s: x\n  rendezvous_timeout_s: 0\n  kill_grace_s: nope\n")
+    request = RunRequest("health", [], path, ["localize.max_rounds=0"], None, None, [])
+    with pytest.raises(ConfigError) as caught:
+        load_run_config(request)
+    assert [p.split(": ")[0] for p in caught.value.problems] == [
+        f"{path}:2",
+        f"{path}:3",
+        f"{path}:4",
+        "--set localize.max_rounds=0",
+    ]
+
+
 def test_every_bad_set_argument_is_named_at_once_beside_the_files_problems(tmp_path: Path) -> None:
     """`--set foo=1 --set bar=2 --set health.liveness=maybe` named only foo: three runs to find three mistakes."""
     path = write(tmp_path, "health: {command_timeout_s: soon}\n")

@@ -222,8 +222,10 @@ def test_unknown_node_and_bad_reports_are_named(runs: Path, capsys: pytest.Captu
     assert f"not indexed: {runs / 'broken' / 'report.json'}: not a readable gpucert report" in capsys.readouterr().out
     assert main(["report", "history", NODE, str(runs / "missing")]) == 3
     assert "no such runs directory" in capsys.readouterr().err
-    assert main(["report", "history", NODE, str(runs), "--threshold", "-1"]) == 3
-    assert "--threshold (the % worse than the baseline that is a drift) must be >= 0" in capsys.readouterr().err
+    for bad in ("-1", "nan", "inf"):  # nan passed every drift ("within nan %"); inf would find none
+        assert main(["report", "history", NODE, str(runs), "--threshold", bad]) == 3
+        err = capsys.readouterr().err
+        assert f"--threshold (the % worse than the baseline that is a drift) must be a number >= 0, found {bad}" in err
 
 
 @pytest.mark.parametrize("width", [80, 100, 120, 200])

@@ -49,7 +49,12 @@ def test_finetune_script_runs_gpucert_on_every_node_like_every_verb() -> None:
     # gpucert reads the node rank from SLURM_NODEID in each task: no raw torchrun, one GPU process a GPU.
     assert "torchrun" not in script
     assert "gpucert finetune --config qwen2-7b-glaive --output /shared/ft" in script
-    assert "--set runtime.rendezvous_timeout_s=120 --nproc 8" in script
+    assert "gpucert finetune --config qwen2-7b-glaive --output /shared/ft --nproc 8" in script
+    # No --rendezvous-timeout: the verb's own (its config file, a --set, else 120 s), not a launcher's over it.
+    assert "rendezvous_timeout_s" not in script
+    timed = render_sbatch(job(2, args=("--set", "runtime.rendezvous_timeout_s=300"), rendezvous_timeout_s=60))
+    # Given, it comes before the user's options: their own --set comes later and wins (it used to be overridden).
+    assert "gpucert accept --set runtime.rendezvous_timeout_s=60 --set runtime.rendezvous_timeout_s=300" in timed
 
 
 LOCALIZE = dict(verb="localize", args=("--profile", "h200", "--output", "/shared/runs/loc"), run_dir="/shared/runs/loc")
@@ -341,3 +346,29 @@ def test_a_kubernetes_run_writes_on_the_shared_volume_and_reads_files_only_from_
     # fine-tuning pods started again continue from the checkpoints, as on every backend
     assert main(["launch", "k8s", "finetune", "--nodes", "2", "--image", "r/g:1", "--config", "qwen2-7b-glaive"]) == 0
     assert "- --resume\n        - auto" in capsys.readouterr().out
+
+
+def test_the_global_format_option_before_launch_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpucert --format plain launch ...` was refused as an unknown verb: the global option comes first."""
+    for fmt in (["--format", "plain"], ["--format=table"]):
+        assert main([*fmt, "launch", "torchrun", "accept", "--nodes", "2", "--head", "node-a"]) == 0
+        assert "gpucert accept --nnodes 2 --node-rank 0 --master-addr node-a" in capsys.readouterr().out
+
+
+def test_a_value_every_node_would_refuse_is_refused_before_the_script_is_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/cluster.md: what every node would refuse once the job had its allocation is refused before anything
+    is printed: ranges too, under "auto" where the value is out of range for every built-in profile."""
+    for profile in ([], ["--profile", "cpu"]):
+        argv = ["launch", "slurm", "accept", "--nodes", "2", "--gpus-per-node", "0", *profile, "--dry-run"]
+        assert main([*argv, "--set", "bench.memory.size_mib=0"]) == 3
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert "--set bench.memory.size_mib=0: bench.memory.size_mib must be in 1..32768, found 0" in captured.err
+        assert main(argv) == 0
+        assert capsys.readouterr().out.startswith("#!/bin/bash")
+    assert main(["launch", "torchrun", "accept", "--nodes", "2", "--head", ""]) == 3
+    assert "--head '': expected node rank 0's host name or address" in capsys.readouterr().err
+    assert main(["launch", "torchrun", "accept", "--nodes", "2", "--head", "a", "--rendezvous-timeout", "inf"]) == 3
+    assert "--rendezvous-timeout must be a positive number of seconds, at most 30 days" in capsys.readouterr().err

@@ -205,6 +205,10 @@ def test_node_0_alone_stops_within_the_rendezvous_timeout_naming_the_missing_nod
     assert f"waited 5 s (runtime.rendezvous_timeout_s) at 127.0.0.1:{port} for 2 nodes" in head.stderr
     assert "missing node rank(s) 1" in head.stderr
     assert "Traceback" not in head.stderr
+    # Node 0 writes the run's verdict: a prolog or a monitor reading report.json finds this run's ERROR.
+    (said,) = json.loads((tmp_path / "run" / "report.json").read_text())["results"]
+    assert (said["name"], said["status"]) == ("run.rendezvous", "ERROR")
+    assert said["message"].startswith("the nodes never met, so nothing was run or judged: node rank 0 (host ")
     # Node 1 without node 0 says whom it could not reach.
     other = subprocess.run(
         [*argv, "--node-rank", "1"],

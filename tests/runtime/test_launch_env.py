@@ -169,6 +169,18 @@ def test_runtime_timeouts_must_bound_every_wait() -> None:
         "runtime.heartbeat_timeout_s (2) must be at least 3 x runtime.heartbeat_interval_s (1), "
         "or one late beat kills the job",
     ]
+    # inf was taken: a traceback from timedelta (collective, rendezvous), int() (kill grace), or no hang detection.
+    inf = float("inf")
+    assert RuntimeConfig(collective_timeout_s=inf, kill_grace_s=inf, heartbeat_timeout_s=inf).problems() == [
+        "runtime.collective_timeout_s must be at most 30 days (2.592e+06 s), found inf",
+        "runtime.heartbeat_timeout_s must be at most 30 days (2.592e+06 s), found inf",
+        "runtime.kill_grace_s must be >= 0 and at most 2.592e+06 s, found inf",
+    ]
+    assert RuntimeConfig(heartbeat_interval_s=0.0001, heartbeat_timeout_s=0.001).problems() == [
+        "runtime.heartbeat_interval_s must be >= 0.1 s, found 0.0001: beats that often load the job's store with beats",
+        "runtime.heartbeat_timeout_s must be >= 1 s, found 0.001: a healthy rank busy for a moment would be taken "
+        "for a dead one",
+    ]
 
 
 def test_every_gpu_result_carries_its_gpus_uuid() -> None:

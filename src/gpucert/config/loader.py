@@ -8,6 +8,7 @@ config is found in one read.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -298,6 +299,21 @@ def also_wrong(
     left_out = [re.compile(rf"(?<![\w.]){re.escape(key)}(?!\w)") for key in salvaged.dropped]
     found = problems_of(salvaged.config, salvaged.used)
     return blame([problem for problem in found if not any(k.search(problem) for k in left_out)], salvaged.used)
+
+
+def in_file_order(problems: Sequence[str], path: Path | None) -> list[str]:
+    """Problems placed in the file (`cfg.yaml:12: ...`) in the order of their lines, before the others (a bad
+    --set, a profile's), which keep theirs: type problems and range problems are found in two passes, and a
+    reader fixing the file goes down it once."""
+    if path is None:
+        return list(problems)
+    placed = re.compile(rf"^{re.escape(str(path))}:(\d+): ")
+
+    def line(problem: str) -> float:
+        found = placed.match(problem)
+        return int(found.group(1)) if found else math.inf
+
+    return sorted(problems, key=line)
 
 
 # What build's messages say after the source: `key.path: expected ...` or `unknown key 'key.path'`.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpucert.runtime.config import RuntimeConfig
+from gpucert.runtime.config import MAX_SECONDS, RuntimeConfig
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -40,11 +40,6 @@ MAX_MATMUL_SIZE = 65536
 
 def _at_least(key: str, value: float, low: float) -> list[str]:
     return [] if value >= low else [f"{key} must be >= {low}, found {value}"]
-
-
-# The longest duration or timeout taken (30 days): beyond it a timer cannot be set (`threading.Timer` overflows
-# time_t near 1e9 h), and no burn-in or benchmark is meant to outlast it.
-MAX_SECONDS = 30 * 24 * 3600.0
 
 
 def _positive(key: str, value: float) -> list[str]:
@@ -372,10 +367,9 @@ class LocalizeConfig:
         for key in ("size_mib", "matmul_size", "max_rounds"):
             if getattr(self, key) < 1:
                 found.append(f"localize.{key} must be >= 1, found {getattr(self, key)}")
-        if self.matmul_warmup_s < 0:
-            found.append(f"localize.matmul_warmup_s must be >= 0, found {self.matmul_warmup_s}")
-        if self.pair_timeout_s <= 0:
-            found.append(f"localize.pair_timeout_s must be > 0, found {self.pair_timeout_s}")
+        if not 0 <= self.matmul_warmup_s <= MAX_SECONDS:
+            found.append(f"localize.matmul_warmup_s must be >= 0 and at most 30 days, found {self.matmul_warmup_s}")
+        found += _positive("localize.pair_timeout_s", self.pair_timeout_s)
         if self.deviation_pct is not None and not 0 < self.deviation_pct < 100:
             found.append(f"localize.deviation_pct must be in (0, 100), found {self.deviation_pct}")
         if self.pair_busbw_gbps_min is not None and self.pair_busbw_gbps_min < 0:

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from gpucert.config.loader import ConfigError, also_wrong, blame_sources, load_config, salvage
+from gpucert.config.loader import ConfigError, also_wrong, blame_sources, in_file_order, load_config, salvage
 from gpucert.runtime.config import RuntimeConfig
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -425,10 +425,10 @@ def load_finetune_config(
         cfg = load_config(FinetuneConfig, path, overrides)
     except ConfigError as exc:  # wrong types: said with the ranges of what was right, all at once
         more = also_wrong(salvage(FinetuneConfig, path, overrides, exc), problems_of, blame)
-        raise ConfigError(problems=exc.problems + more) from None
+        raise ConfigError(problems=in_file_order(exc.problems + more, path)) from None
     found = problems_of(cfg, overrides)
     if found:
-        raise ConfigError(problems=blame(found, overrides))
+        raise ConfigError(problems=in_file_order(blame(found, overrides), path))
     return _model_beside_recipe(cfg, path, overrides)
 
 

@@ -20,6 +20,7 @@ baseline | latest | change | profile | drift | message` lines.
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -251,9 +252,9 @@ def run_history(rest: list[str], tolerance_pct: float, console: Console) -> int:
     """`gpucert report history NODE [RUNS_DIR]`: index RUNS_DIR, show NODE's figures and drift; the exit code."""
     if not 1 <= len(rest) <= 2:
         raise ConfigError("report history takes a node and optionally the runs directory: history NODE [RUNS_DIR]")
-    if tolerance_pct < 0:
+    if not 0 <= tolerance_pct < math.inf:  # nan fails both and passed every drift; inf would find none ever
         raise ConfigError(
-            f"--threshold (the % worse than the baseline that is a drift) must be >= 0, found {tolerance_pct}"
+            f"--threshold (the % worse than the baseline that is a drift) must be a number >= 0, found {tolerance_pct}"
         )
     node, runs_dir = rest[0], Path(rest[1] if len(rest) == 2 else "runs")
     if not runs_dir.is_dir():

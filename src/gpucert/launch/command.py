@@ -26,6 +26,7 @@ from gpucert.config.loader import ConfigError
 from gpucert.launch import k8s, slurm, torchrun
 from gpucert.launch.presets import preset_env
 from gpucert.report.store import file_identity
+from gpucert.runtime.config import MAX_SECONDS
 from gpucert.status import Status
 
 ERROR_EXIT = Status.ERROR.exit_code
@@ -57,7 +58,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         p.add_argument("--preset", action="append", default=[], help="network preset (ib, roce, socket, debug)")
         p.add_argument("--iface", help="network interface of the socket preset (NCCL_SOCKET_IFNAME)")
         p.add_argument("--port", type=int, help="node rank 0's rendezvous port")
-        p.add_argument("--rendezvous-timeout", type=float, default=120.0, help="seconds nodes have to meet")
+        # Default: the verb's own runtime.rendezvous_timeout_s (its config file, a --set, else 120 s).
+        p.add_argument("--rendezvous-timeout", type=float, help="seconds nodes have to meet")
     s = backends.choices["slurm"]
     for flag in ("--partition", "--account", "--reservation", "--time", "--mem", "--container-image"):
         s.add_argument(flag)
@@ -124,7 +126,7 @@ def check_verb_args(verb: str, rest: list[str], here: bool = True) -> str | None
     if verb == "localize" and not overrides and config is None:
         return "auto"
     from gpucert.config.loader import load_config
-    from gpucert.config.profiles import load_profile
+    from gpucert.config.profiles import available_profiles, load_profile
     from gpucert.config.run import RunConfig
 
     # A --config that is not here is refused here, not by every node of the job (the rendered script makes
@@ -135,9 +137,34 @@ def check_verb_args(verb: str, rest: list[str], here: bool = True) -> str | None
     # A name that is no built-in profile, refused with the list of those; a --profile file like a --config file.
     # A path from a config file or a --set is left to the nodes: it is read relative to where they run.
     is_path = profile.endswith((".yaml", ".yml"))
-    if profile != "auto" and (not is_path or (profile == flag and (here or Path(profile).is_file()))):
+    known = profile != "auto" and (not is_path or (profile == flag and (here or Path(profile).is_file())))
+    if known:
         load_profile(profile)
+    _refuse_out_of_range(given, overrides, [profile] if known else [] if profile != "auto" else available_profiles())
     return profile
+
+
+def _refuse_out_of_range(config: Path | None, overrides: list[str], profiles: list[str]) -> None:
+    """A value out of range (bench.memory.size_mib=0) is refused here as every node would refuse it. A range
+    may depend on the profile's run defaults, so under "auto" (each node picks by its GPUs) only what is out of
+    range under every built-in profile is said; the nodes judge the rest."""
+    from gpucert.acceptance import RunRequest, load_run_config
+    from gpucert.config.profiles import load_profile
+
+    request = RunRequest("launch", [], config, overrides, None, None, [])
+    said: list[set[str]] = []
+    for name in profiles:
+        try:
+            load_run_config(request, base=load_profile(name).run_defaults)
+        except ConfigError as exc:
+            said.append(set(exc.problems))
+        else:
+            return  # fine under one profile a node may pick: nothing certain to say
+    certain = set.intersection(*said) if said else set()
+    if certain:
+        # In the order the first profile said them.
+        first = next(iter(said))
+        raise ConfigError(problems=[p for p in sorted(first) if p in certain])
 
 
 def _value_of(args: list[str], *flags: str) -> str | None:
@@ -262,8 +289,14 @@ def launch_problems(args: argparse.Namespace) -> list[str]:
             f"--port must be in {PORT_MIN}..65535, found {args.port}: ports below {PORT_MIN} need root and belong "
             "to system services; leave --port out for the default"
         )
-    if not 0 < args.rendezvous_timeout < float("inf"):
-        found.append(f"--rendezvous-timeout must be a positive number of seconds, found {args.rendezvous_timeout:g}")
+    if args.rendezvous_timeout is not None and not 0 < args.rendezvous_timeout <= MAX_SECONDS:
+        found.append(
+            f"--rendezvous-timeout must be a positive number of seconds, at most 30 days, found "
+            f"{args.rendezvous_timeout:g}"
+        )
+    head = getattr(args, "head", None)
+    if head is not None and (not head or re.search(r"\s", head) or head.startswith("-")):
+        found.append(f"--head {head!r}: expected node rank 0's host name or address, which every node can reach")
     if getattr(args, "follow_timeout", None) is not None and not 0 < args.follow_timeout < float("inf"):
         found.append(f"--follow-timeout must be a positive number of seconds, found {args.follow_timeout:g}")
     time = getattr(args, "time", None)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from gpucert.config.loader import ConfigError
-from gpucert.launch.slurm import VERB_ARGV, VERBS, refuse_once_verb
+from gpucert.launch.slurm import VERB_ARGV, VERBS, refuse_once_verb, rendezvous_set
 
 
 def render_manifests(
@@ -28,7 +28,7 @@ def render_manifests(
     env: dict[str, str],
     pvc: str | None,
     mount: str,
-    rendezvous_timeout_s: float,
+    rendezvous_timeout_s: float | None,
 ) -> str:
     if verb not in VERBS:
         raise ConfigError(f"verb {verb!r}: expected one of {', '.join(VERBS)}")
@@ -40,7 +40,7 @@ def render_manifests(
     service = f"{name}-rdzv"
     head = f"{name}-0.{service}"
     # Every verb the same way: one gpucert a pod, its node rank from JOB_COMPLETION_INDEX (launch_env.py).
-    command = [*VERB_ARGV[verb], *args, "--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}"]
+    command = [*VERB_ARGV[verb], *rendezvous_set(rendezvous_timeout_s), *args]
     if verb == "finetune" and gpus_per_node:
         command += ["--nproc", str(gpus_per_node)]
     variables = {"GPUCERT_NNODES": str(nodes), "MASTER_ADDR": head, "MASTER_PORT": str(port), **env}

@@ -88,7 +88,7 @@ class SlurmJob:
     env: dict[str, str] = field(default_factory=dict)
     # None: 20000 + job id % 10000 (below the ephemeral ports), so two jobs on one node do not collide.
     port: int | None = None
-    rendezvous_timeout_s: float = 120.0
+    rendezvous_timeout_s: float | None = None  # None: the verb's own runtime.rendezvous_timeout_s
 
     def problems(self) -> list[str]:
         found = []
@@ -148,12 +148,20 @@ def _directives(job: SlurmJob) -> list[str]:
     return [f"#SBATCH {line}" for line in lines]
 
 
+def rendezvous_set(seconds: float | None) -> list[str]:
+    """--launcher's --rendezvous-timeout as the verb's --set, put before the user's own options: a --set of
+    runtime.rendezvous_timeout_s among them comes later and wins, as it does on a node run by hand. Nothing
+    when not given: the verb then takes its config file's value, or 120 s."""
+    return [] if seconds is None else ["--set", f"runtime.rendezvous_timeout_s={seconds:g}"]
+
+
 def _task_command(job: SlurmJob) -> str:
     """What srun runs on every node, quoted for the batch script's shell: gpucert itself, which reads its node
     rank from SLURM_NODEID and node 0's address from MASTER_ADDR below, and starts the node's ranks."""
-    argv = [*VERB_ARGV[job.verb], *job.args]
+    argv = [*VERB_ARGV[job.verb]]
     if job.verb != "localize":
-        argv += ["--set", f"runtime.rendezvous_timeout_s={job.rendezvous_timeout_s:g}"]
+        argv += rendezvous_set(job.rendezvous_timeout_s)
+    argv += job.args
     if job.verb == "finetune" and job.gpus_per_node:
         argv += ["--nproc", str(job.gpus_per_node)]
     return shlex.join(argv)

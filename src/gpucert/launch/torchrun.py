@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from gpucert.config.loader import ConfigError
-from gpucert.launch.slurm import VERB_ARGV, VERBS, refuse_once_verb
+from gpucert.launch.slurm import VERB_ARGV, VERBS, refuse_once_verb, rendezvous_set
 
 
 def node_commands(
@@ -21,7 +21,7 @@ def node_commands(
     port: int,
     gpus_per_node: int | None,
     env: dict[str, str],
-    rendezvous_timeout_s: float,
+    rendezvous_timeout_s: float | None,
 ) -> list[str]:
     """One shell command per node rank, quoted. gpus_per_node None: finetune gets no --nproc, so each node runs
     one rank per GPU it has (as accept does)."""
@@ -36,7 +36,7 @@ def node_commands(
         # Every verb the same way: gpucert on every node, meeting at the head (runtime/launcher.py).
         argv = [*prefix, *VERB_ARGV[verb], "--nnodes", str(nodes), "--node-rank", str(rank)]
         argv += ["--master-addr", head, "--master-port", str(port)]
-        argv += ["--set", f"runtime.rendezvous_timeout_s={rendezvous_timeout_s:g}"]
+        argv += rendezvous_set(rendezvous_timeout_s)
         if verb == "finetune" and gpus_per_node:
             argv += ["--nproc", str(gpus_per_node)]
         argv += args
