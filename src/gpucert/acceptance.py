@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import gpucert
-from gpucert.config.loader import ConfigError, also_wrong, blame_sources, in_file_order, load_config, salvage
+from gpucert.config.loader import (
+    ConfigError,
+    also_wrong,
+    blame_sources,
+    in_file_order,
+    key_line,
+    load_config,
+    salvage,
+)
 from gpucert.config.profiles import Profile, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
@@ -149,7 +157,7 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None, pro
                 try:
                     base = load_profile(found.config.profile).run_defaults
                 except ConfigError as unknown:  # said now too, not on the next run
-                    problems += unknown.problems
+                    problems += [_where_profile(request, problem) for problem in unknown.problems]
                 else:
                     found = salvage(RunConfig, path, overrides, exc, base)
             profile = found.config.profile if found is not None else "auto"
@@ -159,7 +167,10 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None, pro
     config = load(base)
     if base is None and config.profile != "auto":
         # A named profile's run defaults sit under the file and --set values: judge the values the run will use.
-        base = load_profile(config.profile).run_defaults
+        try:
+            base = load_profile(config.profile).run_defaults
+        except ConfigError as exc:
+            raise ConfigError(problems=[_where_profile(request, problem) for problem in exc.problems]) from None
         config = load(base)
     problems = problems_of(base)(config, request.overrides)
     if problems:
@@ -176,10 +187,31 @@ def collect_node(request: RunRequest, label: str | None = None) -> NodeWork:
     named = [g.name for g in inventory.gpu.gpus if "nvmlDeviceGetName" not in g.unreadable]
     if inventory.gpu.gpus and not named and config.profile == "auto":
         raise ConfigError("no GPU answered NVML's name query, so no profile can be chosen: name one with --profile")
-    profile = select_profile(named) if config.profile == "auto" else load_profile(config.profile)
+    try:
+        profile = select_profile(named) if config.profile == "auto" else load_profile(config.profile)
+    except ConfigError as exc:
+        if config.profile == "auto":
+            raise
+        # Named in a config file or a --set: said where, as every other bad value is (blame_sources).
+        raise ConfigError(problems=[_where_profile(request, problem) for problem in exc.problems]) from None
     # Now that the hardware is known, its profile's run defaults sit under the file and --set values.
     config = load_run_config(request, base=profile.run_defaults, profile=profile.name)
     return NodeWork(label or inventory.hostname, sources, inventory, profile, config)
+
+
+def _where_profile(request: RunRequest, problem: str) -> str:
+    """`problem` (an unknown or broken profile) with the place that named the profile: the last --set or flag,
+    else the config file's line. A problem inside a profile file names that file and line already."""
+    if re.match(r"\S+\.ya?ml(:\d+)?: ", problem):
+        return problem
+    for item in reversed(request.overrides):
+        if item.split("=", 1)[0].strip() == "profile":
+            return f"{request.flags.get(item) or f'--set {item}'}: {problem}"
+    path = request.config_path
+    if path is not None:
+        line = key_line(path, "profile")
+        return f"{path}:{line}: {problem}" if line else f"{path}: {problem}"
+    return problem
 
 
 def check_health(

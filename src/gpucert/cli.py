@@ -401,9 +401,16 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         nproc = getattr(args, "nproc", None)
         outcome = run_on_nodes(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, ranks, say)
     if getattr(args, "drain", False) and outcome.report is not None:
-        from gpucert.fleet.recheck import recheck
+        from gpucert.fleet.recheck import keep_first_reading, recheck
 
-        outcome = recheck(outcome, lambda: run_local(request))  # one noisy reading never drains a node
+        first = outcome.path
+
+        def again() -> RunOutcome:
+            if request.output is not None and first is not None:
+                keep_first_reading(first.parent)  # the re-run writes in the same --output; both are kept
+            return run_local(request)
+
+        outcome = recheck(outcome, again)  # one noisy reading never drains a node
         outcome = _drain(outcome, args)  # before it is shown: one verdict, the exit code's
     return _show(outcome, args, console)
 

@@ -117,6 +117,10 @@ def test_a_fail_leaves_an_operators_drain_and_a_later_pass_does_not_resume_it(sl
         assert "left as it is; gpucert's FAIL: gpu.count" in failed.stderr, failed.stderr
         state, reason = _node(slurm_cluster, "node2")
         assert "DRAIN" in state and reason.startswith("cable swap"), (state, reason)
+        # Both readings' reports are kept (fleet.md): the re-run in the same --output replaced the first one.
+        first = json.loads((tmp_path / "failed" / "first-reading" / "report.json").read_text())
+        second = json.loads((tmp_path / "failed" / "report.json").read_text())
+        assert first["meta"]["started_at"] < second["meta"]["started_at"]
         passed = _health(slurm_cluster, tmp_path / "passed", "--slurm-node", "node2")
         assert passed.returncode == 0 and "drained by someone else: cable swap" in passed.stderr, passed.stderr
         state, reason = _node(slurm_cluster, "node2")

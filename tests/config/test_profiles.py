@@ -210,14 +210,14 @@ def test_extends_an_unknown_built_in_is_rejected(tmp_path: Path) -> None:
 def test_bad_regex_in_match_is_rejected_naming_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, "site.yaml", "extends: h100-sxm\nname: site\nmatch: ['H100[', 'H100']\n")
     assert config_error(str(path)) == (
-        f"{path}: match: 'H100[' is not a regular expression: unterminated character set at position 4"
+        f"{path}:3: match: 'H100[' is not a regular expression: unterminated character set at position 4"
     )
 
 
 def test_unknown_top_level_key_in_profile_names_key_and_file(tmp_path: Path) -> None:
     path = write(tmp_path, "site.yaml", "extends: h100-sxm\nname: site\nthresholds: {}\n")
     assert config_error(str(path)) == (
-        f"{path}: unknown key 'thresholds'; expected one of: "
+        f"{path}:3: unknown key 'thresholds'; expected one of: "
         "benchmarks, bf16_peak_tflops, description, gpu, match, name, network, run_defaults, software, source"
     )
 
@@ -225,13 +225,29 @@ def test_unknown_top_level_key_in_profile_names_key_and_file(tmp_path: Path) -> 
 def test_unknown_nested_key_in_profile_names_key_and_file(tmp_path: Path) -> None:
     path = write(tmp_path, "site.yaml", "extends: h100-sxm\nname: site\nnetwork:\n  ib_port: 8\n")
     assert config_error(str(path)) == (
-        f"{path}: unknown key 'network.ib_port'; expected one of: ib_ports, ib_rate_gbps"
+        f"{path}:4: unknown key 'network.ib_port'; expected one of: ib_ports, ib_rate_gbps"
     )
 
 
 def test_wrong_type_in_profile_names_key_and_file(tmp_path: Path) -> None:
     path = write(tmp_path, "site.yaml", "extends: h100-sxm\nname: site\ngpu:\n  gpus_per_node: eight\n")
-    assert config_error(str(path)) == f"{path}: gpu.gpus_per_node: expected int, found 'eight'"
+    assert config_error(str(path)) == f"{path}:4: gpu.gpus_per_node: expected int, found 'eight'"
+
+
+def test_every_problem_of_a_site_profile_is_said_at_once_with_its_line(tmp_path: Path) -> None:
+    """A wrong type hid the bad count keys and the unknown collective until it was fixed; those then came joined
+    in one line with `; ` and no line."""
+    text = "extends: h200\nname: s\nbenchmarks:\n  fs_write_gbps_min: fast\n  busbw_gbps_min:\n"
+    text += "    all_reducee: {8: 300}\n    all_gather: {3x: 100}\nnetwork:\n  ib_ports: -1\n"
+    path = write(tmp_path, "site.yaml", text)
+    with pytest.raises(ConfigError) as caught:
+        load_profile(str(path))
+    assert [p.split(": ")[0] for p in caught.value.problems] == [
+        f"{path}:4",  # fs_write_gbps_min: expected float
+        f"{path}:5",  # unknown collective 'all_reducee', at busbw_gbps_min
+        f"{path}:7",  # all_gather: '3x' is not a GPU count
+        f"{path}:9",  # ib_ports must be >= 0
+    ]
 
 
 def test_standalone_profile_needs_a_description(tmp_path: Path) -> None:
@@ -317,7 +333,7 @@ def test_a_site_profile_adds_a_fabric_floor_and_keeps_the_node_floors(tmp_path: 
 )
 def test_bad_count_floors_are_refused_at_load_naming_the_key(tmp_path: Path, benchmarks: str, problem: str) -> None:
     path = write(tmp_path, "site.yaml", f"extends: h200\nname: site\nbenchmarks:\n  {benchmarks}\n")
-    assert config_error(str(path)) == f"{path}: {problem}"
+    assert config_error(str(path)) == f"{path}:4: {problem}"
 
 
 def test_the_cpu_profile_judges_no_bandwidth_or_scaling() -> None:
@@ -333,7 +349,7 @@ def test_a_site_profiles_negative_or_nan_values_are_refused_with_their_lines(tmp
     )
     with pytest.raises(ConfigError) as caught:
         load_profile(str(path))
-    assert caught.value.problems == [
-        f"{path}:6: gpu.temperature_c_warn must be >= 0, found nan",
+    assert caught.value.problems == [  # in the file's order
         f"{path}:5: network.ib_ports must be >= 0, found -1",
+        f"{path}:6: gpu.temperature_c_warn must be >= 0, found nan",
     ]

@@ -121,8 +121,21 @@ def test_an_unknown_profile_beside_a_wrong_type_is_named_in_the_same_run() -> No
         load_run_config(request)
     assert [p.split(";")[0] for p in caught.value.problems] == [
         "--set bench.timeout_s=abc: bench.timeout_s: expected float, found 'abc'",
-        "unknown profile 'nope'",
+        "--set profile=nope: unknown profile 'nope'",
     ]
+
+
+def test_an_unknown_profile_names_where_it_was_named(tmp_path: Path) -> None:
+    """`profile: h500` in a config file was said with no file and line, as no other bad value is."""
+    path = tmp_path / "g.yaml"
+    path.write_text("health:\n  expected_gpus: 1\nprofile: h500\n")
+    with pytest.raises(ConfigError) as caught:
+        load_run_config(RunRequest("health", [], path, [], None, None, []))
+    assert caught.value.problems[0].startswith(f"{path}:3: unknown profile 'h500'; built-in profiles: ")
+    typed = RunRequest("health", [], path, ["profile=h600"], None, None, [], flags={"profile=h600": "--profile h600"})
+    with pytest.raises(ConfigError) as caught:
+        load_run_config(typed)
+    assert caught.value.problems[0].startswith("--profile h600: unknown profile 'h600'")
 
 
 def test_the_messages_name_the_allowed_values(tmp_path: Path, capsys) -> None:

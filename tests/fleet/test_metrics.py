@@ -107,6 +107,9 @@ def test_values_in_base_units_and_status_in_gpucert_order() -> None:
         ("%", ("ratio", 0.01)),
         ("GPUs", ("gpus", 1.0)),
         (None, ("value", 1.0)),
+        # cluster fs's rate: `gpucert_result_ops_s` failed promtool's lint (`_s` an abbreviated unit).
+        ("ops/s", ("operations_per_second", 1.0)),
+        ("rows/s", ("rows_per_second", 1.0)),
     ],
 )
 def test_unit_suffix(unit: str | None, expected: tuple[str, float]) -> None:

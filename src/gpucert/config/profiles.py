@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from gpucert.config.floors import CountFloors, floor_problems
-from gpucert.config.loader import ConfigError, build, dotted, key_line, load_yaml, merge_mappings
+from gpucert.config.loader import (
+    ConfigError,
+    build,
+    dotted,
+    in_file_order,
+    key_line,
+    load_yaml,
+    merge_mappings,
+    with_line,
+)
 from gpucert.config.run import COLLECTIVE_OPS
 
 
@@ -162,24 +171,42 @@ def load_profile(name_or_path: str) -> Profile:
     path = _profile_path(name_or_path)
     data = _load_profile_data(path)
     data.pop("source", None)
-    profile = build(Profile, data, str(path))
+    # Every problem of the file at once, a line each where the key is in it, as a run config's: a site profile
+    # is written by hand too. Keys of the wrong type are left at their defaults to judge the rest.
+    problems: list[str] = []
+    try:
+        profile = build(Profile, data, str(path))
+    except ConfigError as exc:
+        problems += [with_line(problem, path) for problem in exc.problems]
+        profile = build(Profile, data, str(path), dropped=[])
     for pattern in profile.match:
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ConfigError(f"{path}: match: {pattern!r} is not a regular expression: {exc}") from exc
-    problems = count_floor_problems(profile.benchmarks)
+            problems.append(_placed(path, f"match: {pattern!r} is not a regular expression: {exc}"))
+    problems += [_placed(path, problem) for problem in count_floor_problems(profile.benchmarks)]
+    # `ib_ports: -1` read as "at least -1 active ports" and FAILed a node with none: every count, floor, share
+    # and limit of a profile is a number >= 0.
+    said = " ".join(problems)  # a floor said out of range above is not said again as negative
+    problems += [
+        _placed(path, f"{key} must be >= 0, found {value!r}")
+        for key, value in negative_values(profile)
+        if f"{key} " not in said and f"{key}:" not in said
+    ]
     if problems:
-        raise ConfigError(f"{path}: {'; '.join(problems)}")
-    if negative := negative_values(profile):
-        # `ib_ports: -1` read as "at least -1 active ports" and FAILed a node with none: every count, floor,
-        # share and limit of a profile is a number >= 0.
-        raise ConfigError(
-            problems=[
-                f"{path}:{key_line(path, key) or 1}: {key} must be >= 0, found {value!r}" for key, value in negative
-            ]
-        )
+        raise ConfigError(problems=in_file_order(problems, path))
     return Profile(**{**profile.__dict__, "source": str(path)})
+
+
+def _placed(path: Path, problem: str) -> str:
+    """`problem`, which starts with the dotted key it is about, at that key's line in the file (the nearest
+    enclosing key written there: a count key may be read back as a number)."""
+    parts = re.split(r"[: ]", problem, maxsplit=1)[0].split(".")
+    for end in range(len(parts), 0, -1):
+        line = key_line(path, ".".join(parts[:end]))
+        if line:
+            return f"{path}:{line}: {problem}"
+    return f"{path}: {problem}"
 
 
 def negative_values(profile: Profile) -> list[tuple[str, Any]]:

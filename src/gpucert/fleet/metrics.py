@@ -46,6 +46,7 @@ UNITS: dict[str, tuple[str, float]] = {
     "TFLOP/s": ("flop_per_second", 1e12),
     "tokens/s": ("tokens_per_second", 1.0),
     "samples/s": ("samples_per_second", 1.0),
+    "ops/s": ("operations_per_second", 1.0),
     "%": ("ratio", 0.01),
     "C": ("celsius", 1.0),
     "W": ("watts", 1.0),
@@ -67,7 +68,12 @@ def unit_suffix(unit: str | None) -> tuple[str, float]:
         return "value", 1.0
     if unit in UNITS:
         return UNITS[unit]
-    return re.sub(r"[^a-z0-9]+", "_", unit.lower()).strip("_") or "value", 1.0
+    # A rate spelled out (`ops/s` -> `ops_per_second`): `_s` is an abbreviated unit to promtool's lint.
+    per_second = unit.endswith("/s")
+    slug = re.sub(r"[^a-z0-9]+", "_", unit.lower().removesuffix("/s")).strip("_")
+    if per_second:
+        return f"{slug or 'value'}_per_second", 1.0
+    return slug or "value", 1.0
 
 
 def _numeric(value: object) -> float | None:

@@ -10,11 +10,13 @@ and so still FAILs: the recheck costs it one more run, never its verdict.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from gpucert.acceptance import RunOutcome
 from gpucert.report.schema import Result
-from gpucert.report.store import write_report
+from gpucert.report.store import RUN_ARTEFACTS, write_report
 from gpucert.status import Status
 
 
@@ -59,6 +61,20 @@ def confirm_failures(first: list[Result], second: list[Result]) -> list[Result]:
     seen = {_key(r) for r in second}
     confirmed += [r for key, r in failed_first.items() if key not in seen]
     return confirmed
+
+
+# Where `health --drain --output DIR` keeps the first reading's report: the re-measurement's run, in the same
+# directory, replaces what a run there wrote.
+FIRST_READING = "first-reading"
+
+
+def keep_first_reading(directory: Path) -> None:
+    """Move the report a run wrote in `directory` to `directory/first-reading/` (an older one there replaced)."""
+    kept = directory / FIRST_READING
+    kept.mkdir(exist_ok=True)
+    for name in RUN_ARTEFACTS:
+        if (directory / name).is_file():
+            os.replace(directory / name, kept / name)
 
 
 def recheck(outcome: RunOutcome, rerun: Callable[[], RunOutcome]) -> RunOutcome:
