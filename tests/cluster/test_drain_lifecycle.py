@@ -19,7 +19,13 @@ from gpucert.status import Status
 
 
 def result(name: str, status: Status) -> Result:
-    return Result(name=name, subject="node2 GPU 0", status=status, message=f"expected 0 errors, found {status.value}")
+    return Result(
+        name=name,
+        subject="node2 GPU 0",
+        status=status,
+        message=f"expected 0 errors, found {status.value}",
+        expected="0",
+    )
 
 
 @pytest.mark.slow

@@ -163,6 +163,7 @@ def test_a_setting_that_cannot_run_here_is_one_line_without_a_traceback(
     [
         (["--set", "data.source=data/missing.jsonl"], "data.source data/missing.jsonl: no such file"),
         (["--set", "model.name=./nomodel"], "model.name: no directory ./nomodel"),
+        (["--set", "model.name=a/b/c"], "model.name: no directory a/b/c"),  # no hub id: was found in the rank
         (["--output", "/proc/nope"], "output_dir /proc/nope: cannot write in /proc"),
         (["--nproc", "0"], "--nproc must be >= 1, found 0"),
     ],

@@ -304,3 +304,21 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:  # gone between the two questions
         return False
+
+
+def test_two_ranks_that_fail_before_the_first_step_leave_no_run_directory(tmp_path: Path) -> None:
+    """A lone run that fails in its start-up removes the directory it made; with --nproc 2 the ranks' logs
+    (made before rank 0 claimed it) stayed in a directory of nothing else, and the last line spoke of
+    checkpoints as if the run had trained."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "gpucert", "finetune", "--config", str(config), "--output", str(run)]
+    argv += ["--nproc", "2", "--set", f"data.source={empty}"]
+    done = subprocess.run(argv, env=worker_env(), capture_output=True, text=True, timeout=within(START_TIMEOUT_S))
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "is empty: no rows" in done.stderr
+    assert "checkpoint" not in done.stderr.splitlines()[-1]
+    assert not run.exists()

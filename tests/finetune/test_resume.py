@@ -96,6 +96,23 @@ def test_no_readable_checkpoint_is_an_error_naming_each(tmp_path: Path) -> None:
     assert "Restore one from a backup, or start over" in message
 
 
+def test_a_failed_resume_keeps_the_checkpoints_it_set_aside(tmp_path: Path) -> None:
+    """No checkpoint readable: the run fails before its first step, and its clean-up took the step-N.corrupt
+    directories (new paths since the claim) with the rest, where the message said they were kept."""
+    from gpucert.finetune.train.rundir import claim_run_dir
+
+    for step in (4, 8):
+        truncate(write_checkpoint(tmp_path, step) / "optimizer.pt")
+    run = claim_run_dir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"moved to step-8\.corrupt"):
+        choose_checkpoint("auto", tmp_path)
+    (tmp_path / "config.yaml").write_text("new: 1\n")  # what the failed run wrote: taken back
+    run.close(failed=True)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-4.corrupt", "step-8.corrupt"]
+    assert (tmp_path / "checkpoints" / "step-8.corrupt" / "optimizer.pt").is_file()
+    assert not (tmp_path / "config.yaml").exists()
+
+
 def test_a_named_unreadable_checkpoint_is_refused_without_fallback(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, 4)
     named = write_checkpoint(tmp_path, 8)
@@ -302,6 +319,21 @@ def test_a_resume_with_other_training_settings_is_refused_naming_them(
             check_resume_config(changed)
         assert said in str(refused.value), str(refused.value)
     check_resume_config(replace(resumed, train=replace(cfg.train, max_steps=4, save_every=1)))
+    # Every changed key, not the first four (the next four came only on the next run).
+    many = replace(resumed, train=replace(cfg.train, lr=0.1, seed=7, weight_decay=0.5, warmup_ratio=0.5))
+    many = replace(many, lora=replace(cfg.lora, alpha=64))
+    with pytest.raises(CheckpointError) as refused:
+        check_resume_config(many)
+    for key in ("lora.alpha", "train.lr", "train.seed", "train.warmup_ratio", "train.weight_decay"):
+        assert f"{key} " in str(refused.value), key
+    # The run's config.yaml unreadable or gone: nothing says the settings match, so a changed one would pass.
+    saved = Path(cfg.output_dir or "") / "config.yaml"
+    saved.write_text("{{{garbage")
+    with pytest.raises(CheckpointError, match=r"config\.yaml is unreadable"):
+        check_resume_config(replace(resumed, lora=replace(cfg.lora, alpha=64)))
+    saved.unlink()
+    with pytest.raises(CheckpointError, match=r"config\.yaml is missing: it holds the settings"):
+        check_resume_config(resumed)
 
 
 @pytest.mark.slow
@@ -353,3 +385,17 @@ def test_a_run_trained_further_says_its_evaluations_are_of_the_old_adapter(
     err = capsys.readouterr().err
     assert f"note: {run / 'evaluation'} scored the adapter before this run trained it on" in err, err[-2000:]
     assert not (run / "report.html").exists()
+
+
+def test_a_run_directory_given_to_resume_is_named_as_such_before_any_worker(tmp_path: Path) -> None:
+    """`--resume RUN` or `--resume RUN/checkpoints` failed in the rank, after the model loaded, with "no COMPLETE
+    marker: its write did not finish", which was not why."""
+    run = tmp_path / "run"
+    write_checkpoint(run, 4)
+    newest = write_checkpoint(run, 12)
+    for given in (run, run / "checkpoints"):
+        cfg = replace(tiny(tmp_path), resume=str(given), output_dir=str(tmp_path / "new"))
+        (problem,) = cfg.path_problems()
+        assert "not a checkpoint: give one of its checkpoints" in problem, problem
+        assert f"({newest} is the newest)" in problem and f"--output {run} --resume auto" in problem
+    assert replace(tiny(tmp_path), resume=str(newest)).path_problems() == []

@@ -144,7 +144,8 @@ def test_an_outside_torchrun_of_two_nodes_runs_accept_without_hanging(tmp_path: 
 
 
 def test_a_node_whose_driver_differs_fails_the_golden_config_naming_it(tmp_path: Path) -> None:
-    """Two nodes replaying captured bundles, one with another driver: the diff names the field and node."""
+    """Two nodes replaying captured bundles, one with another driver: the diff names the field and both nodes'
+    values (two nodes have no majority to say which one is wrong)."""
     import shutil
 
     bundles = []
@@ -182,8 +183,8 @@ def test_a_node_whose_driver_differs_fails_the_golden_config_naming_it(tmp_path:
     report = load(out)
     assert report["meta"]["nodes"] == ["gpu-a", "gpu-b"]
     [driver] = [r for r in report["results"] if r["name"] == "cluster.config.driver"]
-    assert (driver["status"], driver["node"], driver["subject"]) == ("FAIL", "gpu-b", "gpu-b")
-    assert "570.86.15" in driver["message"] and "580.159.04" in driver["message"]
+    assert (driver["status"], driver["node"], driver["subject"]) == ("FAIL", None, "cluster")
+    assert "570.86.15 on gpu-b" in driver["message"] and "580.159.04 on gpu-a" in driver["message"]
     assert {r["node"] for r in report["results"] if r["name"] == "gpu.ecc_mode"} == {"gpu-a", "gpu-b"}
 
 

@@ -11,6 +11,7 @@ gpucert evaluate --adapter runs/<id>/adapter [--config ...]       function-calli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import json
@@ -122,11 +123,13 @@ def check_before_start(cfg: FinetuneConfig) -> None:
     directory that is not there, and an output_dir that another live run holds, that holds another verb's report,
     that cannot be written, or that holds an earlier run's checkpoints for a run that does not resume. The ranks
     check again (a run may start in between); this is for the one line, at once."""
+    from gpucert.finetune.config import looks_like_path
     from gpucert.report.store import UNREADABLE, check_writable, earlier_verb
     from gpucert.runtime.dirlock import check_free
 
     check_data_source(cfg.data)
-    if cfg.model.name.startswith(("/", ".", "~")):  # a local directory: cheap to look at (a hub id is not)
+    # A local directory, or a name no hub id can be (a/b/c): cheap to look at (a hub id is not).
+    if cfg.model.name.startswith(("/", ".", "~")) or looks_like_path(cfg.model.name):
         from gpucert.finetune.data.hub import check_model_source
 
         check_model_source(cfg.model)
@@ -193,8 +196,14 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     if run_dir is not None and not cfg.output_dir:
         ranks += ["--output", run_dir]
 
+    made = run_dir is not None and not Path(run_dir).exists()
+
     def hint() -> str | None:
-        return what_resumes(Path(run_dir), cfg) if run_dir else None
+        if run_dir is None:
+            return None
+        if made:
+            _take_back_start_up_logs(Path(run_dir))
+        return what_resumes(Path(run_dir), cfg)
 
     try:
         outcome = launch_ranks(plan, nproc, ranks, cfg.runtime, logs, env)
@@ -209,6 +218,21 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
         cause, after = outcome.cause or "the job failed", hint()
         raise JobFailed(f"{cause}; {after}" if after else cause)
     return outcome.verdict if outcome.verdict is not None else 0
+
+
+def _take_back_start_up_logs(run_dir: Path) -> None:
+    """A run directory this node's process made, whose ranks stopped before the first step: rank 0 took back what
+    it wrote (rundir.RunDir.close), and what is left is the ranks' logs, made before rank 0 claimed it. They go
+    with it, as a lone run leaves nothing: the cause is in the line that ends the job."""
+    import shutil
+
+    logs = run_dir / "logs"
+    others = [p for p in run_dir.iterdir() if p != logs] if run_dir.is_dir() else [logs]
+    if others or not logs.is_dir() or any(not p.name.startswith("rank-") for p in logs.iterdir()):
+        return  # the run trained, or something else is there: left as it is
+    shutil.rmtree(logs, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()
 
 
 def prepare(cfg: FinetuneConfig) -> int:

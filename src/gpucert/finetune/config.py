@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
@@ -394,6 +395,8 @@ class FinetuneConfig:
             found.append(
                 f"resume must be none, auto or a checkpoint directory, found {self.resume!r} (no such directory)"
             )
+        elif self.resume not in ("none", "auto"):
+            found += _not_a_checkpoint(Path(self.resume))
         if self.resume == "auto" and not self.output_dir:
             # Without it each run makes a new runs/<time>-finetune, where auto never finds a checkpoint.
             found.append(
@@ -401,6 +404,24 @@ class FinetuneConfig:
                 "starts in a new directory under runs/ and has nothing to resume"
             )
         return found
+
+
+def _not_a_checkpoint(path: Path) -> list[str]:
+    """A --resume directory that is a run directory or its checkpoints/ (a checkpoint is <run>/checkpoints/step-N):
+    said before any worker starts, with the path to give, where the rank said "no COMPLETE marker: its write did
+    not finish" after loading the model."""
+    places = [p for p in (path / "checkpoints", path) if p.is_dir()]
+    steps = [p for place in places for p in place.iterdir() if re.fullmatch(r"step-\d+", p.name)]
+    steps.sort(key=lambda p: int(p.name.split("-")[1]))
+    if (path / "checkpoints").is_dir() or (path.name == "checkpoints" and steps):
+        run = path.parent if path.name == "checkpoints" else path
+        newest = f" ({steps[-1]} is the newest)" if steps else ""
+        return [
+            f"resume {str(path)!r} is a run's {'checkpoints directory' if path.name == 'checkpoints' else 'directory'},"
+            f" not a checkpoint: give one of its checkpoints, {run}/checkpoints/step-N{newest}, or --output {run} "
+            "--resume auto for its newest complete one"
+        ]
+    return []
 
 
 def load_finetune_config(

@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from gpucert.config.loader import dotted
+from gpucert.config.loader import dotted, error_text
 from gpucert.finetune.config import FinetuneConfig
 from gpucert.finetune.disk import NoSpaceError, is_no_space, no_space_message
 from gpucert.runtime.group import Runtime, gather_to_main, say
@@ -172,8 +172,8 @@ RUN_CONFIG_FILE = "config.yaml"  # rundir.CONFIG_FILE: what the run that wrote t
 def check_resume_config(cfg: FinetuneConfig) -> None:
     """Refuse, before any work, a resume whose settings differ from those its checkpoints were trained with in a
     key of SAME_ON_RESUME (a new train.lr was ignored by the restored optimizer, while config.yaml recorded it; a
-    new lora.alpha jumped the loss). Compared with the run directory's config.yaml; nothing to compare without
-    one (a run from before it was written) or without a checkpoint to resume."""
+    new lora.alpha jumped the loss). Compared with the run directory's config.yaml, which every run writes beside
+    its checkpoints: one missing or unreadable is refused too (nothing would say the settings match)."""
     if cfg.resume == "none":
         return
     if cfg.resume == "auto":
@@ -185,8 +185,13 @@ def check_resume_config(cfg: FinetuneConfig) -> None:
     saved_file = run_dir / RUN_CONFIG_FILE
     try:
         loaded = yaml.safe_load(saved_file.read_text())
-    except (OSError, yaml.YAMLError):
-        return
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        why = "is missing" if isinstance(exc, FileNotFoundError) else f"is unreadable ({error_text(exc)})"
+        raise CheckpointError(
+            f"resume {cfg.resume}: {saved_file} {why}: it holds the settings the checkpoints in {run_dir} were "
+            "trained with, and without it nothing says this run's match them (a new lora.alpha or train.lr would "
+            "go unnoticed). Restore it from the run's copy or a backup, or start a new run in another --output"
+        ) from None
     # A config.yaml that is no mapping holds none of the settings: each reads as None there.
     saved = dotted(loaded if isinstance(loaded, dict) else {})
     now = dotted(asdict(cfg))
@@ -195,7 +200,7 @@ def check_resume_config(cfg: FinetuneConfig) -> None:
         if key.startswith(SAME_ON_RESUME) and saved.get(key) != now.get(key)
     ]  # fmt: skip
     if changed:
-        shown = "; ".join(f"{key} {saved.get(key)!r} there, {now.get(key)!r} now" for key in changed[:4])
+        shown = "; ".join(f"{key} {saved.get(key)!r} there, {now.get(key)!r} now" for key in changed)
         raise CheckpointError(
             f"resume {cfg.resume}: the checkpoints in {run_dir} were trained with other settings ({shown}, "
             f"from {saved_file}): a resumed run continues the run that wrote them, with its settings. Resume "

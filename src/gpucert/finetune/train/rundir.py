@@ -22,6 +22,7 @@ import yaml
 
 from gpucert.config.loader import ConfigError
 from gpucert.finetune.config import FinetuneConfig
+from gpucert.finetune.train.checkpoint import CORRUPT_SUFFIX
 from gpucert.runtime.dirlock import LOCK_FILE, lock_dir, unlock_dir
 from gpucert.runtime.group import Runtime
 
@@ -80,9 +81,11 @@ class RunDir:
             self.fresh = False
 
     def _remove_new_entries(self) -> None:
-        """What appeared under the directory since it was claimed (deepest first), the lock file aside."""
+        """What appeared under the directory since it was claimed (deepest first), the lock file aside, and the
+        checkpoints found unreadable and renamed step-N.corrupt: new paths, but the earlier run's files, kept for a
+        person to look at (removing them left `--resume auto` nothing, and the next one started over)."""
         for entry in sorted(listing(self.path) - self.found, key=lambda p: len(p.parts), reverse=True):
-            if entry.name == LOCK_FILE:
+            if entry.name == LOCK_FILE or any(CORRUPT_SUFFIX in part for part in entry.relative_to(self.path).parts):
                 continue
             with contextlib.suppress(OSError):
                 if entry.is_dir() and not entry.is_symlink():
