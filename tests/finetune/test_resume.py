@@ -12,10 +12,11 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+import yaml
 from tests.finetune.checkpoint_files import DAMAGES, truncate, write_checkpoint
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
@@ -131,6 +132,11 @@ def test_the_command_line_refuses_a_named_unreadable_checkpoint_in_one_line(
 
     named = write_checkpoint(tmp_path / "old", 8)
     (named / "trainer_state.json").write_text("{not json")
+    # The settings it was trained with, as every run writes them beside its checkpoints: the defaults here.
+    from gpucert.finetune.config import load_finetune_config, resolve_recipe
+
+    default = load_finetune_config(resolve_recipe(None))  # what `gpucert finetune` with no --config trains
+    (tmp_path / "old" / "config.yaml").write_text(yaml.safe_dump(asdict(default)))
     assert main(["finetune", "--resume", str(named), "--output", str(tmp_path / "new")]) == 3
     err = capsys.readouterr().err
     assert "step-8/trainer_state.json: unreadable" in err and "or --resume auto" in err
