@@ -246,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
         "finetune", parents=[_cluster_options()], help="LoRA fine-tuning (offline default: tiny model, bundled data)"
     )
     finetune.add_argument("--nproc", type=int, help="training processes per node (default: one per GPU; 1 on CPU)")
-    finetune.add_argument("stage", nargs="?", choices=["prepare"], help="prepare: build the data cache only")
+    # No argparse `choices`: a mistyped flag's value (`--outptu x`) would be refused as the stage, the flag unnamed;
+    # argparse names the flag, and finetune() any other word.
+    finetune.add_argument("stage", nargs="?", help="prepare: build the data cache only")
     finetune.add_argument("--list-recipes", action="store_true", help="the recipes --config takes by name, and exit")
     commands.add_arguments(finetune)
     finetune.add_argument("--resume", help="none, auto (latest complete checkpoint) or a checkpoint directory")

@@ -209,3 +209,34 @@ def test_a_live_runs_directory_and_another_verbs_report_are_refused_at_once(tmp_
     capsys.readouterr()
     assert main(["finetune", "--output", str(tmp_path / "h")]) == 3
     assert f"output_dir {tmp_path / 'h'}: holds a gpucert health report" in capsys.readouterr().err
+
+
+def test_a_mistyped_flag_is_named_not_taken_for_the_stage(capsys) -> None:
+    """`gpucert finetune --outptu x` said "argument stage: invalid choice: 'x'": the flag was never named."""
+    with pytest.raises(SystemExit) as exited:
+        main(["finetune", "--outptu", "x"])
+    assert exited.value.code == 3
+    assert "unrecognized arguments: --outptu" in capsys.readouterr().err
+    assert main(["finetune", "prepar"]) == 3
+    assert "finetune 'prepar': the only stage is `prepare`" in capsys.readouterr().err
+
+
+def test_sigterm_ends_an_evaluation_with_one_line_and_143(monkeypatch, capsys) -> None:
+    """`gpucert evaluate` died of SIGTERM without a word (finetune and Ctrl-C say one line); the handler is the
+    caller's again afterwards."""
+    import os
+    import signal
+    import time
+
+    from gpucert.finetune import commands
+
+    def killed(args: object) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return 0
+
+    monkeypatch.setattr(commands, "_evaluate", killed)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["evaluate", "--adapter", "x"]) == 143
+    assert "gpucert: terminated by SIGTERM (to gpucert, pid" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before

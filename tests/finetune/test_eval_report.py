@@ -440,6 +440,12 @@ def test_the_verdict_says_whether_the_result_is_good() -> None:
     unjudged = evaluation_results(scores, loss=0.5)[-1]
     assert (unjudged.name, unjudged.status) == ("eval.verdict", Status.INFO)
     assert unjudged.message.startswith("not judged: the recipe sets no eval.thresholds, so nothing says whether")
+    # A floor set for BFCL only: the held-out verdict said none was set.
+    bfcl_only = evaluation_results(scores, 0.5, EvalThresholds(bfcl_simple_min_pct=50), "--set")[-1]
+    assert bfcl_only.status is Status.INFO
+    assert bfcl_only.message.startswith(
+        "not judged: the thresholds set (eval.thresholds.bfcl_simple_min_pct) are for --suite bfcl, none for this one"
+    )
     good = evaluation_results(scores, 0.5, EvalThresholds(overall_min_pct=40, loss_max=1.0), "recipe.yaml")[-1]
     assert good.status is Status.PASS
     assert good.message == "good: all 2 thresholds met (eval.overall, eval.loss)"

@@ -119,6 +119,8 @@ def test_a_second_training_run_into_a_busy_directory_exits_3_and_writes_nothing(
     err = capsys.readouterr().err
     assert f"output_dir {run} is in use by another gpucert run (pid {child.pid} on host" in err
     assert "Traceback" not in err
+    # Met in the rank's start-up (the first run took it a moment before): said as bad input, not a rank failure.
+    assert f"gpucert: error: output_dir {run} is in use" in err and "raised at" not in err, err
     assert (run / "config.yaml").read_text() == "the first run's\n"
     assert sorted(p.name for p in run.iterdir()) == sorted(["config.yaml", LOCK_FILE])
     assert not (tmp_path / "cache").exists()  # refused before data preparation

@@ -79,9 +79,10 @@ def test_a_job_onto_a_finished_finetune_run_exits_with_its_standing_verdict(
     stand_in(slurm_bin, "sbatch", "echo 17")
     stand_in(slurm_bin, "scontrol", f"echo 'JobId=17 JobState={state} ExitCode={exit_code}:0 NodeList=node[1-2]'")
     assert main([*FINETUNE, "--output", str(out)]) == exit_code
-    err = capsys.readouterr().err
-    assert "the run had already finished; its report stands" in err and f"fine-tuning {status}" in err, err
-    assert "without a result" not in err
+    said = capsys.readouterr()
+    out = said.out  # the verdict is a result: stdout, as every verb's (README), progress on stderr
+    assert "the run had already finished; its report stands" in out and f"fine-tuning {status}" in out, said
+    assert "without a result" not in said.err
 
 
 def test_a_job_that_died_onto_a_finished_finetune_run_is_no_result(tmp_path: Path, slurm_bin: Path, capsys) -> None:

@@ -76,6 +76,10 @@ def flag_overrides(pairs: list[tuple[str, str, object]]) -> tuple[list[str], dic
 
 
 def finetune(args: argparse.Namespace) -> int:
+    if args.stage not in (None, "prepare"):
+        raise ConfigError(
+            f"finetune {args.stage!r}: the only stage is `prepare` (gpucert finetune prepare --config ...)"
+        )
     extra, flags = flag_overrides([("--resume", "resume", args.resume), ("--output", "output_dir", args.output)])
     cfg = load(args, extra, training=args.stage != "prepare", flags=flags)
     if args.stage == "prepare":
@@ -250,7 +254,25 @@ def evaluate(args: argparse.Namespace) -> int:
     """Generate on the held-out split with the adapter, score the function calls, and write the report
     (report.json, report.md) to --output, by default evaluation/ beside the adapter: `gpucert report DIR`
     renders it. The exit code is the report's verdict; a bad adapter or output directory exits 3 before any
-    model is loaded."""
+    model is loaded.
+
+    SIGTERM (a `kill`, scancel) ends it as Ctrl-C does, one line and the shell's code (143), where it died of the
+    signal without a word. The report is written at the end, whole or not at all."""
+    import signal
+
+    from gpucert.runtime.errors import Interrupted
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Interrupted(f"terminated by SIGTERM (to gpucert, pid {os.getpid()}) during the evaluation", 143)
+
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return _evaluate(args)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
     bfcl_only = [f for f in ("compare_base", "bfcl_data", "bfcl_categories", "bfcl_limit") if getattr(args, f, None)]
     if getattr(args, "suite", "held-out") != "bfcl" and bfcl_only:
         given = ", ".join("--" + f.replace("_", "-") for f in bfcl_only)

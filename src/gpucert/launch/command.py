@@ -483,6 +483,11 @@ def _standing_verdict(run_dir: Path, exit_code: str) -> Status | None:
     return status
 
 
+def result(line: str) -> None:
+    """The job's verdict: a result, so on stdout (`| tee`, `| grep '^...'`), where progress goes to stderr."""
+    print(line, flush=True)
+
+
 def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: Callable[[str], None]) -> int:
     run_dir = Path(job.run_dir)
     undo = _write_job(run_dir, script)
@@ -503,17 +508,17 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
             from gpucert.report.store import load_report
 
             verdict = load_report(report).status
-            say(f"job {job_id} {state} (exit {exit_code}); verdict {verdict.value}: {report}")
+            result(f"job {job_id} {state} (exit {exit_code}); verdict {verdict.value}: {report}")
             return verdict.exit_code
     else:
         metrics = run_dir / "metrics.json"
         if metrics.exists() and file_identity(metrics) != earlier["metrics.json"]:
             status = Status(json.loads(metrics.read_text())["status"])
-            say(f"job {job_id} {state} (exit {exit_code}); fine-tuning {status.value}: {metrics}")
+            result(f"job {job_id} {state} (exit {exit_code}); fine-tuning {status.value}: {metrics}")
             return status.exit_code
         standing = _standing_verdict(run_dir, exit_code)
         if standing is not None:
-            say(
+            result(
                 f"job {job_id} {state} (exit {exit_code}): the run had already finished; its report stands "
                 f"(fine-tuning {standing.value}): {run_dir / 'report.json'}"
             )

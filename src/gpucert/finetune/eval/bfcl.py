@@ -451,7 +451,12 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
     from rich.console import Console
 
     from gpucert.finetune.data.tokenizer import load_tokenizer
-    from gpucert.finetune.eval.report import evaluation_report, verdict_result
+    from gpucert.finetune.eval.report import (
+        BFCL_FAIL_REMEDIATION,
+        evaluation_report,
+        other_suites_floors,
+        verdict_result,
+    )
     from gpucert.finetune.model.lora import adapter_for_generation
     from gpucert.hardware.inventory import collect_inventory, live_sources
     from gpucert.report.store import clear_earlier_run, write_report
@@ -464,7 +469,9 @@ def evaluate_bfcl(args: Any, cfg: Any, adapter: Path, out: Path, thresholds_from
     with torch.no_grad():
         runs = run_suite(model, tokenizer, suite, cfg.eval, args.compare_base, say_progress)
     results = bfcl_results(runs, cfg.eval.thresholds, thresholds_from, args.bfcl_limit)
-    results.append(verdict_result(results, example_key="bfcl_overall_min_pct"))
+    other = other_suites_floors(cfg.eval.thresholds, True)
+    hint = BFCL_FAIL_REMEDIATION
+    results.append(verdict_result(results, example_key="bfcl_overall_min_pct", fail_hint=hint, elsewhere=other))
     report = evaluation_report(
         results,
         command=["gpucert", *sys.argv[1:]],

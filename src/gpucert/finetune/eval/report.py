@@ -140,11 +140,33 @@ def evaluation_results(
     ]
     # Data without tool calls can exercise the no-call turns alone: that is the floor worth suggesting there.
     no_calls = scores.counts.get("turns", 0) and not scores.counts.get("expected_call", 0)
-    return [*results, verdict_result(results, example_key="irrelevance_min_pct" if no_calls else "overall_min_pct")]
+    example = "irrelevance_min_pct" if no_calls else "overall_min_pct"
+    return [*results, verdict_result(results, example_key=example, elsewhere=other_suites_floors(thresholds, False))]
+
+
+# Where a BFCL evaluation's failing entries are (it has no eval.overall row).
+BFCL_FAIL_REMEDIATION = (
+    "read the failing entries (details.examples of each bfcl.<category> row below its floor); a model that never "
+    "calls or writes malformed blocks usually means the prompt template differs from training's"
+)
+
+
+def other_suites_floors(thresholds: EvalThresholds, bfcl: bool) -> list[str]:
+    """The eval.thresholds keys set for the other suite (bfcl_* for the held-out one, the rest for BFCL): a verdict
+    with none of its own says they were set, and not for it, rather than that none was."""
+    return [
+        f"eval.thresholds.{f.name}"
+        for f in dataclasses.fields(thresholds)
+        if getattr(thresholds, f.name) is not None and f.name.startswith("bfcl_") != bfcl
+    ]
 
 
 def verdict_result(
-    results: Sequence[Result], subject: str = "the evaluation", example_key: str = "overall_min_pct"
+    results: Sequence[Result],
+    subject: str = "the evaluation",
+    example_key: str = "overall_min_pct",
+    fail_hint: str = FAIL_REMEDIATION,
+    elsewhere: Sequence[str] = (),
 ) -> Result:
     """eval.verdict: whether the result is good, in one sentence. Judged against the thresholds the recipe sets
     (the worst of the judged results, and any result that could not be computed); where it sets none, INFO that
@@ -191,7 +213,7 @@ def verdict_result(
         return verdict(
             max(r.status for r in short),
             f"not good enough: {len(short)} of {count} not met: {listed(short)}",
-            FAIL_REMEDIATION,
+            fail_hint,
         )
     if judged:
         names = ", ".join(r.name for r in judged)
@@ -202,6 +224,14 @@ def verdict_result(
             "not judged: none of the thresholds set applies to what this evaluation ran, so nothing says whether "
             "these scores are good",
             unjudged[0].remediation,
+        )
+    if elsewhere:
+        suite = "--suite bfcl" if elsewhere[0].startswith("eval.thresholds.bfcl_") else "the held-out suite"
+        return verdict(
+            Status.INFO,
+            f"not judged: the thresholds set ({', '.join(elsewhere)}) are for {suite}, none for this one, so nothing "
+            f"says whether these scores are good. Set floors for it too, e.g. eval.thresholds.{example_key} "
+            "(docs/evaluation.md)",
         )
     return verdict(
         Status.INFO,

@@ -201,6 +201,10 @@ def report_failure(rt: Runtime, exc: BaseException) -> tuple[AbortRecord, int]:
     if record.operator:
         # Stopped by the operator elsewhere in the job: what broke here (a collective whose peer left) is only that.
         say_stop(rt, f"{rt.me.describe()} stops: {record.message()}", record)
+    elif record.rank in (None, rt.rank) and rt.world_size == 1 and isinstance(exc, ConfigError):
+        # Bad input a lone run met only in its start-up (the directory taken by a run that started a moment
+        # before it): said as the check before the start says it, not as a rank's failure with where it was raised.
+        say(f"error: {error_text(exc)}")
     elif record.rank in (None, rt.rank):
         say(record.message())
         if not isinstance(exc, (ConfigError, DataError, NoSpaceError, CheckpointError)):
