@@ -38,7 +38,7 @@ from gpucert.config.loader import (
     load_config,
     salvage,
 )
-from gpucert.config.profiles import Profile, load_profile, select_profile
+from gpucert.config.profiles import Profile, available_profiles, load_profile, select_profile
 from gpucert.config.run import RunConfig
 from gpucert.hardware.inventory import NodeInventory, NodeSources, bundle_sources, collect_inventory, live_sources
 from gpucert.report.schema import Report, Result, RunMeta
@@ -162,7 +162,20 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None, pro
                     found = salvage(RunConfig, path, overrides, exc, base)
             profile = found.config.profile if found is not None else "auto"
             more = also_wrong(found, problems_of(base), blamed(base, profile))
+            if base is None and profile == "auto":
+                # The profile is chosen by the hardware, after this: say now the ranges wrong under every
+                # built-in profile (a value out of range whatever the node), so a wrong type hides none of them.
+                refused = exc
+                certain = certain_problems(lambda b: salvage(RunConfig, path, overrides, refused, b))
+                more += [p for p in certain if p not in more]
             raise ConfigError(problems=in_file_order(problems + more, path)) from None
+
+    def certain_problems(build: Callable[[dict[str, Any]], Any]) -> list[str]:
+        said: list[list[str]] = []
+        for name in available_profiles():
+            b = load_profile(name).run_defaults
+            said.append(also_wrong(build(b), problems_of(b), blamed(b, "auto")))
+        return [p for p in said[0] if all(p in other for other in said[1:])] if said else []
 
     config = load(base)
     if base is None and config.profile != "auto":

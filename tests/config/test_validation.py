@@ -125,6 +125,18 @@ def test_an_unknown_profile_beside_a_wrong_type_is_named_in_the_same_run() -> No
     ]
 
 
+def test_under_auto_a_wrong_type_hides_no_value_out_of_range_for_every_profile(tmp_path: Path) -> None:
+    """With the profile chosen by the hardware later, a wrong type said alone: size_mib 0 came on the next run."""
+    path = tmp_path / "br.yaml"
+    path.write_text("health: {expected_gpus: x}\nbench:\n  memory: {size_mib: 0}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_run_config(RunRequest("health", [], path, [], None, None, []))
+    assert caught.value.problems == [
+        f"{path}:1: health.expected_gpus: expected int, found 'x'",
+        f"{path}:3: bench.memory.size_mib must be in 1..32768, found 0",
+    ]
+
+
 def test_an_unknown_profile_names_where_it_was_named(tmp_path: Path) -> None:
     """`profile: h500` in a config file was said with no file and line, as no other bad value is."""
     path = tmp_path / "g.yaml"

@@ -337,3 +337,15 @@ def memory_plan_result(plan: dict) -> object:
 
     metrics = {**synthetic_metrics(), "memory_plan": plan}
     return {r.name: r for r in run_results(metrics)}["train.memory_plan"]
+
+
+def test_a_7b_run_on_a_cpu_host_too_small_for_it_is_refused_before_the_model_loads(monkeypatch) -> None:
+    """`gpucert finetune --config qwen2-7b-speed` on a 24 GiB machine with no GPU loaded the 7B model into host
+    memory for minutes, with no estimate, on its way to being killed."""
+    cfg = load_finetune_config(REPO / "configs/finetune/qwen2-7b-speed.yaml")
+    w = memory_plan.workload_from_config(cfg, QWEN2_7B, "none", 1)
+    monkeypatch.setattr(memory_plan, "host_available_gib", lambda: 23.0)
+    with pytest.raises(MemoryPlanError, match=r"needs about \d+ GiB .* this host has 23 GiB available, with no GPU"):
+        memory_plan.refuse_beyond_host_memory(cfg, w, 2, "none")
+    monkeypatch.setattr(memory_plan, "host_available_gib", lambda: 2000.0)
+    memory_plan.refuse_beyond_host_memory(cfg, w, 2, "none")  # a host that holds it trains on it

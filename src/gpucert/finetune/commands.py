@@ -87,8 +87,9 @@ def finetune(args: argparse.Namespace) -> int:
         given = [flag for flag, value in (("--output", args.output), ("--resume", args.resume)) if value]
         if given:
             raise ConfigError(
-                f"finetune prepare writes the prepared data to data.cache_dir and no run: {', '.join(given)} "
-                "belong to `gpucert finetune` (set data.cache_dir to choose where preparation writes)"
+                f"finetune prepare writes the prepared data to data.cache_dir and no run: {' and '.join(given)} "
+                f"{'belongs' if len(given) == 1 else 'belong'} to `gpucert finetune` (set data.cache_dir to choose "
+                "where preparation writes)"
             )
         check_data_source(cfg.data)  # a missing data file is named before torch and the tokenizer load
         return prepare(cfg)

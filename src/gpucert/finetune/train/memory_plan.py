@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpucert.config.loader import ConfigError
@@ -398,6 +399,32 @@ def model_shape(cfg: FinetuneConfig, vocab_size: int) -> ModelShape:
     return shape_from_config(AutoConfig.from_pretrained(source, **offline), vocab_size)
 
 
+def host_available_gib() -> float | None:
+    """The host memory a new allocation can take (MemAvailable), None where /proc/meminfo does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def refuse_beyond_host_memory(cfg: FinetuneConfig, w: Workload, rows: int, checkpointing: str) -> None:
+    """A run on the CPU whose weights and activations, by the GPU estimate, exceed the host's available memory (a
+    7B recipe on a GPU-less machine): refused before the model loads, where it filled the host's memory for
+    minutes on its way to being killed."""
+    available = host_available_gib()
+    need = estimate_peak_gib(w, rows, checkpointing)
+    if available is None or need <= available:
+        return
+    raise MemoryPlanError(
+        f"{cfg.model.name} at micro-batch {rows} needs about {need:.0f} GiB (weights, adapters, optimizer state and "
+        f"activations) and this host has {available:.0f} GiB available, with no GPU to train on: run it on a GPU "
+        "node, or try the pipeline on this one with the tiny model (gpucert finetune, no --config)"
+    )
+
+
 def device_memory_gib(rt: Any, agree: bool) -> tuple[float, float]:
     """(free, total) GiB of this rank's GPU; with `agree`, the minimum of each over ranks (a collective)."""
     import torch
@@ -418,8 +445,10 @@ def plan_for_run(
     auto on CUDA: the free and total memory are the minimum over ranks, so every rank computes the same plan."""
     auto = cfg.train.micro_batch == "auto"
     if rt.device.type != "cuda":
+        mode = "full" if cfg.model.gradient_checkpointing else "none"
+        rows = 1 if auto else fixed_micro_batch(cfg.train)
+        refuse_beyond_host_memory(cfg, workload_from_config(cfg, model_shape(cfg, vocab_size), parallel, 1), rows, mode)
         if auto:
-            mode = "full" if cfg.model.gradient_checkpointing else "none"
             return Plan(micro_batch=1, checkpointing=mode, chosen_by="cpu")
         return configured_plan(cfg, None, 0.0, 0.0)
     free_gib, total_gib = device_memory_gib(rt, agree=auto)
