@@ -298,6 +298,10 @@ def test_a_host_without_slurm_configuration_is_told_to_run_on_a_login_node_or_se
         ("IDLE*", False),  # an older Slurm's mark of a node that does not answer
         ("DOWN*+DRAIN", False),
         ("IDLE+NOT_RESPONDING", False),
+        ("COMPLETING", True),  # an older Slurm's base state for a node whose job is ending
+        ("IDLE-", True),  # planned for a job
+        ("IDLE~", False),  # powered down
+        ("IDLE#", False),  # powering up
     ],
 )
 def test_a_node_passes_only_in_a_state_that_takes_jobs(state: str, usable: bool) -> None:

@@ -349,3 +349,16 @@ def test_a_7b_run_on_a_cpu_host_too_small_for_it_is_refused_before_the_model_loa
         memory_plan.refuse_beyond_host_memory(cfg, w, 2, "none")
     monkeypatch.setattr(memory_plan, "host_available_gib", lambda: 2000.0)
     memory_plan.refuse_beyond_host_memory(cfg, w, 2, "none")  # a host that holds it trains on it
+
+
+def test_a_cpu_run_whose_architecture_cannot_be_estimated_trains_as_before(monkeypatch) -> None:
+    """The host-memory check must not refuse what it cannot estimate (an adapter on lm_head, a GPT-2 config): such
+    CPU runs started before it existed."""
+    cfg = load_finetune_config(None, ["model.name=tiny", "train.micro_batch=2"])
+
+    def unknown(*args: object, **kwargs: object) -> None:
+        raise MemoryPlanError("cannot estimate 'lm_head'")
+
+    monkeypatch.setattr(memory_plan, "workload_from_config", unknown)
+    rt = SimpleNamespace(device=torch.device("cpu"), world_size=1)
+    assert memory_plan.plan_for_run(cfg, rt, 1000, "none").micro_batch == 2

@@ -405,3 +405,13 @@ def test_a_run_directory_given_to_resume_is_named_as_such_before_any_worker(tmp_
         assert "not a checkpoint: give one of its checkpoints" in problem, problem
         assert f"({newest} is the newest)" in problem and f"--output {run} --resume auto" in problem
     assert replace(tiny(tmp_path), resume=str(newest)).path_problems() == []
+
+
+def test_a_checkpoint_copied_out_of_its_run_resumes_without_a_run_config(tmp_path: Path) -> None:
+    """A backup of step-N outside <run>/checkpoints has no config.yaml two levels up: nothing to compare with, as
+    before (it was refused as `config.yaml is missing` once that became a refusal)."""
+    copied = write_checkpoint(tmp_path / "run", 5)
+    backup = tmp_path / "backup" / "step-5"
+    backup.parent.mkdir()
+    copied.rename(backup)
+    check_resume_config(replace(tiny(tmp_path), resume=str(backup), output_dir=str(tmp_path / "new")))

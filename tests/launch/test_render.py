@@ -372,3 +372,19 @@ def test_a_value_every_node_would_refuse_is_refused_before_the_script_is_printed
     assert "--head '': expected node rank 0's host name or address" in capsys.readouterr().err
     assert main(["launch", "torchrun", "accept", "--nodes", "2", "--head", "a", "--rendezvous-timeout", "inf"]) == 3
     assert "--rendezvous-timeout must be a positive number of seconds, at most 30 days" in capsys.readouterr().err
+
+
+def test_launch_refuses_a_mistyped_finetune_stage_and_keeps_the_files_line_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`finetune prepar` was printed into every node's command once the parser stopped refusing it itself; the
+    range problems came in string order (line 12 before line 9)."""
+    argv = ["launch", "torchrun", "finetune", "prepar", "--nodes", "2", "--head", "h", "--config", "tiny"]
+    assert main([*argv, "--output", str(tmp_path / "ft")]) == 3
+    assert "'prepar': the only stage is `prepare`" in capsys.readouterr().err
+    config = tmp_path / "c.yaml"
+    config.write_text("\n" * 8 + "runtime: {collective_timeout_s: 0}\n\n\nbench: {memory: {size_mib: 0}}\n")
+    assert main(["launch", "slurm", "accept", "--nodes", "2", "--gpus-per-node", "0", "--config", str(config),
+                 "--dry-run"]) == 3  # fmt: skip
+    lines = [line.strip() for line in capsys.readouterr().err.splitlines()[1:]]
+    assert [line.split(": ")[0] for line in lines] == [f"{config}:9", f"{config}:12"], lines

@@ -528,3 +528,19 @@ def test_an_older_inventorys_gpu_with_only_index_and_name_renders_everywhere() -
     print_report(report, console, show_inventory=True, report_path=None)
     assert "H100 80GB HBM3" in console.export_text()
     assert "H100 80GB HBM3" in render_html(report)
+
+
+def test_a_rerun_in_a_directory_clears_a_first_reading_an_earlier_drain_kept(tmp_path: Path) -> None:
+    """`health --drain --output DIR` keeps its first reading in DIR/first-reading/; a later run there that passed
+    at once left it, an older run's report beside the new one."""
+    kept = tmp_path / store.FIRST_READING
+    kept.mkdir()
+    (kept / "report.json").write_text("{}")
+    (tmp_path / "report.json").write_text("{}")
+    removed = store.clear_earlier_run(tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in removed) == ["first-reading/report.json", "report.json"]
+    assert not kept.exists()
+    (kept).mkdir()
+    (kept / "notes.txt").write_text("mine")  # not gpucert's: left, and so is the directory
+    store.clear_earlier_run(tmp_path)
+    assert (kept / "notes.txt").exists()

@@ -27,11 +27,38 @@ from gpucert.report.schema import Result
 from gpucert.status import Status
 
 # A node takes jobs only in one of these base states (the first word of scontrol's State=); FUTURE, UNKNOWN,
-# DOWN, ERROR and any state a later Slurm adds do not.
-USABLE_BASE_STATES = ("IDLE", "MIXED", "ALLOCATED")
+# DOWN, ERROR and any state a later Slurm adds do not. COMPLETING: an older Slurm's base state for a node whose job
+# is ending (a later one writes +COMPLETING), which takes the next job once it has.
+USABLE_BASE_STATES = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
+# The one-character marks older Slurm (and sinfo) put after a state (sinfo(1) "NODE STATE CODES"), as the flag each
+# stands for; '-' (planned for a job) keeps a node usable.
+STATE_MARKS = {
+    "*": "NOT_RESPONDING",
+    "~": "POWERED_DOWN",
+    "#": "POWERING_UP",
+    "%": "POWERING_DOWN",
+    "!": "POWER_DOWN",
+    "@": "REBOOT_REQUESTED",
+    "^": "REBOOT_ISSUED",
+    "$": "MAINT",
+    "-": "PLANNED",
+}
 # Flags (joined to the base state with '+') that keep a node in a usable base state from taking jobs (sinfo(1)
 # "NODE STATE CODES").
-BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "INVALID", "MAINT", "REBOOT_REQUESTED", "POWERED_DOWN")
+BAD_NODE_STATES = (
+    "DOWN",
+    "DRAIN",
+    "FAIL",
+    "NOT_RESPONDING",
+    "INVALID",
+    "MAINT",
+    "REBOOT_REQUESTED",
+    "REBOOT_ISSUED",
+    "POWERED_DOWN",
+    "POWERING_UP",
+    "POWERING_DOWN",
+    "POWER_DOWN",
+)
 
 
 @dataclass(frozen=True)
@@ -261,10 +288,11 @@ def judge_nodes(nodes: list[SlurmNode]) -> list[Result]:
     for n in nodes:
         base, *rest = n.state.split("+")
         flags = set(rest)
-        # Slurm marks a node that does not answer with a '*' after its state (IDLE*, DOWN*).
-        if base.endswith("*"):
-            base = base.rstrip("*")
-            flags.add("NOT_RESPONDING")
+        # An older Slurm marks a node that does not answer with a '*' after its state (IDLE*, DOWN*), one powered
+        # down with '~', and so on (STATE_MARKS).
+        while base and base[-1] in STATE_MARKS:
+            flags.add(STATE_MARKS[base[-1]])
+            base = base[:-1]
         bad = sorted(flags & set(BAD_NODE_STATES)) or (["DRAINING"] if "DRAINING" in n.state else [])
         if base not in USABLE_BASE_STATES:
             bad = [base, *bad]

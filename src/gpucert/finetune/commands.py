@@ -201,7 +201,8 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     if run_dir is not None and not cfg.output_dir:
         ranks += ["--output", run_dir]
 
-    made = run_dir is not None and not Path(run_dir).exists()
+    # One node only: on a shared filesystem the other nodes' rank logs are there too, their only detailed cause.
+    made = run_dir is not None and not Path(run_dir).exists() and plan.num_nodes == 1
 
     def hint() -> str | None:
         if run_dir is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpucert.acceptance import RunOutcome
 from gpucert.report.schema import Result
-from gpucert.report.store import RUN_ARTEFACTS, write_report
+from gpucert.report.store import FIRST_READING, RUN_ARTEFACTS, write_report
 from gpucert.status import Status
 
 
@@ -63,13 +63,9 @@ def confirm_failures(first: list[Result], second: list[Result]) -> list[Result]:
     return confirmed
 
 
-# Where `health --drain --output DIR` keeps the first reading's report: the re-measurement's run, in the same
-# directory, replaces what a run there wrote.
-FIRST_READING = "first-reading"
-
-
 def keep_first_reading(directory: Path) -> None:
-    """Move the report a run wrote in `directory` to `directory/first-reading/` (an older one there replaced)."""
+    """Move the report a run wrote in `directory` to `directory/first-reading/` (an older one there replaced): the
+    re-measurement's run, in the same directory, replaces what a run there wrote."""
     kept = directory / FIRST_READING
     kept.mkdir(exist_ok=True)
     for name in RUN_ARTEFACTS:

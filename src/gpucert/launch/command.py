@@ -111,6 +111,9 @@ def check_verb_args(verb: str, rest: list[str], here: bool = True) -> str | None
     if verb == "finetune":
         from gpucert.finetune.config import load_finetune_config, resolve_recipe
 
+        if parsed.stage not in (None, "prepare"):  # as finetune() refuses it, on every node of the job
+            raise ConfigError(f"launch ... finetune: {parsed.stage!r}: the only stage is `prepare`")
+
         # A local file or a shipped recipe (else a ConfigError naming it), with its --set values.
         load_finetune_config(resolve_recipe(config), overrides, False)
         return None
@@ -140,7 +143,9 @@ def check_verb_args(verb: str, rest: list[str], here: bool = True) -> str | None
     known = profile != "auto" and (not is_path or (profile == flag and (here or Path(profile).is_file())))
     if known:
         load_profile(profile)
-    _refuse_out_of_range(given, overrides, [profile] if known else [] if profile != "auto" else available_profiles())
+    if config is None or given is not None:  # a --config only the pods have may make a value right: theirs to judge
+        judged = [profile] if known else [] if profile != "auto" else available_profiles()
+        _refuse_out_of_range(given, overrides, judged)
     return profile
 
 
@@ -152,19 +157,18 @@ def _refuse_out_of_range(config: Path | None, overrides: list[str], profiles: li
     from gpucert.config.profiles import load_profile
 
     request = RunRequest("launch", [], config, overrides, None, None, [])
-    said: list[set[str]] = []
+    said: list[list[str]] = []
     for name in profiles:
         try:
             load_run_config(request, base=load_profile(name).run_defaults)
         except ConfigError as exc:
-            said.append(set(exc.problems))
+            said.append(list(exc.problems))
         else:
             return  # fine under one profile a node may pick: nothing certain to say
-    certain = set.intersection(*said) if said else set()
+    # In the order the first profile said them (the file's line order, then the --set items).
+    certain = [p for p in said[0] if all(p in other for other in said[1:])] if said else []
     if certain:
-        # In the order the first profile said them.
-        first = next(iter(said))
-        raise ConfigError(problems=[p for p in sorted(first) if p in certain])
+        raise ConfigError(problems=certain)
 
 
 def _value_of(args: list[str], *flags: str) -> str | None:

@@ -113,12 +113,21 @@ def check_reuse(output: Path, verb: str) -> None:
     )
 
 
+# Where `health --drain --output DIR` keeps its first reading's report (fleet/recheck.py): an earlier run's too.
+FIRST_READING = "first-reading"
+
+
 def clear_earlier_run(directory: Path) -> list[Path]:
-    """Remove what an earlier run wrote in `directory` (its report files, its ranks' logs); the paths removed."""
+    """Remove what an earlier run wrote in `directory` (its report files, its ranks' logs, a first reading it kept);
+    the paths removed."""
+    kept = directory / FIRST_READING
     removed = [directory / name for name in RUN_ARTEFACTS if (directory / name).is_file()]
+    removed += [kept / name for name in RUN_ARTEFACTS if (kept / name).is_file()]
     removed += [p for pattern in RANK_LOGS for p in (directory / "logs").glob(pattern) if p.is_file()]
     for path in removed:
         path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        kept.rmdir()  # only when empty: anything else there is not gpucert's
     return removed
 
 

@@ -181,7 +181,10 @@ def check_resume_config(cfg: FinetuneConfig) -> None:
             return
         run_dir = Path(cfg.output_dir)
     else:
-        run_dir = Path(cfg.resume).parent.parent  # <run>/checkpoints/step-N
+        named = Path(cfg.resume).resolve()
+        if named.parent.name != "checkpoints":
+            return  # a checkpoint copied out of its run (a backup): no run config beside it to compare with
+        run_dir = named.parent.parent  # <run>/checkpoints/step-N
     saved_file = run_dir / RUN_CONFIG_FILE
     try:
         loaded = yaml.safe_load(saved_file.read_text())

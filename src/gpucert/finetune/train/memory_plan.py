@@ -25,6 +25,7 @@ the estimated model runs with (adapters in the frozen GEMMs, the fused MLP) is t
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,17 +411,26 @@ def host_available_gib() -> float | None:
     return None
 
 
-def refuse_beyond_host_memory(cfg: FinetuneConfig, w: Workload, rows: int, checkpointing: str) -> None:
+def local_ranks(rt: Any) -> int:
+    """The ranks on this host (each CPU rank holds its own copy of the model), from torchrun's LOCAL_WORLD_SIZE."""
+    try:
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "")), 1)
+    except ValueError:
+        return max(int(getattr(rt, "world_size", 1)), 1)
+
+
+def refuse_beyond_host_memory(cfg: FinetuneConfig, w: Workload, rows: int, checkpointing: str, ranks: int = 1) -> None:
     """A run on the CPU whose weights and activations, by the GPU estimate, exceed the host's available memory (a
     7B recipe on a GPU-less machine): refused before the model loads, where it filled the host's memory for
-    minutes on its way to being killed."""
+    minutes on its way to being killed. `ranks`: the processes of this host, each with its own copy."""
     available = host_available_gib()
-    need = estimate_peak_gib(w, rows, checkpointing)
+    need = estimate_peak_gib(w, rows, checkpointing) * ranks
     if available is None or need <= available:
         return
     raise MemoryPlanError(
         f"{cfg.model.name} at micro-batch {rows} needs about {need:.0f} GiB (weights, adapters, optimizer state and "
-        f"activations) and this host has {available:.0f} GiB available, with no GPU to train on: run it on a GPU "
+        f"activations{f', {ranks} processes' if ranks > 1 else ''}) and this host has {available:.0f} GiB available, "
+        "with no GPU to train on: run it on a GPU "
         "node, or try the pipeline on this one with the tiny model (gpucert finetune, no --config)"
     )
 
@@ -447,7 +457,12 @@ def plan_for_run(
     if rt.device.type != "cuda":
         mode = "full" if cfg.model.gradient_checkpointing else "none"
         rows = 1 if auto else fixed_micro_batch(cfg.train)
-        refuse_beyond_host_memory(cfg, workload_from_config(cfg, model_shape(cfg, vocab_size), parallel, 1), rows, mode)
+        try:
+            workload = workload_from_config(cfg, model_shape(cfg, vocab_size), parallel, rt.world_size)
+        except (MemoryPlanError, AttributeError, KeyError, ValueError):
+            workload = None  # an architecture the estimate does not know: trained as before, unestimated
+        if workload is not None:
+            refuse_beyond_host_memory(cfg, workload, rows, mode, local_ranks(rt))
         if auto:
             return Plan(micro_batch=1, checkpointing=mode, chosen_by="cpu")
         return configured_plan(cfg, None, 0.0, 0.0)
