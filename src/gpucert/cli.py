@@ -403,13 +403,13 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         nproc = getattr(args, "nproc", None)
         outcome = run_on_nodes(request, plan or NodeEnv("local", 0, 1, "127.0.0.1", 0), nproc, ranks, say)
     if getattr(args, "drain", False) and outcome.report is not None:
-        from gpucert.fleet.recheck import keep_first_reading, recheck
+        from gpucert.fleet.recheck import keeping_first_reading, recheck
 
         first = outcome.path
 
         def again() -> RunOutcome:
-            if request.output is not None and first is not None:
-                keep_first_reading(first.parent)  # the re-run writes in the same --output; both are kept
+            if request.output is not None and first is not None:  # the re-run writes in the same --output
+                return keeping_first_reading(first.parent, lambda: run_local(request))
             return run_local(request)
 
         outcome = recheck(outcome, again)  # one noisy reading never drains a node

@@ -10,13 +10,12 @@ and so still FAILs: the recheck costs it one more run, never its verdict.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from gpucert.acceptance import RunOutcome
 from gpucert.report.schema import Result
-from gpucert.report.store import FIRST_READING, RUN_ARTEFACTS, write_report
+from gpucert.report.store import FIRST_READING, RUN_ARTEFACTS, write_atomic, write_report
 from gpucert.status import Status
 
 
@@ -63,14 +62,17 @@ def confirm_failures(first: list[Result], second: list[Result]) -> list[Result]:
     return confirmed
 
 
-def keep_first_reading(directory: Path) -> None:
-    """Move the report a run wrote in `directory` to `directory/first-reading/` (an older one there replaced): the
-    re-measurement's run, in the same directory, replaces what a run there wrote."""
+def keeping_first_reading(directory: Path, rerun: Callable[[], RunOutcome]) -> RunOutcome:
+    """`rerun` in `directory`, where a run wrote its report, and that report then in `directory/first-reading/`:
+    the re-measurement's run clears what a run there wrote (a first-reading/ included, an earlier run's), so the
+    first reading is held until the second has run."""
+    held = {name: (directory / name).read_text() for name in RUN_ARTEFACTS if (directory / name).is_file()}
+    again = rerun()
     kept = directory / FIRST_READING
     kept.mkdir(exist_ok=True)
-    for name in RUN_ARTEFACTS:
-        if (directory / name).is_file():
-            os.replace(directory / name, kept / name)
+    for name, text in held.items():
+        write_atomic(kept / name, text)
+    return again
 
 
 def recheck(outcome: RunOutcome, rerun: Callable[[], RunOutcome]) -> RunOutcome:
