@@ -269,6 +269,31 @@ def test_a_full_disk_mid_checkpoint_is_named_and_leaves_no_half_checkpoint(
     assert verify_checkpoint(previous) is None
 
 
+def test_a_ctrl_c_after_the_marker_keeps_the_whole_checkpoint(
+    tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first checkpoint, its COMPLETE marker written, then Ctrl-C during the directory syncs after it: the
+    clean-up of a half-written checkpoint took this whole one, the run's only (a run stopped at that moment exited
+    130 with nothing for --resume auto)."""
+    rt = start_runtime()
+    real_fsync = checkpoint._fsync
+
+    def interrupted_after_the_marker(path: Path) -> None:
+        if (Path(path) / COMPLETE).exists():
+            raise KeyboardInterrupt
+        real_fsync(path)
+
+    try:
+        model, opt, sched = tiny_training_state(rt)
+        monkeypatch.setattr(checkpoint, "_fsync", interrupted_after_the_marker)
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=2), rt, keep=3)
+    finally:
+        stop_runtime(rt)
+    (kept,) = complete_checkpoints(tmp_path)
+    assert kept[0] == 2 and verify_checkpoint(kept[1]) is None
+
+
 def test_a_full_disk_while_saving_the_adapter_keeps_the_previous_one(
     tmp_path: Path, single_process: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -462,7 +462,7 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     tensors = {k: v.contiguous() for k, v in adapter.items()}
-    renamed = False
+    renamed = complete = False
     try:
         _write_file(tmp / ADAPTER_FILE, lambda f: f.write(safetensors_bytes(tensors)))
         _write_file(tmp / "optimizer.pt", lambda f: torch.save(optim, f))
@@ -476,11 +476,15 @@ def save_checkpoint(
         os.replace(tmp, final)
         renamed = True
         _write_file(final / COMPLETE, lambda f: f.write(f"{state.step}\n".encode()))
+        complete = True
         _fsync(final)
         _fsync(root)
     except BaseException as exc:
-        # Nothing half-written stays: the temporary directory, or the renamed one that never got its marker.
-        shutil.rmtree(final if renamed else tmp, ignore_errors=True)
+        # Nothing half-written stays: the temporary directory, or the renamed one that never got its marker. One
+        # with its marker is whole: a Ctrl-C during the directory syncs after it took the only checkpoint a run
+        # had, and `--resume auto` started over.
+        if not complete:
+            shutil.rmtree(final if renamed else tmp, ignore_errors=True)
         if isinstance(exc, Exception) and is_no_space(exc):
             latest = find_latest(run_dir)
             kept = f"the newest complete one is {latest.name}" if latest else "no complete checkpoint exists yet"
