@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,37 +103,25 @@ def _checked_result(data: Any, index: int, schema_version: str) -> Result:
 
 # The JSON types of each field a view reads (a number is int or float; bool is no number). A field of a wrong
 # type is refused on load, naming it, where it would otherwise break a renderer later with a bare TypeError.
-_NUMBER = (float, int)
+def _json_types(hint: Any) -> tuple[type, ...]:
+    """The JSON value types a field annotated `hint` may hold: a float field takes an integer too (JSON writes 3.0
+    as 3), `list[str]` is a list, `X | None` adds null."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(hint) for t in _json_types(arg))
+    if typing.get_origin(hint) is not None:
+        return (typing.get_origin(hint),)
+    return (float, int) if hint is float else (hint,)
+
+
+def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Each field of the dataclass `cls` as _check_types takes it: the types its annotation allows (status aside,
+    checked against the Status names on its own)."""
+    return {name: _json_types(hint) for name, hint in typing.get_type_hints(cls).items() if name != "status"}
+
+
+RESULT_TYPES = _field_types(Result)
+
 _TEXT_OR_NULL = (str, type(None))
-RESULT_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "subject": (str,),
-    "message": (str,),
-    "value": (float, int, str, bool, type(None)),
-    "unit": _TEXT_OR_NULL,
-    "expected": _TEXT_OR_NULL,
-    "threshold_source": _TEXT_OR_NULL,
-    "remediation": _TEXT_OR_NULL,
-    "category": (str,),
-    "gpu_index": (int, type(None)),
-    "details": (dict,),
-    "node": _TEXT_OR_NULL,
-}
-META_TYPES: dict[str, tuple[type, ...]] = {
-    "tool_version": (str,),
-    "method_version": (str,),
-    "verb": (str,),
-    "command": (list,),
-    "host": (str,),
-    "started_at": (str,),
-    "finished_at": (str,),
-    "duration_s": _NUMBER,
-    "profile": (str,),
-    "config": (dict,),
-    "software": (dict,),
-    "tool": (str,),
-    "nodes": (list,),
-}
 _INT_OR_NULL = (int, type(None))
 _NUMBER_OR_NULL = (float, int, type(None))
 # An inventory's GPU as the views read it (NodeInventory.to_dict): index and name always; the rest where present.
@@ -163,7 +153,8 @@ def _check_types(data: dict[str, Any], types: dict[str, tuple[type, ...]], where
         value = data[key]
         bad_bool = isinstance(value, bool) and bool not in allowed  # True is an int to Python, not to JSON
         if bad_bool or not isinstance(value, allowed):
-            wanted = " or ".join(_KIND_NAMES[t] for t in allowed if not (t is int and float in allowed))
+            named = (_KIND_NAMES[t] for t in allowed if not (t is int and float in allowed))
+            wanted = " or ".join(dict.fromkeys(named))
             raise ValueError(f"{where}: {key} is {_article(_json_kind(value))}, expected {wanted}")
 
 
@@ -233,6 +224,9 @@ class RunMeta:
     tool: str = "gpucert"
     # Node labels in node-rank order; one entry for a one-node run, empty in 1.x reports.
     nodes: list[str] = field(default_factory=list)
+
+
+META_TYPES = _field_types(RunMeta)
 
 
 # The fields a report's meta must have (those with no default).
