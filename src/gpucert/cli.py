@@ -312,16 +312,17 @@ def _benchmarks_of(args: argparse.Namespace) -> list[str]:
     return []
 
 
-def _duration_override(args: argparse.Namespace) -> list[str]:
-    """`bench burn --duration 10m` as its config key; a bad duration or one given to another benchmark exits 3."""
+def _duration_override(args: argparse.Namespace) -> dict[str, str]:
+    """`bench burn --duration 10m` as its config key, with the flag as typed; a bad duration or one given to another
+    benchmark exits 3."""
     from gpucert.config.run import parse_duration_s
 
     if getattr(args, "duration", None) is None:
-        return []
+        return {}
     if args.benchmark != "burn":
         raise ConfigError(f"--duration sets how long `gpucert bench burn` runs; `bench {args.benchmark}` has none")
     try:
-        return [f"bench.burn.duration_s={parse_duration_s(args.duration)}"]
+        return {f"bench.burn.duration_s={parse_duration_s(args.duration)}": f"--duration {args.duration}"}
     except ValueError as exc:
         raise ConfigError(f"--duration: {exc}") from None
 
@@ -330,17 +331,18 @@ def _duration_override(args: argparse.Namespace) -> list[str]:
 SUITE_VERBS = ("discover", "health", "accept", "bench")
 
 
-def suite_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """A suite verb's flags as (config overrides, benchmarks), each refused with a ConfigError where it cannot run:
-    --nproc, --skip, --duration, --resume-after and --drain."""
-    overrides = list(args.overrides) + ([f"profile={args.profile}"] if args.profile else [])
+def suite_args(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, str]]:
+    """A suite verb's flags as (config overrides, benchmarks, each override a flag made -> the flag as typed, for
+    messages), each refused with a ConfigError where it cannot run: --nproc, --skip, --duration, --resume-after and
+    --drain."""
+    flags = {f"profile={args.profile}": f"--profile {args.profile}"} if args.profile else {}
     nproc = getattr(args, "nproc", None)
     if nproc is not None:
         if nproc < 1:
             raise ConfigError(f"--nproc must be >= 1, found {nproc}")
-        overrides.append(f"bench.nproc={nproc}")
+        flags[f"bench.nproc={nproc}"] = f"--nproc {nproc}"
     benchmarks = _benchmarks_of(args)
-    overrides += _duration_override(args)
+    flags.update(_duration_override(args))
     if getattr(args, "resume_after", 1) < 1:
         raise ConfigError(f"--resume-after counts passing runs: it must be >= 1, found {args.resume_after}")
     if getattr(args, "resume_after", 1) != 1 and not getattr(args, "drain", False):
@@ -349,26 +351,14 @@ def suite_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         raise ConfigError("--drain acts on this live node: not with --replay or --nnodes (run it on every node)")
     if benchmarks and args.replay:
         raise ConfigError("--replay reads a captured node: benchmarks need the live node")
-    return overrides, benchmarks
-
-
-def _flags_typed(args: argparse.Namespace, overrides: list[str]) -> dict[str, str]:
-    """The overrides suite_args made from flags, each with the flag as the user typed it."""
-    typed = {"profile": ("--profile", "profile"), "bench.nproc": ("--nproc", "nproc")}
-    typed["bench.burn.duration_s"] = ("--duration", "duration")
-    said = {}
-    for override in overrides[len(args.overrides) :]:  # the user's own --set items come first
-        flag, attribute = typed.get(override.split("=", 1)[0], (None, None))
-        if flag is not None:
-            said[override] = f"{flag} {getattr(args, str(attribute))}"
-    return said
+    return [*args.overrides, *flags], benchmarks, flags
 
 
 def run_suite(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_on_nodes
     from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
 
-    overrides, benchmarks = suite_args(args)
+    overrides, benchmarks, flags = suite_args(args)
     request = RunRequest(
         verb=args.verb if args.verb != "bench" else f"bench {args.benchmark}",
         benchmarks=benchmarks,
@@ -377,7 +367,7 @@ def run_suite(args: argparse.Namespace, console: Console) -> int:
         output=args.output,
         replay=args.replay,
         command=["gpucert", *sys.argv[1:]],
-        flags=_flags_typed(args, overrides),
+        flags=flags,
     )
 
     say = _progress(args)
