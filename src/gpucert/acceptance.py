@@ -36,6 +36,7 @@ from gpucert.config.loader import (
     in_file_order,
     key_line,
     load_config,
+    said_by_every,
     salvage,
 )
 from gpucert.config.profiles import Profile, available_profiles, load_profile, select_profile
@@ -175,7 +176,7 @@ def load_run_config(request: RunRequest, base: dict[str, Any] | None = None, pro
         for name in available_profiles():
             b = load_profile(name).run_defaults
             said.append(also_wrong(build(b), problems_of(b), blamed(b, "auto")))
-        return [p for p in said[0] if all(p in other for other in said[1:])] if said else []
+        return said_by_every(said)
 
     config = load(base)
     if base is None and config.profile != "auto":

@@ -316,6 +316,12 @@ def in_file_order(problems: Sequence[str], path: Path | None) -> list[str]:
     return sorted(problems, key=line)
 
 
+def said_by_every(lists: Sequence[Sequence[str]]) -> list[str]:
+    """The problems every list says, in the first one's order: with the profile chosen later by each node's
+    hardware, what is wrong under every profile a node may pick is certain now."""
+    return [p for p in lists[0] if all(p in other for other in lists[1:])] if lists else []
+
+
 # What build's messages say after the source: `key.path: expected ...` or `unknown key 'key.path'`.
 _BUILD_KEY = re.compile(r"^(?:unknown key '([^']+)'|([\w.\[\]]+): )")
 

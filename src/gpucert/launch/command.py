@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpucert.config.loader import ConfigError
+from gpucert.config.loader import ConfigError, said_by_every
 from gpucert.launch import k8s, slurm, torchrun
 from gpucert.launch.presets import preset_env
 from gpucert.report.store import file_identity
@@ -166,7 +166,7 @@ def _refuse_out_of_range(config: Path | None, overrides: list[str], profiles: li
         else:
             return  # fine under one profile a node may pick: nothing certain to say
     # In the order the first profile said them (the file's line order, then the --set items).
-    certain = [p for p in said[0] if all(p in other for other in said[1:])] if said else []
+    certain = said_by_every(said)
     if certain:
         raise ConfigError(problems=certain)
 
