@@ -386,7 +386,7 @@ def run_on_nodes(
     # torch loads with these (seconds): a bad file or key above is refused before.
     from gpucert.bench.suite import rank_env
     from gpucert.runtime.device import default_nproc
-    from gpucert.runtime.launcher import LaunchOutcome, launch_ranks
+    from gpucert.runtime.launcher import NO_VERDICT, LaunchOutcome, launch_ranks
 
     if nproc is None:
         nproc = (config.bench.nproc or default_nproc()) if request.benchmarks else 1
@@ -443,7 +443,10 @@ def run_on_nodes(
 
         report = load_report(written)
         return RunOutcome(report, written, Status.ERROR.exit_code)
-    code = outcome.verdict if outcome.verdict is not None else 0
+    if outcome.verdict is None:
+        # Every rank exited 0 and local rank 0 judged nothing: exit 0 here would be a PASS nothing earned.
+        raise JobFailed(NO_VERDICT)
+    code = outcome.verdict
     if plan.node_rank != 0:
         say(
             f"node {outcome.labels.get(plan.node_rank)}: the report is written by node 0 ({outcome.labels.get(0)}); "

@@ -9,6 +9,7 @@ from gpucert.config.loader import ConfigError
 from gpucert.report.schema import Result
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.device import pick_ordinal
+from gpucert.runtime.group import unsaid_node_layout
 from gpucert.runtime.identity import RankIdentity, node_labels, relabel
 from gpucert.runtime.launch_env import (
     NodeEnv,
@@ -85,6 +86,26 @@ def test_a_kubernetes_indexed_job_is_a_node_agent() -> None:
         read_node_env({"JOB_COMPLETION_INDEX": "3", "GPUCERT_NNODES": "4"})
 
 
+def test_a_pods_node_rank_outside_the_job_is_refused_naming_the_variable() -> None:
+    """JOB_COMPLETION_INDEX 5 of 2 nodes: node 0 waited for rank 1, which never came, and blamed itself."""
+    pod = {"JOB_COMPLETION_INDEX": "5", "GPUCERT_NNODES": "2", "MASTER_ADDR": "accept-0.accept"}
+    with pytest.raises(ConfigError, match=r"JOB_COMPLETION_INDEX=5 is outside 0\.\.1 \(GPUCERT_NNODES=2\)"):
+        read_node_env(pod)
+
+
+def test_ranks_whose_launcher_said_no_node_layout_are_told_so_before_any_gpu_binding() -> None:
+    """RANK and WORLD_SIZE only, 2 nodes of 8: the error said "local rank 3 of 16 sees 8 CUDA device(s) ... give
+    every task one GPU", sending the user after GPU binding."""
+    env = read_rank_env({"RANK": "3", "WORLD_SIZE": "16"})
+    assert env is not None and not env.local_said
+    with pytest.raises(ConfigError, match="set RANK and WORLD_SIZE but not LOCAL_WORLD_SIZE or GROUP_RANK"):
+        unsaid_node_layout(env, 8)
+    unsaid_node_layout(env, 16)  # one node of 16 GPUs: the guess is right
+    said = read_rank_env({"RANK": "3", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "0"})
+    assert said is not None and said.local_said
+    unsaid_node_layout(said, 8)
+
+
 def test_a_lone_task_or_no_launcher_is_standalone() -> None:
     assert read_rank_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}) is None
     assert read_rank_env({}) is None and read_node_env({}) is None
@@ -112,7 +133,15 @@ def test_bad_node_flags_are_refused_before_any_work(argv: tuple, fragment: str) 
 
 @pytest.mark.parametrize(
     ("nodelist", "host"),
-    [("gpu[003-010,012],cpu1", "gpu003"), ("node17", "node17"), ("a-b[1,4]", "a-b1"), ("x[09-12]", "x09")],
+    [
+        ("gpu[003-010,012],cpu1", "gpu003"),
+        ("node17", "node17"),
+        ("a-b[1,4]", "a-b1"),
+        ("x[09-12]", "x09"),
+        # Text after the bracket, and several brackets: 'gpu[01-04]-ib' was read as gpu01, a host not there.
+        ("gpu[01-04]-ib", "gpu01-ib"),
+        ("r[1-2]n[01-08],x", "r1n01"),
+    ],
 )
 def test_first_host(nodelist: str, host: str) -> None:
     assert first_host(nodelist) == host

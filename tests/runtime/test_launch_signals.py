@@ -36,3 +36,22 @@ def test_a_launch_puts_back_the_callers_signal_handlers(tmp_path: Path) -> None:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_ranks_that_all_exit_0_without_a_verdict_are_an_error_not_a_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every worker exited 0 but local rank 0 wrote no verdict file (a TMPDIR the ranks do not share, a path that
+    skips write_verdict): the node exited 0, a PASS nothing judged. Which rank does that cannot be made here for
+    real, so the launch's outcome is given as it would come back."""
+    import gpucert.runtime.launcher as launcher
+    from gpucert.cli import main
+    from gpucert.runtime.launcher import LaunchOutcome
+
+    monkeypatch.setattr(launcher, "launch_ranks", lambda *args, **kwargs: LaunchOutcome(True, None))
+    assert main(["accept", "--profile", "cpu", "-o", str(tmp_path / "run")]) == 3
+    assert "local rank 0 wrote no verdict" in capsys.readouterr().err
+    capsys.readouterr()
+    out = tmp_path / "ft"
+    assert main(["finetune", "--nproc", "2", "--set", "train.max_steps=1", "-o", str(out)]) == 3
+    assert "local rank 0 wrote no verdict" in capsys.readouterr().err

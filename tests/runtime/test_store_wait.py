@@ -159,3 +159,71 @@ def test_node_rank_0_says_at_once_that_its_own_address_does_not_resolve(capsys: 
     assert "within 1.5 s (runtime.rendezvous_timeout_s)" in message and "port" not in message
     [line] = capsys.readouterr().err.splitlines()  # said at once, then retried quietly until the limit
     assert "'node-a.invalid' does not resolve on this host" in line and "a typo in --master-addr" in line
+
+
+def _meeting(port: int, rank: int, nodes: int, timeout_s: float = 4.0) -> NodeRendezvous:
+    runtime = json.dumps({"rendezvous_timeout_s": timeout_s, "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 2.0})
+    params = RendezvousParameters(
+        "gpucert", f"127.0.0.1:{port}", "gpucert", nodes, nodes, node_rank=rank, runtime=runtime, host=f"h{rank}"
+    )
+    return NodeRendezvous(params)
+
+
+def _meet_all(handlers: list[NodeRendezvous], stagger_s: float = 0.3) -> list[object]:
+    """Each handler's next_rendezvous in a thread, node 0's first; what each returned or raised."""
+    out: list[object] = [None] * len(handlers)
+
+    def go(i: int) -> None:
+        try:
+            out[i] = handlers[i].next_rendezvous()
+        except Exception as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(len(handlers))]
+    for t in threads:
+        t.start()
+        time.sleep(stagger_s)
+    for t in threads:
+        t.join(30)
+    return out
+
+
+@pytest.mark.slow
+def test_a_node_rank_given_twice_is_named_by_the_second_node_and_in_node_0s_message() -> None:
+    """Node ranks 0, 1, 1 of three nodes: node 0 counted arrivals, met "three" nodes and waited for rank 2 until
+    its store timed out, then blamed itself; of two nodes, two agents ran as node rank 1."""
+    port = free_port()
+    out = _meet_all([_meeting(port, r, 3) for r in (0, 1, 1)])
+    assert isinstance(out[2], RendezvousError)
+    assert "node rank 1 is already taken by host h1: give every node its own --node-rank (0..2)" in str(out[2])
+    assert isinstance(out[0], RendezvousError)
+    assert "missing node rank(s) 2. Given twice: node rank 1 on hosts h1 and h1." in str(out[0])
+    port = free_port()
+    out = _meet_all([_meeting(port, r, 2) for r in (0, 1, 1)])
+    assert not isinstance(out[0], Exception) and not isinstance(out[1], Exception)
+    assert isinstance(out[2], RendezvousError) and "already taken" in str(out[2])
+
+
+@pytest.mark.slow
+def test_the_stores_silence_is_counted_from_the_meeting_not_from_the_agents_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nodes that started 5 s apart (heartbeat timeout 2 s): the first failed look at the store killed every worker
+    of the early node, "has not answered for 5 s"."""
+    import gpucert.runtime.launcher as launcher
+
+    killed: list[object] = []
+    monkeypatch.setattr(launcher, "kill_children", lambda sig=None: killed.append(sig))
+    port = free_port()
+    early = _meeting(port, 1, 2, timeout_s=30.0)
+    time.sleep(3.0)
+    late = _meeting(port, 0, 2, timeout_s=30.0)
+    out = _meet_all([late, early], stagger_s=0.2)
+    assert not any(isinstance(o, Exception) for o in out), out
+
+    def refused() -> object:
+        raise RuntimeError("connection refused")
+
+    monkeypatch.setattr(early, "_short_connection", refused)
+    early.num_nodes_waiting()
+    assert killed == [] and early.cause is None

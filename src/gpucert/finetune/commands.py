@@ -185,7 +185,7 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     from gpucert.finetune.train.rundir import run_dir_name
     from gpucert.runtime.device import gpu_count
     from gpucert.runtime.errors import BROKEN_PIPE_EXIT, Interrupted, JobFailed
-    from gpucert.runtime.launcher import launch_ranks
+    from gpucert.runtime.launcher import NO_VERDICT, launch_ranks
 
     nproc = args.nproc or gpu_count() or 1
     if nproc < 1:
@@ -223,7 +223,9 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     if not outcome.ok:
         cause, after = outcome.cause or "the job failed", hint()
         raise JobFailed(f"{cause}; {after}" if after else cause)
-    return outcome.verdict if outcome.verdict is not None else 0
+    if outcome.verdict is None:
+        raise JobFailed(NO_VERDICT)  # exit 0 would be a run nothing judged
+    return outcome.verdict
 
 
 def _take_back_start_up_logs(run_dir: Path) -> None:

@@ -303,11 +303,25 @@ def _lone_identity(device: torch.device, uuid: str | None, index: int | None) ->
     return RankIdentity(0, 1, 0, 1, 0, 1, host, host, str(device), uuid, index, os.getpid())
 
 
+def unsaid_node_layout(env: RankEnv, visible: int) -> None:
+    """A launcher that set RANK and WORLD_SIZE only (a Kubeflow PyTorchJob) makes the whole job one node: said
+    before the GPU count's own complaint, which would send the user after GPU binding instead."""
+    if not env.local_said and env.local_world_size > visible:
+        raise ConfigError(
+            f"rank {env.rank} of {env.world_size}: the launcher set RANK and WORLD_SIZE but not LOCAL_WORLD_SIZE or "
+            f"GROUP_RANK, so all {env.world_size} ranks are taken for one node, which has {visible} GPU(s); set "
+            "LOCAL_WORLD_SIZE and GROUP_RANK (torchrun does), or run one gpucert per node"
+        )
+
+
 def _bind_device(env: RankEnv | None) -> tuple[torch.device, str | None, int | None]:
     if not torch.cuda.is_available():
         return torch.device("cpu"), None, None
     local_rank, local_world = (env.local_rank, env.local_world_size) if env else (0, 1)
-    ordinal = pick_ordinal(local_rank, local_world, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    visible = torch.cuda.device_count()
+    if env:
+        unsaid_node_layout(env, visible)
+    ordinal = pick_ordinal(local_rank, local_world, visible, os.environ.get("CUDA_VISIBLE_DEVICES"))
     torch.cuda.set_device(ordinal)
     uuid, index = gpu_uuid_and_index(ordinal)
     return torch.device("cuda", ordinal), uuid, index

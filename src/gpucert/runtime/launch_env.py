@@ -71,6 +71,9 @@ class RankEnv:
     store_prefix: str = "job"
     # The node's name as the launcher knows it (SLURMD_NODENAME, or the label gpucert's agent chose).
     node_name: str | None = None
+    # False where the launcher set RANK and WORLD_SIZE but not LOCAL_WORLD_SIZE (a Kubeflow PyTorchJob): the
+    # local figures above are then guesses (the whole job on one node).
+    local_said: bool = True
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ def read_rank_env(env: Mapping[str, str]) -> RankEnv | None:
             store_prefix=env.get("GPUCERT_STORE_PREFIX")
             or f"{env.get('TORCHELASTIC_RUN_ID', 'job')}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
             node_name=env.get("GPUCERT_NODE_LABEL") or env.get("SLURMD_NODENAME"),
+            local_said="LOCAL_WORLD_SIZE" in env,
         )
     if not _in_slurm_step(env) or "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return None
@@ -186,10 +190,16 @@ def read_node_env(env: Mapping[str, str]) -> NodeEnv | None:
             )
         if "MASTER_ADDR" not in env:
             raise ConfigError("GPUCERT_NNODES is set but MASTER_ADDR (node rank 0's address) is not")
+        node_rank, nodes = _int(env, rank_key), _int(env, "GPUCERT_NNODES")
+        # Node 0 would wait for a rank that never comes, and blame itself when its store timed out.
+        if not 0 <= node_rank < nodes:
+            raise ConfigError(
+                f"environment variable {rank_key}={node_rank} is outside 0..{nodes - 1} (GPUCERT_NNODES={nodes})"
+            )
         return NodeEnv(
             launcher="k8s" if rank_key == "JOB_COMPLETION_INDEX" else "env",
-            node_rank=_int(env, rank_key),
-            num_nodes=_int(env, "GPUCERT_NNODES"),
+            node_rank=node_rank,
+            num_nodes=nodes,
             master_addr=env["MASTER_ADDR"],
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
         )
@@ -219,14 +229,12 @@ def node_env_from_flags(
 
 
 def first_host(nodelist: str) -> str:
-    """The first host of a Slurm nodelist: 'gpu[003-010,012],cpu1' -> 'gpu003'."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    """The first host of a Slurm nodelist: 'gpu[003-010,012],cpu1' -> 'gpu003'; text after a bracket and
+    several brackets kept ('gpu[01-04]-ib' -> 'gpu01-ib', 'r[1-2]n[01-08]' -> 'r1n01')."""
+    match = re.match(r"(?:[^,\[\]]+|\[[^\]]+\])+", nodelist.strip())
     if not match:
         raise ConfigError(f"cannot read a host from Slurm nodelist {nodelist!r}")
-    prefix, ranges = match.groups()
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    return re.sub(r"\[([^\]]+)\]", lambda m: m.group(1).split(",")[0].split("-")[0], match.group(0))
 
 
 def tasks_per_node(spec: str, nodes: int) -> list[int]:

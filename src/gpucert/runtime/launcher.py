@@ -150,6 +150,8 @@ class NodeRendezvous(RendezvousHandler):
                     self._ack(self.store)
                     raise JobFailed(run.get("over").decode())
             self._meet()
+            # The store's silence is counted from here: nodes that took minutes to meet are not minutes silent.
+            self._last_ok = time.monotonic()
         except (RendezvousError, JobFailed):
             raise
         except RuntimeError:  # the store's own errors: its server, node rank 0's gpucert, is gone
@@ -165,12 +167,24 @@ class NodeRendezvous(RendezvousHandler):
         """Every node says who it is; node 0 waits for all (bounded) and hands out the labels."""
         prefix = f"{NODES_PREFIX}{self.round}/"
         store, timeout_s = dist.PrefixStore(prefix, self.store), self.config.rendezvous_timeout_s
-        store.set(str(self.node_rank), json.dumps({"name": self.name, "host": self.host}))
-        store.add("count", 1)
+        if not 0 <= self.node_rank < self.num_nodes:
+            raise RendezvousError(f"{self.who}: node rank {self.node_rank} is outside 0..{self.num_nodes - 1}")
+        # A node rank claimed twice (two nodes given the same --node-rank) would run two agents as one node:
+        # the second to claim it stops, naming the first, and leaves its name for node 0's missing-node message.
+        me = json.dumps({"name": self.name, "host": self.host})
+        if store.add(f"claim/{self.node_rank}", 1) > 1:
+            store.set(f"twice/{self.node_rank}", me)
+            first = json.loads(store.get(str(self.node_rank)))["host"] if store.check([str(self.node_rank)]) else "?"
+            raise RendezvousError(
+                f"{self.who}: node rank {self.node_rank} is already taken by host {first}: give every node its own "
+                f"--node-rank (0..{self.num_nodes - 1})"
+            )
+        store.set(str(self.node_rank), me)
+        ranks = [str(r) for r in range(self.num_nodes)]
         wait = Waiting(timeout_s)
 
         def waiting_line() -> str:
-            joined = store.add("count", 0)
+            joined = sum(store.check([r]) for r in ranks)
             return (
                 f"{self.who}: {'still ' if wait.told else ''}waiting at {self.addr}:{self.port} for every node to "
                 f"join: {joined} of {self.num_nodes} so far; waited {wait.elapsed():.0f} s, gives up after "
@@ -178,7 +192,7 @@ class NodeRendezvous(RendezvousHandler):
             )
 
         if self.serves:
-            while store.add("count", 0) < self.num_nodes:
+            while not store.check(ranks):
                 if wait.left() <= 0:
                     message = self._missing_nodes_message(store)
                     store.set("roster", json.dumps({"error": message}))
@@ -217,11 +231,19 @@ class NodeRendezvous(RendezvousHandler):
                 f"{self.config.rendezvous_timeout_s:g} s (runtime.rendezvous_timeout_s): its gpucert is gone (node "
                 "lost, killed?); what ran before is in the report"
             )
+        twice = [
+            f"node rank {r} on hosts {json.loads(store.get(str(r)))['host']} and "
+            f"{json.loads(store.get(f'twice/{r}'))['host']}"
+            for r in present
+            if store.check([f"twice/{r}"])
+        ]
         return (
             f"{self.who}: waited {self.config.rendezvous_timeout_s:g} s (runtime.rendezvous_timeout_s) at "
             f"{self.addr}:{self.port} for {self.num_nodes} nodes; {len(present)} joined ({', '.join(hosts)}); "
-            f"missing node rank(s) {', '.join(map(str, missing))}. Start gpucert there with the same command and "
-            f"--node-rank set, or check that they reach {self.addr}:{self.port}"
+            f"missing node rank(s) {', '.join(map(str, missing))}. "
+            + (f"Given twice: {'; '.join(twice)}. " if twice else "")
+            + f"Start gpucert there with the same command and --node-rank set, or check that they reach "
+            f"{self.addr}:{self.port}"
         )
 
     def is_closed(self) -> bool:
@@ -549,6 +571,13 @@ def launch_ranks(
         os.environ.update(saved)
         verdict_file.unlink(missing_ok=True)
         restore_handlers(handlers)
+
+
+# What a node says where its ranks all exited 0 and local rank 0 wrote no verdict (write_verdict).
+NO_VERDICT = (
+    "every rank on this node exited 0, but local rank 0 wrote no verdict: the ranks and this process must see "
+    "the same TMPDIR (the verdict file is there)"
+)
 
 
 def write_verdict(code: int) -> None:
