@@ -39,7 +39,8 @@ from gpucert.config.profiles import available_profiles, load_profile
 from gpucert.fleet.options import metrics_path
 from gpucert.report.terminal import FORMATS, make_console, set_format
 from gpucert.runtime.errors import BROKEN_PIPE_EXIT
-from gpucert.runtime.launch_env import launched_by_gpucert
+from gpucert.runtime.launch_env import launched_by_gpucert, read_rank_env
+from gpucert.runtime.spawn import STDIN_EOF_STOPS
 from gpucert.status import Status
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ def suite_args(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str
 
 def run_suite(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest, run_in_ranks, run_local, run_on_nodes
-    from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
+    from gpucert.runtime.launch_env import NodeEnv, read_node_env
 
     overrides, benchmarks, flags = suite_args(args)
     request = RunRequest(
@@ -627,7 +628,7 @@ def run_cluster(args: argparse.Namespace, console: Console) -> int:
 def run_cluster_fs(args: argparse.Namespace, console: Console) -> int:
     from gpucert.acceptance import RunRequest
     from gpucert.cluster.fs_checks import FsOptions, room_problem, run_in_ranks, run_job
-    from gpucert.runtime.launch_env import NodeEnv, read_node_env, read_rank_env
+    from gpucert.runtime.launch_env import NodeEnv, read_node_env
 
     for name in ("files", "size_mib"):
         if getattr(args, name) < 1:
@@ -778,6 +779,10 @@ def main(argv: list[str] | None = None) -> int:
         # NPD's contract: one line on stdout and 2, whatever went wrong (the reason is on stderr already).
         return unknown(f"the command line was refused: {exc.message}", said=True)
     args.argv = argv  # what a node's ranks run again (runtime/launcher.py)
+    if os.environ.get(STDIN_EOF_STOPS) == "1" and read_rank_env(os.environ) is None:
+        from gpucert.runtime.spawn import stop_on_stdin_eof
+
+        stop_on_stdin_eof()  # a node agent localize started over ssh: it stops when localize does
     set_format(args.format)
     console = make_console()
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from tests.conftest import free_port, kill_process_tree, within
 
 from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.group import AbortRecord, Runtime, record_abort
@@ -188,3 +189,28 @@ def test_a_line_to_a_stderr_nobody_reads_is_dropped_not_raised(monkeypatch: pyte
     assert say("rank 0 stops") is False
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert say("rank 0 stops") is True and sys.stderr.getvalue() == "gpucert: rank 0 stops\n"
+
+
+@pytest.mark.slow
+def test_a_node_agent_started_over_ssh_stops_when_its_stdin_ends(tmp_path: Path) -> None:
+    """localize stops a pair job by killing its ssh client; without a pty sshd signals nothing to the remote
+    gpucert, which held its GPUs and port until its own timeouts. The remote command's stdin ends then: the agent
+    localize starts over ssh (GPUCERT_STDIN_EOF_STOPS=1, its stdin a pipe localize holds) stops on it, at once."""
+    port = free_port()
+    env = {**os.environ, "GPUCERT_STDIN_EOF_STOPS": "1"}
+    argv = [sys.executable, "-m", "gpucert", "accept", "--profile", "cpu", "--nnodes", "2", "--node-rank", "0"]
+    argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), "-o", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None and proc.stdin is not None
+        for line in proc.stderr:  # then it waits for node rank 1, which never comes (for 120 s)
+            if "starting" in line:
+                break
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        proc.stdin.close()  # what the death of the ssh client does to the remote command
+        # 143: stopped in the rendezvous, by its handler; -15: before it (its ranks not started yet).
+        assert proc.wait(timeout=within(30)) in (143, -signal.SIGTERM), proc.stderr.read()
+        assert time.monotonic() - t0 < within(10)
+    finally:
+        kill_process_tree(proc.pid)

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -49,6 +50,24 @@ def term_with_parent() -> None:
     stops its own workers (or srun its step) instead of running on unattended."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+# Set in the environment of a node agent localize starts over ssh, whose stdin localize holds open.
+STDIN_EOF_STOPS = "GPUCERT_STDIN_EOF_STOPS"
+
+
+def stop_on_stdin_eof() -> None:
+    """A node agent started over ssh: the remote command gets no signal when the ssh client is killed (no pty),
+    only the end of its stdin. At that end, SIGTERM this process: its handler stops its ranks, as Ctrl-C would,
+    instead of holding the GPUs and the port until its own timeouts."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while os.read(0, 65536):
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True, name="stdin-eof").start()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
