@@ -256,6 +256,20 @@ def test_gpus_in_gres_are_counted_and_a_request_within_them_is_run() -> None:
     assert "--gpus 8: its nodes give at most 2 GPUs" in too_many[("slurm.request", "debug")].message
 
 
+def test_a_job_its_client_gave_up_on_is_cancelled_by_its_name_and_a_finished_one_is_not() -> None:
+    """srun or sbatch killed at --timeout leaves its job queued (a partition whose nodes are all busy): it ran
+    later, on a cluster the check had left."""
+    ask = Slurm(sbatch=None)
+    checks(ask)
+    [sbatch] = [argv for argv in ask.asked if argv[0] == "sbatch"]
+    [name] = [a for a in sbatch if a.startswith("--job-name=gpucert-check-")]
+    assert [argv for argv in ask.asked if argv[0] == "scancel"] == [["scancel", name.replace("--job-name", "--name")]]
+    assert name in next(argv for argv in ask.asked if argv[0] == "srun")
+    ask = Slurm()
+    checks(ask)
+    assert [argv[0] for argv in ask.asked if argv[0] == "scancel"] == []
+
+
 def test_no_message_says_none() -> None:
     results = checks(Slurm(sbatch=None))
     sbatch = by_name(results)[("slurm.sbatch", "sbatch --wait")]

@@ -372,6 +372,11 @@ def test_a_value_every_node_would_refuse_is_refused_before_the_script_is_printed
     assert "--head '': expected node rank 0's host name or address" in capsys.readouterr().err
     assert main(["launch", "torchrun", "accept", "--nodes", "2", "--head", "a", "--rendezvous-timeout", "inf"]) == 3
     assert "--rendezvous-timeout must be a positive number of seconds, at most 30 days" in capsys.readouterr().err
+    # Kubernetes printed `nvidia.com/gpu: -1` and torchrun `--nproc -2` (only Slurm's job refused it).
+    for backend in (["k8s", "accept", "--image", "r/x:1"], ["torchrun", "accept", "--head", "a"]):
+        assert main(["launch", *backend, "--nodes", "2", "--gpus-per-node", "-1", "--profile", "cpu"]) == 3
+        captured = capsys.readouterr()
+        assert captured.out == "" and "--gpus-per-node must be >= 0, found -1" in captured.err
 
 
 def test_launch_refuses_a_mistyped_finetune_stage_and_keeps_the_files_line_order(

@@ -170,3 +170,32 @@ def test_a_request_slurm_cannot_give_says_where_to_look(tmp_path: Path, slurm_bi
     stand_in(slurm_bin, "sbatch", "echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1")
     assert main([*LAUNCH, "--output", str(tmp_path / "run")]) == 3
     assert "sinfo" not in capsys.readouterr().err  # no partition or node count at fault: no advice about them
+
+
+def test_a_failing_scontrol_is_asked_again_and_the_time_limit_counts_from_the_jobs_start(
+    tmp_path: Path, slurm_bin: Path, capsys
+) -> None:
+    """One failed `scontrol show job` (slurmctld busy) ended the follow with exit 3 while the job ran on; and the
+    default limit, the job's --time + 10 min, counted its wait in the queue."""
+    calls = tmp_path / "calls"
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    # Call 1: slurmctld does not answer; 2-3: queued; 4: running; then running for ever.
+    stand_in(
+        slurm_bin,
+        "scontrol",
+        f"echo x >> {calls}; n=$(wc -l < {calls}); "
+        'if [ "$n" = 1 ]; then echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; exit 1; fi; '
+        'if [ "$n" -le 3 ]; then echo "JobId=17 JobState=PENDING"; '
+        'else echo "JobId=17 JobState=RUNNING NodeList=n1"; fi',
+    )
+    from gpucert.launch import slurm
+
+    said: list[str] = []
+    with pytest.raises(slurm.SlurmError, match=r"job 17 still RUNNING after 0.2 s \(--time"):
+        slurm.follow("17", 30.0, said.append, poll_s=0.05, run_timeout_s=0.2, what="--time + 10 min from its start")
+    assert said[0].startswith("job 17: scontrol show: slurm_load_jobs error: Socket timed out")
+    assert said[1:] == ["job 17: PENDING", "job 17: RUNNING on n1"]
+    # A job slurmctld no longer knows is not asked after.
+    stand_in(slurm_bin, "scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1")
+    with pytest.raises(slurm.SlurmError, match="Invalid job id"):
+        slurm.follow("17", 30.0, said.append, poll_s=0.05)

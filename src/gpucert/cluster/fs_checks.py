@@ -393,7 +393,11 @@ def run_node(peers: Peers, options: FsOptions, runtime: Any) -> dict[str, Any] |
         if head:
             os.rename(run_dir / "token", run_dir / "token.renamed")
         peers.barrier("fs/renamed", long)
-        found["renamed"] = {**read_token(run_dir / "token.renamed"), "old_exists": (run_dir / "token").exists()}
+        # The new name first: its lookup goes to the server, whose answer carries the directory's changed
+        # attributes, and an NFS client then revalidates the old name's cached entry instead of trusting it for
+        # up to acdirmin (30 s) and seeing a name that is gone.
+        renamed = read_token(run_dir / "token.renamed")
+        found["renamed"] = {**renamed, "old_exists": (run_dir / "token").exists()}
         own = run_dir / f"node{me}"
         peers.barrier("fs/metadata", long)
         found["metadata"] = _guard(lambda: measure_metadata(own / "meta", options.metadata_files))

@@ -74,7 +74,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         "srun, e.g. --setup 'srun --ntasks-per-node=1 nvidia-smi -pm 1'",
     )
     s.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
-    s.add_argument("--follow-timeout", type=float, help="seconds to follow the job (default: --time + 10 min, or 24 h)")
+    s.add_argument(
+        "--follow-timeout",
+        type=float,
+        help="seconds to follow the job (default: its --time + 10 min from when it starts, after at most 24 h in the "
+        "queue; 24 h without --time)",
+    )
     backends.choices["torchrun"].add_argument("--head", required=True, help="node rank 0's address")
     k = backends.choices["k8s"]
     k.add_argument(
@@ -298,6 +303,9 @@ def launch_problems(args: argparse.Namespace) -> list[str]:
             f"--rendezvous-timeout must be a positive number of seconds, at most 30 days, found "
             f"{args.rendezvous_timeout:g}"
         )
+    # Every backend: Kubernetes printed `nvidia.com/gpu: -1` and torchrun `--nproc -2` (Slurm's job said it too).
+    if args.gpus_per_node is not None and args.gpus_per_node < 0:
+        found.append(f"--gpus-per-node must be >= 0, found {args.gpus_per_node}")
     head = getattr(args, "head", None)
     if head is not None and (not head or re.search(r"\s", head) or head.startswith("-")):
         found.append(f"--head {head!r}: expected node rank 0's host name or address, which every node can reach")
@@ -423,12 +431,18 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
     return _submit_and_follow(job, script, _follow_timeout(args), say)
 
 
-def _follow_timeout(args: argparse.Namespace) -> float:
+# How long a launch follows a job that waits in the queue, when neither --follow-timeout nor --time bounds it.
+QUEUE_FOLLOW_S = 24 * 3600.0
+
+
+def _follow_timeout(args: argparse.Namespace) -> tuple[float, float | None, str]:
+    """The follow's limits: over all, and from when the job starts running (its --time does not count the
+    queue); and the flag that set them, for the message that says it gave up."""
     if args.follow_timeout is not None:
-        return float(args.follow_timeout)
+        return float(args.follow_timeout), None, "--follow-timeout"
     if args.time and args.time[0].isdigit():
-        return _slurm_minutes(args.time) * 60 + 600
-    return 24 * 3600.0
+        return QUEUE_FOLLOW_S, _slurm_minutes(args.time) * 60 + 600, "--time + 10 min from its start"
+    return QUEUE_FOLLOW_S, None, "24 h by default; --follow-timeout"
 
 
 def _slurm_minutes(spec: str) -> float:
@@ -492,7 +506,9 @@ def result(line: str) -> None:
     print(line, flush=True)
 
 
-def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: Callable[[str], None]) -> int:
+def _submit_and_follow(
+    job: slurm.SlurmJob, script: str, timeout: tuple[float, float | None, str], say: Callable[[str], None]
+) -> int:
     run_dir = Path(job.run_dir)
     undo = _write_job(run_dir, script)
     path = run_dir / "job.sbatch"
@@ -504,7 +520,7 @@ def _submit_and_follow(job: slurm.SlurmJob, script: str, timeout_s: float, say: 
         undo()
         raise
     say(f"submitted job {job_id} ({path}); logs in {run_dir / 'logs'}")
-    record = slurm.follow(job_id, timeout_s, say)
+    record = slurm.follow(job_id, timeout[0], say, run_timeout_s=timeout[1], what=timeout[2])
     state, exit_code = record.get("JobState", "?"), record.get("ExitCode", "?")
     if job.verb in slurm.JUDGED_VERBS:
         report = run_dir / "report.json"

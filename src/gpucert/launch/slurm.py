@@ -266,22 +266,45 @@ def parse_job(line: str) -> dict[str, str]:
     return fields
 
 
-def follow(job_id: str, timeout_s: float, say: Callable[[str], None], poll_s: float = 2.0) -> dict[str, str]:
-    """Poll the job until it ends (or timeout_s), saying every state change; its last scontrol record."""
+def follow(
+    job_id: str,
+    timeout_s: float,
+    say: Callable[[str], None],
+    poll_s: float = 2.0,
+    run_timeout_s: float | None = None,
+    what: str = "--follow-timeout",
+) -> dict[str, str]:
+    """Poll the job until it ends, saying every state change; its last scontrol record. Gives up timeout_s after
+    it began following, or run_timeout_s after the job left the queue where that is given (a job's --time does
+    not count its wait in the queue). A failed `scontrol show job` (slurmctld busy or restarting) is asked again
+    until then: the job runs on without us."""
     deadline = time.monotonic() + timeout_s
-    seen = None
+    seen, failing = None, None
     while True:
-        job = parse_job(_run(["scontrol", "show", "job", "-o", job_id]))
-        state = job.get("JobState", "UNKNOWN")
-        if state != seen:
-            nodes = job.get("NodeList", "")
-            say(f"job {job_id}: {state}" + (f" on {nodes}" if nodes and nodes != "(null)" else ""))
-            seen = state
-        if state in FINAL_STATES:
-            return job
+        try:
+            job = parse_job(_run(["scontrol", "show", "job", "-o", job_id]))
+        except SlurmError as exc:
+            if "invalid job id" in str(exc).lower():
+                raise  # gone from slurmctld's memory: asking again will not bring it back
+            if failing is None:
+                say(f"job {job_id}: {exc}; asking again every {poll_s:g} s")
+            failing = str(exc)
+            job = None
+        if job is not None:
+            failing = None
+            state = job.get("JobState", "UNKNOWN")
+            if state != seen:
+                nodes = job.get("NodeList", "")
+                say(f"job {job_id}: {state}" + (f" on {nodes}" if nodes and nodes != "(null)" else ""))
+                if run_timeout_s is not None and seen in (None, "PENDING") and state != "PENDING":
+                    deadline, timeout_s = time.monotonic() + run_timeout_s, run_timeout_s
+                seen = state
+            if state in FINAL_STATES:
+                return job
         if time.monotonic() > deadline:
+            last = f"; scontrol has failed since: {failing}" if failing else ""
             raise SlurmError(
-                f"job {job_id} still {state} after {timeout_s:g} s (--follow-timeout); it keeps running: "
+                f"job {job_id} still {seen or 'unknown'} after {timeout_s:g} s ({what}){last}; it keeps running: "
                 f"scancel {job_id} to stop it"
             )
         time.sleep(poll_s)
