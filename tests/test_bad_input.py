@@ -38,6 +38,16 @@ CASES = [
     (["bench", "p2p", "--profile", "nope"], ["unknown profile 'nope'"]),
     (["bench", "collectives", "--set", "bench.collectives.bogus=1"], ["unknown key 'bench.collectives.bogus'"]),
     (["bench", "memory", "--replay", BUNDLE], ["--replay reads a captured node"]),
+    # A GPU profile on a host NVML finds no GPU on (not asked where there is one): the benchmarks ran on the CPU
+    # at the GPUs' sizes (collectives for many minutes; memory FAILed "HBM below floor").
+    *(
+        []
+        if Path("/dev/nvidiactl").exists()
+        else [
+            (["bench", "collectives", "--profile", "h200"], ["profile h200 is for NVIDIA GPUs, and this host has"]),
+            (["accept", "--profile", "h100-sxm"], ["its benchmarks (matmul, burn, memory, p2p, collectives, train)"]),
+        ]
+    ),
     (["bench", "train", "--set", "runtime.heartbeat_timeout_s=0"], ["runtime.heartbeat_timeout_s must be > 0"]),
     # health and discover
     (["health", "--config", "bad.yaml"], ["bad.yaml: line 2"]),

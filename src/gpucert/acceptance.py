@@ -315,10 +315,21 @@ def claim_output(request: RunRequest, head: NodeWork, started: datetime) -> RunD
 
 def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
     """Refuse benchmark sizes this node's memory cannot hold, before any worker allocates: host memory
-    (MemAvailable) for every rank's host buffers, each GPU's free memory for its rank's device buffers."""
+    (MemAvailable) for every rank's host buffers, each GPU's free memory for its rank's device buffers. And
+    refuse a GPU profile's benchmarks on a host whose NVML shows no GPU: they ran on the CPU at the GPU's sizes
+    (collectives for many minutes, memory FAILed "HBM below floor" on a CPU, matmul PASSed a CPU figure)."""
     from gpucert.bench.footprint import GIB, fit_problems, footprints
 
     inventory = work.inventory
+    profile = work.profile
+    if benchmarks and not inventory.gpu.gpus and (profile.match or (profile.gpu.gpus_per_node or 0) > 0):
+        reason = inventory.gpu.nvml_error or "NVML lists none"
+        raise ConfigError(
+            f"{work.label}: profile {profile.name} is for NVIDIA GPUs, and this host has none ({reason}); its "
+            f"benchmarks ({', '.join(benchmarks)}) would run on the CPU at the GPUs' sizes. On a GPU node, "
+            "`gpucert health` says what is missing (the driver, the GPUs on the PCI bus); to run them on the CPU, "
+            "--profile cpu"
+        )
     on_gpu = bool(inventory.gpu.gpus)
     needs = [need for name in benchmarks for need in footprints(name, work.config.bench, on_gpu)]
     available = inventory.memory.available_gib if inventory.memory else None
