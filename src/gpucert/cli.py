@@ -677,7 +677,12 @@ def run_launch(argv: list[str]) -> int:
     except (ConfigError, SlurmError, ValueError) as exc:
         print(f"gpucert launch: error: {error_text(exc)}", file=sys.stderr)
         return ERROR_EXIT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from gpucert.runtime.errors import Interrupted
+
+        if isinstance(exc, Interrupted):  # while it followed a job it had submitted: named
+            print(f"gpucert launch: {exc.line()}", file=sys.stderr)
+            return exc.exit_code
         print("gpucert launch: interrupted (a submitted job keeps running: scancel it)", file=sys.stderr)
         return 130
 

@@ -185,8 +185,9 @@ def test_a_failing_scontrol_is_asked_again_and_the_time_limit_counts_from_the_jo
         "scontrol",
         f"echo x >> {calls}; n=$(wc -l < {calls}); "
         'if [ "$n" = 1 ]; then echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; exit 1; fi; '
-        'if [ "$n" -le 3 ]; then echo "JobId=17 JobState=PENDING"; '
-        'else echo "JobId=17 JobState=RUNNING NodeList=n1"; fi',
+        'if [ "$n" = 2 ]; then echo "JobId=17 JobState=PENDING Reason=Priority NodeList=(null)"; fi; '
+        'if [ "$n" = 3 ]; then echo "JobId=17 JobState=PENDING Reason=ReqNodeNotAvail,_UnavailableNodes:n2"; fi; '
+        'if [ "$n" -ge 4 ]; then echo "JobId=17 JobState=RUNNING Reason=None NodeList=n1"; fi',
     )
     from gpucert.launch import slurm
 
@@ -194,8 +195,34 @@ def test_a_failing_scontrol_is_asked_again_and_the_time_limit_counts_from_the_jo
     with pytest.raises(slurm.SlurmError, match=r"job 17 still RUNNING after 0.2 s \(--time"):
         slurm.follow("17", 30.0, said.append, poll_s=0.05, run_timeout_s=0.2, what="--time + 10 min from its start")
     assert said[0].startswith("job 17: scontrol show: slurm_load_jobs error: Socket timed out")
-    assert said[1:] == ["job 17: PENDING", "job 17: RUNNING on n1"]
+    # Why a queued job waits is said, and again when it changes (a drained node: ReqNodeNotAvail).
+    assert said[1:] == [
+        "job 17: PENDING (Priority)",
+        "job 17: PENDING (ReqNodeNotAvail,_UnavailableNodes:n2)",
+        "job 17: RUNNING on n1",
+    ]
     # A job slurmctld no longer knows is not asked after.
     stand_in(slurm_bin, "scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1")
     with pytest.raises(slurm.SlurmError, match="Invalid job id"):
         slurm.follow("17", 30.0, said.append, poll_s=0.05)
+
+
+def test_a_launch_stopped_while_it_follows_says_which_job_runs_on(tmp_path: Path, slurm_bin: Path) -> None:
+    """SIGTERM while the job waited in the queue ended the launch silently (143), the job still queued; Ctrl-C
+    said "scancel it" without its id."""
+    import signal
+    import subprocess
+    import sys
+
+    stand_in(slurm_bin, "sbatch", "echo 17")
+    stand_in(slurm_bin, "scontrol", "echo 'JobId=17 JobState=PENDING Reason=Resources'")
+    argv = [sys.executable, "-m", "gpucert", *LAUNCH, "--output", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "PENDING (Resources)" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=30) == 143
+    assert "gpucert launch: stopped by SIGTERM; job 17 keeps running: scancel 17 to stop it" in rest

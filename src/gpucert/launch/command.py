@@ -506,6 +506,26 @@ def result(line: str) -> None:
     print(line, flush=True)
 
 
+def _following(job_id: str, follow: Callable[[], dict[str, str]]) -> dict[str, str]:
+    """follow(), stopped by Ctrl-C or SIGTERM (it died silently, 143) saying the job runs on, by its id."""
+    import signal
+
+    from gpucert.runtime.errors import Interrupted
+
+    def stopped(signum: int, _frame: object) -> None:
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}", 128 + signum)
+
+    before = {sig: signal.signal(sig, stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return follow()
+    except Interrupted as exc:
+        exc.after = f"job {job_id} keeps running: scancel {job_id} to stop it"
+        raise
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def _submit_and_follow(
     job: slurm.SlurmJob, script: str, timeout: tuple[float, float | None, str], say: Callable[[str], None]
 ) -> int:
@@ -520,7 +540,8 @@ def _submit_and_follow(
         undo()
         raise
     say(f"submitted job {job_id} ({path}); logs in {run_dir / 'logs'}")
-    record = slurm.follow(job_id, timeout[0], say, run_timeout_s=timeout[1], what=timeout[2])
+    limit, run_limit, what = timeout
+    record = _following(job_id, lambda: slurm.follow(job_id, limit, say, run_timeout_s=run_limit, what=what))
     state, exit_code = record.get("JobState", "?"), record.get("ExitCode", "?")
     if job.verb in slurm.JUDGED_VERBS:
         report = run_dir / "report.json"

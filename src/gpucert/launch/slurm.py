@@ -279,7 +279,7 @@ def follow(
     not count its wait in the queue). A failed `scontrol show job` (slurmctld busy or restarting) is asked again
     until then: the job runs on without us."""
     deadline = time.monotonic() + timeout_s
-    seen, failing = None, None
+    seen, said_reason, failing = None, "None", None
     while True:
         try:
             job = parse_job(_run(["scontrol", "show", "job", "-o", job_id]))
@@ -293,12 +293,18 @@ def follow(
         if job is not None:
             failing = None
             state = job.get("JobState", "UNKNOWN")
-            if state != seen:
+            # A queued job says why it waits (Resources, Priority, ReqNodeNotAvail: its nodes drained or down).
+            reason = job.get("Reason", "None") if state == "PENDING" else "None"
+            if (state, reason) != (seen, said_reason):
                 nodes = job.get("NodeList", "")
-                say(f"job {job_id}: {state}" + (f" on {nodes}" if nodes and nodes != "(null)" else ""))
+                say(
+                    f"job {job_id}: {state}"
+                    + (f" ({reason})" if reason not in ("None", "(null)") else "")
+                    + (f" on {nodes}" if nodes and nodes not in ("(null)", "None assigned") else "")
+                )
                 if run_timeout_s is not None and seen in (None, "PENDING") and state != "PENDING":
                     deadline, timeout_s = time.monotonic() + run_timeout_s, run_timeout_s
-                seen = state
+                seen, said_reason = state, reason
             if state in FINAL_STATES:
                 return job
         if time.monotonic() > deadline:
