@@ -180,7 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
         "`history NODE [RUNS_DIR]`: a node's figures over time, drift against its first run",
     )
     report.add_argument(
-        "--html", action="store_true", help="write report.html next to the report (two runs: comparison.html)"
+        "--html",
+        action="store_true",
+        help="write report.html in the run directory, or X.html beside a report file X.json (two runs: "
+        "comparison.html)",
     )
     report.add_argument("--markdown", action="store_true", help="print Markdown instead of tables")
     report.add_argument(
@@ -523,8 +526,13 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
     elif not args.html:
         print_report(report, console, show_inventory=True, report_path=None)
     if args.html:
-        directory = args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent
-        path = write_html(report, directory)
+        given = args.runs[0]
+        # A report file other than a run's report.json gets its own page beside it (x.json -> x.html): six
+        # example reports rendered in one directory wrote one report.html six times.
+        if given.is_dir() or given.name == "report.json":
+            path = write_html(report, given if given.is_dir() else given.parent)
+        else:
+            path = write_html(report, given.parent, given.with_suffix(".html").name)
         print(f"html: {path}")  # a path whole, never wrapped
     return report.status.exit_code
 

@@ -491,3 +491,22 @@ def test_evaluation_plots_need_scores_in_percent() -> None:
     png = plots.plot_evaluation([(report.results[0], 91.0)], "scores")
     assert png is not None and png.startswith(PNG_MAGIC)
     assert plots.plot_evaluation([], "scores") is None
+
+
+def test_a_report_file_gets_its_own_page_and_a_run_directory_its_report_html(tmp_path: Path) -> None:
+    """`gpucert report X.json --html` wrote report.html beside X.json whatever X was: rendering the examples in
+    one directory wrote one page six times over."""
+    import shutil
+
+    from gpucert.cli import main
+
+    for name in ("h100-health.json", "h200x4-health.json"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+        main(["report", str(tmp_path / name), "--html"])
+    assert sorted(p.name for p in tmp_path.glob("*.html")) == ["h100-health.html", "h200x4-health.html"]
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(EXAMPLES / "h100-health.json", run / "report.json")
+    main(["report", str(run / "report.json"), "--html"])
+    main(["report", str(run), "--html"])
+    assert sorted(p.name for p in run.iterdir()) == ["report.html", "report.json"]

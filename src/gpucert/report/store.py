@@ -256,10 +256,10 @@ def write_report(report: Report, directory: Path, html: bool = False) -> Path:
     return path
 
 
-def write_html(report: Report, directory: Path) -> Path:
+def write_html(report: Report, directory: Path, name: str = "report.html") -> Path:
     from gpucert.report.html import render_html  # matplotlib loads only when a page is drawn
 
-    path = directory / "report.html"
+    path = directory / name
     write_atomic(path, render_html(report))
     return path
 
