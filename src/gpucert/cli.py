@@ -216,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     slurm = cluster_checks.add_parser(
         "slurm", parents=[common], help="Slurm smoke checks: controller, partitions, nodes, a job's resources"
     )
-    slurm.add_argument("--partition", help="partition the test jobs go to (default: the default partition)")
+    slurm.add_argument(
+        "--partition",
+        help="the partition to check and send the test jobs to (default: every partition is checked, the jobs go "
+        "to the default one)",
+    )
     slurm.add_argument("--cpus", type=int, default=1, help="CPUs the probe step asks for (--cpus-per-task)")
     slurm.add_argument("--gpus", type=int, default=0, help="GPUs the probe step asks for (--gpus-per-node)")
     slurm.add_argument("--mem", type=int, default=256, help="MB the probe step asks for (--mem)")

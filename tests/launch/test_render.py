@@ -342,7 +342,12 @@ def test_a_kubernetes_run_writes_on_the_shared_volume_and_reads_files_only_from_
         captured = capsys.readouterr()
         assert "a pod sees only its image and the shared volume" in captured.err and captured.out == ""
     assert main([*argv, "--pvc", "shared", "--config", "/shared/mine.yaml", "--profile", "h100-sxm"]) == 0
-    assert "- /shared/mine.yaml" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "- /shared/mine.yaml" in captured.out and "no --pvc" not in captured.err
+    # Without a claim the report goes with the pod: said on stderr, the manifest on stdout as it was.
+    assert main([*argv, "--profile", "h100-sxm"]) == 0
+    captured = capsys.readouterr()
+    assert "note: no --pvc: each pod's run directory" in captured.err and captured.out.startswith("apiVersion")
     # fine-tuning pods started again continue from the checkpoints, as on every backend
     assert main(["launch", "k8s", "finetune", "--nodes", "2", "--image", "r/g:1", "--config", "qwen2-7b-glaive"]) == 0
     assert "- --resume\n        - auto" in capsys.readouterr().out

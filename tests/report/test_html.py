@@ -510,3 +510,19 @@ def test_a_report_file_gets_its_own_page_and_a_run_directory_its_report_html(tmp
     main(["report", str(run / "report.json"), "--html"])
     main(["report", str(run), "--html"])
     assert sorted(p.name for p in run.iterdir()) == ["report.html", "report.json"]
+
+
+def test_a_runs_line_on_a_plot_never_reads_a_small_figure_as_0() -> None:
+    """The tiny model's MFU, 0.008 %, was labelled "run (timed steps): 0.0" at one decimal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        mfu = Result(name="train.mfu", subject="run", status=Status.INFO, value=0.008264, unit="%", message="m")
+        plots._run_line(ax, mfu, "run (timed steps):")
+        assert ax.get_lines()[0].get_label() == "run (timed steps): 0.00826"
+    finally:
+        plt.close(fig)

@@ -398,6 +398,12 @@ def run(argv: list[str], parser_class: type[argparse.ArgumentParser], say: Calla
             ),
             end="",
         )
+        if args.pvc is None:
+            # The manifest is the result (stdout, `> job.yaml`): the note goes to stderr.
+            say(
+                "note: no --pvc: each pod's run directory (report.json, logs) is in its container and goes with "
+                "the pod; give --pvc NAME (a ReadWriteMany claim every node mounts) to keep the report"
+            )
         return 0
     problems = slurm_problems(args, rest, gpus, profile)
     if problems:

@@ -476,7 +476,7 @@ def _comparison_table(rows: Sequence[Comparison], title: str) -> Table:
     """The pairs as a table; every cell is a name, a figure or a word, never wrapped or cut (fit_tables)."""
     table = Table(title=title)
     table.add_column("status", no_wrap=True, min_width=5)
-    for column in (*COLUMNS[1:], "change", "band", ""):
+    for column in (*COLUMNS[1:], "change", "band", "verdict"):
         table.add_column(column, no_wrap=True)
     for c in rows:
         bad = c.regressed or c.newly_failing

@@ -54,7 +54,7 @@ footer { color: #8c959f; font-size: 12px; text-align: center; }
     for s, c in STATUS_COLOUR.items()
 )
 
-HEADERS = [*COLUMNS, "change", "band", "direction", ""]
+HEADERS = [*COLUMNS, "change", "band", "direction", "verdict"]
 
 
 def _e(text: object) -> str:

@@ -43,6 +43,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
+from gpucert.report.numbers import sig
 from gpucert.report.schema import Report, Result
 from gpucert.status import Status
 
@@ -454,11 +455,12 @@ def _steps(results: Sequence[Result]) -> tuple[dict[str, Any], list[float]] | No
     return (result.details, steps) if result and steps else None
 
 
-def _run_line(ax: Any, result: Result | None, label: str, fmt: str) -> None:
-    """The run's figure (a timed mean, not a step) as a dotted line across the panel."""
+def _run_line(ax: Any, result: Result | None, label: str) -> None:
+    """The run's figure (a timed mean, not a step) as a dotted line across the panel; in significant figures
+    (a tiny model's 0.008 % MFU read "0.0" at one decimal)."""
     value = _number(result.value) if result else None
     if value is not None:
-        ax.axhline(value, color=_FLOOR_COLOUR, linestyle=":", linewidth=1.2, label=f"{label} {value:{fmt}}")
+        ax.axhline(value, color=_FLOOR_COLOUR, linestyle=":", linewidth=1.2, label=f"{label} {sig(value)}")
 
 
 def _points(ax: Any, x: list[float], y: list[float], warmup: list[bool], colour: str, label: str) -> None:
@@ -528,14 +530,14 @@ def plot_finetune_throughput(results: Sequence[Result]) -> bytes | None:
     _points(ax, steps, effective, warmup, _TAB10[0], "effective tokens/s per GPU")
     if supervised is not None:
         ax.plot(steps, supervised, linewidth=1.0, linestyle="--", color=_TAB10[2], label="supervised tokens/s per GPU")
-    _run_line(ax, _training_result(results, "tokens_per_s_per_gpu"), "run (timed steps):", ",.0f")
+    _run_line(ax, _training_result(results, "tokens_per_s_per_gpu"), "run (timed steps):")
     ax.set_ylim(bottom=0)
     _style(ax, "Throughput per step", "tokens/s per GPU")
     ax.legend(loc="best", fontsize=9, frameon=False)
     if mfu is not None:
         ax = axes[1]
         _points(ax, steps, mfu, warmup, _TAB10[4], "LoRA-aware MFU")
-        _run_line(ax, _training_result(results, "mfu"), "run (timed steps):", ".1f")
+        _run_line(ax, _training_result(results, "mfu"), "run (timed steps):")
         ax.set_ylim(bottom=0)
         _style(ax, "", "MFU (%)")
         ax.legend(loc="best", fontsize=9, frameon=False)
@@ -567,7 +569,7 @@ def plot_finetune_memory(results: Sequence[Result]) -> bytes | None:
         ax = axes[0]
         for label, values, colour, style in device:
             ax.plot(steps, values, linewidth=1.5, linestyle=style, color=colour, label=label)
-        _run_line(ax, _training_result(results, "peak_memory_gib"), "run peak over ranks:", ".1f")
+        _run_line(ax, _training_result(results, "peak_memory_gib"), "run peak over ranks:")
         ax.set_ylim(bottom=0)
         _style(ax, "Memory per step (rank 0)", "GPU memory (GiB)")
         ax.legend(loc="best", fontsize=9, frameon=False)
