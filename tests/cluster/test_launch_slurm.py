@@ -55,9 +55,11 @@ def test_accept_dry_run_script_runs_under_plain_sbatch_and_writes_one_report_nam
 ) -> None:
     # The benchmarks this test does not look at are left out (the two-node accept in tests/runtime runs them all):
     # the suite must stay under 15 minutes on CI's 2 cores.
-    run, _ = dry_run_then_sbatch(
+    run, job_log = dry_run_then_sbatch(
         slurm_cluster, tmp_path, "accept", "--profile", "cpu", "--nproc", "1", "--skip", "burn,p2p,train"
     )
+    # The job's own log, where a plain sbatch user looks first, ends with the verdict (it was empty).
+    assert "verdict: PASS" in job_log.read_text()
     report = json.loads((run / "report.json").read_text())
     assert report["meta"]["nodes"] == ["node1", "node2"] and report["status"] == "PASS"
     assert {r["node"] for r in report["results"] if r["name"] == "memory.copy"} == {"node1", "node2"}
