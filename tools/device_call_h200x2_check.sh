@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Three calls on a 2 x H200 machine (2026-11-30, twelfth session), at this session's code:
+# The check a session's code gets on a 2 x H200 machine, in three calls (written 2026-11-30 as
+# device_call_h200x2_twelfth.sh; the records of the twelfth and thirteenth sessions name it):
 #   PART=run (default):
 #   1. `gpucert accept` on both GPUs from a directory outside the checkout, with --metrics-file: verdict, time; every
-#      PASS of the live GPU paths names its threshold (Result refuses one that does not, since 98bc9d5), the
-#      report loads again with the new type checks;
-#   2. a tiny finetune and its evaluation (eval.verdict PASSed with no threshold before);
+#      PASS names its threshold (Result refuses one that does not), the report loads again with its type checks;
+#   2. a tiny finetune and its evaluation;
 #   3. two "nodes" of one GPU each on NCCL's network path (tools/two_nodes_gpu.py accept), --metrics-file on each:
 #      node 0's process writes the cluster's file once, node 1 none;
 #   PART=tests, then PART=tests-rest: pytest -m gpu tests/gpu with two GPUs (the tests that need a second GPU too).
-# Usage: COMMIT=<sha> bash tools/device_call_h200x2_twelfth.sh, then PART=tests ... on the warm machine (carry .whl).
+# Usage: COMMIT=<sha> bash tools/device_call_h200x2_check.sh, then PART=tests ... on the warm machine (carry .whl).
 . tools/device_call_setup.sh
 root=$PWD
 nvidia-smi --query-gpu=name,uuid,power.limit --format=csv,noheader | tee $res/summary.txt
