@@ -68,6 +68,7 @@ def test_prepare_builds_once_then_reuses_the_cache(tmp_path: Path, tokenizer) ->
         READY,
         "eval",
         "eval_conversations.jsonl",
+        "files.json",
         "stats.json",
         "train",
     ]
@@ -362,3 +363,47 @@ def test_prepare_command_refuses_bad_data_with_exit_3_and_prints_the_report(tmp_
     assert main(["finetune", "prepare", "--set", cache]) == 0
     out = capsys.readouterr().out
     assert "dropped bad_arguments: 5" in out and "glaive_sample.jsonl:40 (row 39)" in out
+
+
+def test_a_prepared_cache_cut_short_is_refused_naming_the_file_never_trained_on(tmp_path: Path, tokenizer) -> None:
+    """A train file cut at a record batch's end loaded as fewer rows without a word (a run trained on 5,000 of
+    16,260 rows and its report said 16,260); a file cut mid-batch, a garbled stats.json or a held-out file cut
+    mid-line were tracebacks naming no file."""
+    import shutil
+
+    from datasets import load_from_disk
+
+    cfg = config(tmp_path / "cache")
+    path = prepare_dataset(cfg, tokenizer).path
+    pristine = tmp_path / "pristine"
+    shutil.copytree(path, pristine)
+
+    def damaged(said: str) -> None:
+        with pytest.raises(DataError, match=said) as refused:
+            prepare_dataset(cfg, tokenizer)
+        assert f"the prepared data in {path} is damaged" in str(refused.value)
+        assert "remove that directory and run again" in str(refused.value)
+        shutil.rmtree(path)
+        shutil.copytree(pristine, path)
+
+    [arrow] = sorted((path / "train").glob("*.arrow"))
+    with open(arrow, "r+b") as f:
+        f.truncate(arrow.stat().st_size // 2)
+    damaged(rf"train/{arrow.name} has [\d,]+ bytes, [\d,]+ when it was prepared")
+    (path / "stats.json").write_text("{not json")
+    damaged(r"stats.json has \d+ bytes")
+    # Fewer rows, each file whole (a cache of an older gpucert keeps no sizes): held to stats.json's count.
+    load_from_disk(str(path / "train")).select(range(3)).save_to_disk(str(tmp_path / "fewer"))
+    shutil.rmtree(path / "train")
+    shutil.move(tmp_path / "fewer", path / "train")
+    (path / "files.json").unlink()
+    damaged(r"train/ holds 3 rows, stats.json says \d+ were prepared")
+    held_out = path / "eval_conversations.jsonl"
+    lines = held_out.read_text().splitlines()
+    (path / "files.json").unlink()
+    held_out.write_text(lines[0] + "\n" + lines[1][:40] + "\n")
+    with pytest.raises(DataError, match=r"eval_conversations.jsonl:2: "):
+        load_eval_conversations(path)
+    held_out.write_text(lines[0] + "\n")
+    with pytest.raises(DataError, match=rf"holds 1 conversations, {len(lines)} were prepared"):
+        load_eval_conversations(path)

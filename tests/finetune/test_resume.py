@@ -21,11 +21,13 @@ from tests.finetune.checkpoint_files import DAMAGES, truncate, write_checkpoint
 
 from gpucert.finetune.config import DataConfig, FinetuneConfig, LoraConfig, ModelConfig, TrainConfig
 from gpucert.finetune.train.checkpoint import (
+    STATE_FILE,
     CheckpointError,
     check_resume_config,
     choose_checkpoint,
     complete_checkpoints,
     judge_data_change,
+    resume_settings,
 )
 from gpucert.finetune.train.run import FinetuneFailed, run_finetune
 from gpucert.runtime.launch_env import RANK_VARIABLES
@@ -95,6 +97,12 @@ def test_no_readable_checkpoint_is_an_error_naming_each(tmp_path: Path) -> None:
     for step in (4, 8):
         assert str(tmp_path / "checkpoints" / f"step-{step}" / "optimizer.pt") in message
     assert "Restore one from a backup, or start over" in message
+    # The same command again (a requeue): it started over at step 0 beside the two set aside, without a word.
+    with pytest.raises(
+        CheckpointError, match=r"only checkpoints an earlier run found unreadable and set aside "
+    ) as again:
+        choose_checkpoint("auto", tmp_path)
+    assert "(step-4.corrupt, step-8.corrupt)" in str(again.value)
 
 
 def test_a_failed_resume_keeps_the_checkpoints_it_set_aside(tmp_path: Path) -> None:
@@ -332,8 +340,19 @@ def test_a_resume_with_other_training_settings_is_refused_naming_them(
         check_resume_config(many)
     for key in ("lora.alpha", "train.lr", "train.seed", "train.warmup_ratio", "train.weight_decay"):
         assert f"{key} " in str(refused.value), key
-    # The run's config.yaml unreadable or gone: nothing says the settings match, so a changed one would pass.
+    # The checkpoint records its settings itself: the run's config.yaml unreadable or gone changes nothing.
     saved = Path(cfg.output_dir or "") / "config.yaml"
+    saved.write_text("{{{garbage")
+    with pytest.raises(CheckpointError, match=r"lora.alpha 8 there, 64 now, from .*trainer_state.json"):
+        check_resume_config(replace(resumed, lora=replace(cfg.lora, alpha=64)))
+    saved.unlink()
+    check_resume_config(resumed)
+    # A checkpoint of an older gpucert records none: the run's config.yaml is what says; unreadable or gone,
+    # nothing says the settings match, so a changed one would pass.
+    for state_file in Path(cfg.output_dir or "").glob("checkpoints/step-*/trainer_state.json"):
+        state = json.loads(state_file.read_text())
+        del state["settings"]
+        state_file.write_text(json.dumps(state))
     saved.write_text("{{{garbage")
     with pytest.raises(CheckpointError, match=r"config\.yaml is unreadable"):
         check_resume_config(replace(resumed, lora=replace(cfg.lora, alpha=64)))
@@ -407,11 +426,19 @@ def test_a_run_directory_given_to_resume_is_named_as_such_before_any_worker(tmp_
     assert replace(tiny(tmp_path), resume=str(newest)).path_problems() == []
 
 
-def test_a_checkpoint_copied_out_of_its_run_resumes_without_a_run_config(tmp_path: Path) -> None:
-    """A backup of step-N outside <run>/checkpoints has no config.yaml two levels up: nothing to compare with, as
-    before (it was refused as `config.yaml is missing` once that became a refusal)."""
+def test_a_checkpoint_copied_out_of_its_run_is_held_to_the_settings_it_records(tmp_path: Path) -> None:
+    """A backup of step-N outside <run>/checkpoints has no config.yaml two levels up: it resumed with a new lr,
+    alpha, seed or warm-up without a word (the lr not even used: the restored optimizer kept the old schedule).
+    Its trainer state records the settings now; one of an older gpucert, which records none, is refused."""
     copied = write_checkpoint(tmp_path / "run", 5)
     backup = tmp_path / "backup" / "step-5"
     backup.parent.mkdir()
     copied.rename(backup)
-    check_resume_config(replace(tiny(tmp_path), resume=str(backup), output_dir=str(tmp_path / "new")))
+    cfg = replace(tiny(tmp_path), resume=str(backup), output_dir=str(tmp_path / "new"))
+    with pytest.raises(CheckpointError, match="this checkpoint records no settings"):
+        check_resume_config(cfg)
+    state = json.loads((backup / STATE_FILE).read_text())
+    (backup / STATE_FILE).write_text(json.dumps({**state, "settings": resume_settings(cfg)}))
+    check_resume_config(cfg)
+    with pytest.raises(CheckpointError, match=r"train.lr .* there, 0.05 now"):
+        check_resume_config(replace(cfg, train=replace(cfg.train, lr=0.05)))

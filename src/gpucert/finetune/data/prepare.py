@@ -15,6 +15,8 @@ Cache directory:
                                   supervised_tokens, supervised_share, truncated, dropped, no_assistant,
                                   render_failures, fill
     eval_conversations.jsonl      held-out conversations (messages + tools), for generation-based evaluation
+    files.json                    every file above and its size: a load checks them, and each split's rows
+                                  against stats.json (a cache cut short is refused, naming the file)
     READY                         written last
 
 Data that cannot make both splits (no usable row, an empty split, every conversation too long) is refused with a
@@ -57,6 +59,8 @@ from gpucert.finetune.disk import NoSpaceError, is_no_space, no_space_message
 # 3: a call written in another syntax is read as a call or drops the row; stray end-of-text markers counted.
 DATA_METHOD_VERSION = "3"
 READY = "READY"
+# Each file of a prepared dataset and its size, written before READY (_check_files).
+FILES = "files.json"
 # data.source of the throughput benchmark: random tokens, one full-length document per row, every token labelled
 # (the unpadded mock data of published LoRA throughput figures, fine-tuning.md §3).
 SYNTHETIC = "synthetic"
@@ -342,17 +346,53 @@ def _build_conversations(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, 
 
 
 def _finish(tmp: Path, target: Path, fingerprint: str, stats: dict[str, Any]) -> None:
-    """Stats and the READY marker last, then the rename that makes the cache entry appear whole."""
+    """Stats, the size of every file, and the READY marker last, then the rename that makes the cache entry
+    appear whole."""
     (tmp / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+    (tmp / FILES).write_text(json.dumps(sizes, indent=1) + "\n", encoding="utf-8")
     (tmp / READY).write_text(fingerprint + "\n")
     if target.exists():  # an incomplete directory left by an older layout or a manual copy
         shutil.rmtree(target)
     os.replace(tmp, target)
 
 
+def _damaged(path: Path, what: str) -> DataError:
+    return DataError(
+        f"data.cache_dir: the prepared data in {path} is damaged ({what}): remove that directory and run again, "
+        "which prepares it afresh"
+    )
+
+
+def _check_files(path: Path) -> None:
+    """Every file the preparation wrote, at the size it had: a file cut short at a record batch's end loads as
+    fewer rows without a word (a run trained on 5,000 of 16,260)."""
+    try:
+        sizes = json.loads((path / FILES).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return  # prepared before sizes were kept: the row counts below still hold it to its stats
+    except (OSError, ValueError) as exc:
+        raise _damaged(path, f"{FILES}: {exc}") from None
+    for name, size in sizes.items():
+        try:
+            found = (path / name).stat().st_size
+        except OSError as exc:
+            raise _damaged(path, f"{name}: {exc.strerror or exc}") from None
+        if found != size:
+            raise _damaged(path, f"{name} has {found:,} bytes, {size:,} when it was prepared")
+
+
 def _load(path: Path, fingerprint: str, built: bool) -> Prepared:
-    stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
-    train, evals = load_from_disk(str(path / "train")), load_from_disk(str(path / "eval"))
+    _check_files(path)
+    try:
+        stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
+        train, evals = load_from_disk(str(path / "train")), load_from_disk(str(path / "eval"))
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise _damaged(path, f"{type(exc).__name__}: {exc}") from None
+    for name, split in (("train", train), ("eval", evals)):
+        rows = (stats.get(name) or {}).get("rows")
+        if rows is not None and len(split) != rows:
+            raise _damaged(path, f"{name}/ holds {len(split):,} rows, stats.json says {rows:,} were prepared")
     return Prepared(train=train, eval=evals, stats=stats, fingerprint=fingerprint, path=path, built=built)
 
 
@@ -432,9 +472,33 @@ def prepare_dataset(cfg: FinetuneConfig, tokenizer: Any) -> Prepared:
 
 
 def load_eval_conversations(path: Path) -> list[Conversation]:
-    """The held-out conversations of a prepared dataset (Prepared.path), for generation-based evaluation."""
-    with open(Path(path) / "eval_conversations.jsonl", encoding="utf-8") as f:
-        return [Conversation.from_json(json.loads(line)) for line in f if line.strip()]
+    """The held-out conversations of a prepared dataset (Prepared.path), for generation-based evaluation; a file
+    cut short is refused naming its line, or its count against stats.json."""
+    file = Path(path) / "eval_conversations.jsonl"
+    conversations = []
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise _damaged(Path(path), f"{file.name}: {getattr(exc, 'strerror', None) or exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            conversations.append(Conversation.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _damaged(Path(path), f"{file.name}:{number}: {exc}") from None
+    expected = _eval_conversations(Path(path))
+    if expected is not None and len(conversations) != expected:
+        raise _damaged(Path(path), f"{file.name} holds {len(conversations)} conversations, {expected} were prepared")
+    return conversations
+
+
+def _eval_conversations(path: Path) -> int | None:
+    try:
+        count = json.loads((path / "stats.json").read_text(encoding="utf-8"))["eval"]["conversations"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return int(count)
 
 
 def report_lines(stats: Mapping[str, Any], examples: int = REFUSAL_EXAMPLES) -> list[str]:

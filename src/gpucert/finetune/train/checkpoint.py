@@ -88,6 +88,9 @@ class TrainerState:
     loss_history: list[float] = field(default_factory=list)
     step_log: list[dict[str, Any]] = field(default_factory=list)
     eval_losses: list[dict[str, Any]] = field(default_factory=list)
+    # The settings a resume must keep (SAME_ON_RESUME, dotted): a checkpoint copied out of its run still says
+    # what it was trained with. None in checkpoints written before they were recorded.
+    settings: dict[str, Any] | None = None
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -169,35 +172,54 @@ SAME_ON_RESUME = (
 RUN_CONFIG_FILE = "config.yaml"  # rundir.CONFIG_FILE: what the run that wrote the checkpoints was given
 
 
+def resume_settings(cfg: FinetuneConfig) -> dict[str, Any]:
+    """The settings of cfg a resume must keep (SAME_ON_RESUME), dotted: what each checkpoint records."""
+    return {k: v for k, v in dotted(asdict(cfg)).items() if k.startswith(SAME_ON_RESUME)}
+
+
 def check_resume_config(cfg: FinetuneConfig) -> None:
     """Refuse, before any work, a resume whose settings differ from those its checkpoints were trained with in a
     key of SAME_ON_RESUME (a new train.lr was ignored by the restored optimizer, while config.yaml recorded it; a
-    new lora.alpha jumped the loss). Compared with the run directory's config.yaml, which every run writes beside
-    its checkpoints: one missing or unreadable is refused too (nothing would say the settings match)."""
+    new lora.alpha jumped the loss). Compared with the settings the checkpoint records (its trainer state), else
+    with the run directory's config.yaml beside it; a checkpoint with neither is refused (nothing would say the
+    settings match: a backup copied out of its run once took a new lr and alpha without a word)."""
     if cfg.resume == "none":
         return
+    run_dir: Path | None
     if cfg.resume == "auto":
-        if not cfg.output_dir or not complete_checkpoints(Path(cfg.output_dir)):
+        latest = find_latest(Path(cfg.output_dir)) if cfg.output_dir else None
+        if latest is None or not cfg.output_dir:
             return
-        run_dir = Path(cfg.output_dir)
+        checkpoint, run_dir = latest, Path(cfg.output_dir)
     else:
-        named = Path(cfg.resume).resolve()
-        if named.parent.name != "checkpoints":
-            return  # a checkpoint copied out of its run (a backup): no run config beside it to compare with
-        run_dir = named.parent.parent  # <run>/checkpoints/step-N
-    saved_file = run_dir / RUN_CONFIG_FILE
-    try:
-        loaded = yaml.safe_load(saved_file.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        why = "is missing" if isinstance(exc, FileNotFoundError) else f"is unreadable ({error_text(exc)})"
+        checkpoint = Path(cfg.resume).resolve()
+        # <run>/checkpoints/step-N has its run's config.yaml two levels up; a copy elsewhere has none.
+        run_dir = checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else None
+    recorded = _recorded_settings(checkpoint)
+    if recorded is not None:
+        saved, source = recorded, f"{checkpoint / STATE_FILE}"
+    elif run_dir is None:
         raise CheckpointError(
-            f"resume {cfg.resume}: {saved_file} {why}: it holds the settings the checkpoints in {run_dir} were "
-            "trained with, and without it nothing says this run's match them (a new lora.alpha or train.lr would "
-            "go unnoticed). Restore it from the run's copy or a backup, or start a new run in another --output"
-        ) from None
-    # A config.yaml that is no mapping holds none of the settings: each reads as None there.
-    saved = dotted(loaded if isinstance(loaded, dict) else {})
-    now = dotted(asdict(cfg))
+            f"resume {cfg.resume}: this checkpoint records no settings (written by an older gpucert) and has no run "
+            f"directory's {RUN_CONFIG_FILE} beside it (it is not under <run>/{CHECKPOINTS}/): nothing says this "
+            "run's settings match those it was trained with. Put it back under its run's "
+            f"{CHECKPOINTS}/ beside that run's {RUN_CONFIG_FILE}, or start a new run"
+        )
+    else:
+        saved_file = run_dir / RUN_CONFIG_FILE
+        try:
+            loaded = yaml.safe_load(saved_file.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            why = "is missing" if isinstance(exc, FileNotFoundError) else f"is unreadable ({error_text(exc)})"
+            raise CheckpointError(
+                f"resume {cfg.resume}: {saved_file} {why}: it holds the settings the checkpoints in {run_dir} were "
+                "trained with, and without it nothing says this run's match them (a new lora.alpha or train.lr "
+                "would go unnoticed). Restore it from the run's copy or a backup, or start a new run in another "
+                "--output"
+            ) from None
+        # A config.yaml that is no mapping holds none of the settings: each reads as None there.
+        saved, source = dotted(loaded if isinstance(loaded, dict) else {}), str(saved_file)
+    now = resume_settings(cfg)
     changed = [
         key for key in sorted(saved.keys() | now.keys())
         if key.startswith(SAME_ON_RESUME) and saved.get(key) != now.get(key)
@@ -205,10 +227,21 @@ def check_resume_config(cfg: FinetuneConfig) -> None:
     if changed:
         shown = "; ".join(f"{key} {saved.get(key)!r} there, {now.get(key)!r} now" for key in changed)
         raise CheckpointError(
-            f"resume {cfg.resume}: the checkpoints in {run_dir} were trained with other settings ({shown}, "
-            f"from {saved_file}): a resumed run continues the run that wrote them, with its settings. Resume "
-            "without these changes, or start a new run with them in another --output"
+            f"resume {cfg.resume}: {checkpoint} was trained with other settings ({shown}, from {source}): a "
+            "resumed run continues the run that wrote it, with its settings. Resume without these changes, or "
+            "start a new run with them in another --output"
         )
+
+
+def _recorded_settings(checkpoint: Path) -> dict[str, Any] | None:
+    """The settings a checkpoint's trainer state records; None where it records none or cannot be read (an
+    unreadable checkpoint is named when it is loaded)."""
+    try:
+        saved = json.loads((checkpoint / STATE_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    settings = saved.get("settings") if isinstance(saved, dict) else None
+    return settings if isinstance(settings, dict) else None
 
 
 def read_trainer_state(path: Path) -> TrainerState:
@@ -295,6 +328,16 @@ def choose_checkpoint(resume: str, run_dir: Path, note: Callable[[str], object] 
         raise CheckpointError(
             f"resume auto: no checkpoint under {checkpoint_root(run_dir)} reads back: {'; '.join(unreadable)}. "
             "Restore one from a backup, or start over with resume: none and a new output_dir"
+        )
+    root = checkpoint_root(run_dir)
+    set_aside_before = sorted(p.name for p in root.glob(f"step-*{CORRUPT_SUFFIX}*")) if root.is_dir() else []
+    if set_aside_before:
+        # An earlier run found every checkpoint unreadable and stopped; run again (a requeue), it started over
+        # beside them without a word, training from step 0 what they had trained.
+        raise CheckpointError(
+            f"resume auto: no complete checkpoint under {root}, only checkpoints an earlier run found unreadable "
+            f"and set aside ({', '.join(set_aside_before)}). Restore one from a backup (as step-N), or start over: "
+            "remove them, or give resume: none and a new output_dir"
         )
     return None
 

@@ -38,6 +38,7 @@ from gpucert.finetune.train.checkpoint import (
     judge_data_change,
     load_checkpoint,
     read_trainer_state,
+    resume_settings,
     save_adapter,
     save_checkpoint,
 )
@@ -218,7 +219,12 @@ def train(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup_steps))
 
-    state = TrainerState(global_batch=global_batch, world_size=rt.world_size, data_fingerprint=data.fingerprint)
+    state = TrainerState(
+        global_batch=global_batch,
+        world_size=rt.world_size,
+        data_fingerprint=data.fingerprint,
+        settings=resume_settings(cfg),
+    )
     if resume_from is not None:
         rt.set_phase(f"resume from {resume_from}")
         state = load_checkpoint(resume_from, model, optimizer, scheduler, rt)
@@ -234,6 +240,7 @@ def train(
         for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
             group["lr"] = base * lr_factor(scheduler.last_epoch, total_steps, warmup_steps)
         state.world_size = rt.world_size
+        state.settings = resume_settings(cfg)  # checked the same (check_resume_config); older ones recorded none
         # What the next checkpoints trained on (differs from the loaded one only under resume_allow_data_change).
         state.data_fingerprint = data.fingerprint
         log(f"resumed from {resume_from} at step {state.step}")
