@@ -66,6 +66,7 @@ def test_a_missing_local_path_is_named_not_taken_for_a_hub_id(name: str, hub_sta
 
 
 def test_an_existing_directory_is_local_and_a_file_is_refused(tmp_path: Path, hub_state: pytest.MonkeyPatch) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
     assert pretrained_source(str(tmp_path)) == (str(tmp_path), {})
     hub_state.setenv("HOME", str(tmp_path))
     assert pretrained_source("~") == (str(tmp_path), {})  # transformers would take "~/..." for a hub id
@@ -279,3 +280,19 @@ def test_a_cut_or_broken_adapter_is_named_before_the_base_model_loads(tmp_path: 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ModelSourceError, match=r"--adapter .*afile: a file; expected a run directory"):
         resolve_adapter(tmp_path / "afile")
+
+
+def test_a_local_model_directory_transformers_cannot_read_is_refused_before_the_run(tmp_path: Path) -> None:
+    """An empty or half-copied model directory was a ValueError traceback from transformers after the run began."""
+    model = tmp_path / "model"
+    model.mkdir()
+    with pytest.raises(ModelSourceError, match=r"model.name: .*model has no config.json"):
+        pretrained_source(str(model))
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(ModelSourceError, match=r"config.json names no model_type"):
+        pretrained_source(str(model))
+    (model / "config.json").write_text('{"model_type": "qwen2"')
+    with pytest.raises(ModelSourceError, match=r"config.json is unreadable"):
+        pretrained_source(str(model))
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    assert pretrained_source(str(model)) == (str(model), {})

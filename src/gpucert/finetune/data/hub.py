@@ -104,12 +104,34 @@ def pretrained_source(name: str, key: str = "model.name") -> tuple[str, dict[str
     but the model is cached. A ModelSourceError otherwise."""
     path = Path(name).expanduser()
     if path.is_dir():
+        _check_model_dir(path, name, key)
         return str(path), {}
     if path.exists():
         raise ModelSourceError(f"{key}: {name} is a file; expected a model directory (with config.json) or a hub id")
     if looks_like_path(name):
         raise _missing_path(name, key)
     return name, _offline_kwargs(_hub_id(name, key), key, MODEL_MARKER)
+
+
+def _check_model_dir(path: Path, name: str, key: str) -> None:
+    """A local model directory transformers can read the architecture from: a config.json that is a JSON object
+    with its model_type. An empty or half-copied directory was a traceback from transformers after the run
+    started."""
+    config = path / "config.json"
+    try:
+        loaded = json.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelSourceError(
+            f"{key}: {name} has no config.json: expected a model directory (config.json, the tokenizer's files and "
+            "the weights, as `hf download ID --local-dir DIR` writes them) or a hub id"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"{key}: {config} is unreadable: {exc}") from None
+    if not isinstance(loaded, dict) or not loaded.get("model_type"):
+        raise ModelSourceError(
+            f"{key}: {config} names no model_type (the architecture transformers builds): a half-copied or edited "
+            "file? Copy the model directory again"
+        )
 
 
 def resolve_adapter(given: str | os.PathLike[str]) -> tuple[Path, str | None]:
