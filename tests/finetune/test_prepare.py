@@ -407,3 +407,29 @@ def test_a_prepared_cache_cut_short_is_refused_naming_the_file_never_trained_on(
     held_out.write_text(lines[0] + "\n")
     with pytest.raises(DataError, match=rf"holds 1 conversations, {len(lines)} were prepared"):
         load_eval_conversations(path)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_during_preparation_leaves_nothing_in_the_cache(tmp_path: Path) -> None:
+    """SIGTERM's watch ends the process with os._exit, past the build's own clean-up: the temporary directory
+    and the lock's note stayed until the next preparation of that data."""
+    import signal
+    import time
+
+    source = tmp_path / "big.jsonl"
+    sample = Path(prepare_module.__file__).parent / "assets" / "glaive_sample.jsonl"
+    source.write_text(sample.read_text() * 30)
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "-m", "gpucert", "finetune", "--set", f"data.source={source}"]
+    argv += ["--set", f"data.cache_dir={cache}", "--output", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(cache.glob("*.tmp-*")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert list(cache.glob("*.tmp-*")), "the preparation never started"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    finally:
+        proc.kill()
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []

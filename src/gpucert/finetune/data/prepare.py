@@ -293,9 +293,25 @@ def _build_synthetic(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp:
     return stats
 
 
+# What this process is writing in a cache directory now: the build's temporary directory and the note beside its
+# lock. SIGTERM's watch ends the process with os._exit, past the build's own clean-up (train/run.py), and
+# removes these first (abandon_builds): a stopped preparation left both until the next one of that data.
+_IN_PROGRESS: list[Path] = []
+
+
+def abandon_builds() -> None:
+    """Remove what this process's unfinished preparation wrote (a SIGTERM's last act before the exit)."""
+    for path in list(_IN_PROGRESS):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) -> None:
     tmp = target.parent / f"{fingerprint}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
+    _IN_PROGRESS.append(tmp)
     try:
         if cfg.data.source == SYNTHETIC:
             stats = _build_synthetic(cfg, tokenizer, fingerprint, tmp)
@@ -311,6 +327,8 @@ def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) 
                 "there or set data.cache_dir to a larger filesystem"
             ) from exc
         raise
+    finally:
+        _IN_PROGRESS.remove(tmp)
 
 
 def _build_conversations(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, tmp: Path) -> dict[str, Any]:
@@ -438,10 +456,12 @@ class _PreparationLock:
                 ) from None
         note = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "source": self.data.source}
         self.note.write_text(json.dumps(note) + "\n", encoding="utf-8")
+        _IN_PROGRESS.append(self.note)
         return self
 
     def __exit__(self, *_: object) -> None:
         self.note.unlink(missing_ok=True)
+        _IN_PROGRESS.remove(self.note)
         self.lock.release()
 
 

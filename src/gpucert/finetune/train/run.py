@@ -90,6 +90,14 @@ class FinetuneFailed(RuntimeError):
         self.record = record
 
 
+def _abandon_builds() -> None:
+    """What an unfinished data preparation wrote, removed before an exit that skips its own clean-up; nothing to
+    do (and nothing imported in a signal's thread) before preparation began."""
+    prepare = sys.modules.get("gpucert.finetune.data.prepare")
+    if prepare is not None:
+        prepare.abandon_builds()
+
+
 def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) -> dict[str, Any]:
     """Train as configured in this process (one rank of a torchrun/srun job, or alone); the metrics dict,
     also written to output_dir/metrics.json by rank 0.
@@ -107,6 +115,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
     run: RunDir | None = None
 
     def where_this_rank_was(_: AbortRecord) -> None:
+        _abandon_builds()
         if rt is not None:
             say(f"{rt.me.describe()} was in {rt.phase}")
         if run is not None:
@@ -117,6 +126,7 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
         leave the run directory as a failure leaves it, even while the main thread is blocked in a collective.
         A lone process (no launcher, no peer) was stopped by the operator (a kill, scancel, a time limit): said as
         Ctrl-C is, with what resumes, and the shell's code for SIGTERM."""
+        _abandon_builds()
         # Under gpucert's own node process that process was signalled too, and says it (say_stop).
         if rt is not None and rt.world_size == 1 and not os.environ.get("GPUCERT_AGENT_PID"):
             say(f"stopped by SIGTERM (a kill, scancel, a time limit) during {rt.phase}")
