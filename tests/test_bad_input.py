@@ -66,6 +66,7 @@ CASES = [
     # Refused before the capture's seconds of work, naming --output (it named a temporary directory after them).
     (["capture", "-o", "afile"], ["--output afile: ", "afile is not a directory"]),
     (["finetune", "-o", " "], ["argument --output/-o: an empty path (an unset variable?)"]),
+    (["finetune", "--resume", ""], ["argument --resume: an empty path (an unset variable?)"]),
     # A negative duration is a value for its check, not an unknown flag ("expected one argument").
     (["bench", "burn", "--duration", "-5s", "--profile", "cpu"], ["--duration: expected a duration", "'-5s'"]),
     (["discover", "--replay", "afile"], ["afile: not a capture bundle"]),

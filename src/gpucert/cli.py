@@ -77,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
 def nonempty(text: str) -> str:
     """An --output that is a path: `-o ''` (an unset shell variable) wrote the report into the current directory,
     beside whatever was there."""
-    if not text.strip():
+    if not text.strip():  # --resume "" too: it started a fresh run without a word
         raise argparse.ArgumentTypeError("an empty path (an unset variable?): name a directory")
     return text
 
@@ -259,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("stage", nargs="?", help="prepare: build the data cache only")
     finetune.add_argument("--list-recipes", action="store_true", help="the recipes --config takes by name, and exit")
     commands.add_arguments(finetune)
-    finetune.add_argument("--resume", help="none, auto (latest complete checkpoint) or a checkpoint directory")
+    finetune.add_argument(
+        "--resume", type=nonempty, help="none, auto (latest complete checkpoint) or a checkpoint directory"
+    )
     finetune.add_argument("--output", "-o", type=nonempty, help="run directory (default runs/<time>-finetune)")
     evaluate = verbs.add_parser("evaluate", help="function-calling accuracy of a trained adapter")
     commands.add_arguments(evaluate, config_help=commands.EVALUATE_CONFIG_HELP)

@@ -95,7 +95,10 @@ def test_every_lever_is_on_exactly_where_load_model_turned_it_on_before() -> Non
             assert plan.fp8_head.on == (precision == "fp8" and loss and head), case
             assert plan.compile.on == compile_, case
             assert not plan.compile_tuning.on, case  # auto: off in bf16 and fp8 alike
-            assert plan.precision == precision and plan.attention == model.attn_implementation, case
+            # What the frozen weights compute in: fp8, else the dtype (a "bf16" precision of an fp32 run was
+            # written into its report as bf16).
+            assert plan.precision == (precision if precision == "fp8" else dtype), case
+            assert plan.attention == model.attn_implementation, case
             checked += 1
     assert checked == 2 * 2**8 * 3 * 2**4  # devices x the boolean keys x dtypes x precision, dropout, r, targets
 

@@ -159,3 +159,22 @@ def test_a_failed_metrics_write_leaves_no_temporary_file(tmp_path: Path, monkeyp
     with pytest.raises(OSError, match="No space left"):
         write_run_files(tmp_path, synthetic_metrics(), training_report())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.md"]
+
+
+def test_tokens_per_gpu_count_each_steps_own_processes() -> None:
+    """A run of 2 processes resumed on 1: every step was divided by the last world size, 1, so the 2-process
+    steps counted as one GPU's (24,249 tokens/s per GPU reported where they ran at 11,673 and 26,286)."""
+    from gpucert.finetune.train.summary import per_gpu_rates
+
+    def step(seconds: float, world: int) -> dict:
+        return {
+            "step_time_s": seconds,
+            "world_size": world,
+            "tokens": {"padded": 100, "effective": 80, "supervised": 40},
+        }
+
+    two, one = [step(1.0, 2)] * 3, [step(0.5, 1)] * 2
+    assert per_gpu_rates(two, 2)["effective"] == 40.0
+    assert per_gpu_rates(one, 1)["effective"] == 160.0
+    # 400 tokens over 3 x 2 + 2 x 0.5 = 7 GPU-seconds, not over 4 seconds of 1 GPU.
+    assert per_gpu_rates(two + one, 1)["effective"] == 400 / 7

@@ -193,6 +193,9 @@ def test_tiny_run_learns_and_reports(tmp_path: Path, single_process: None) -> No
     assert written["mfu"] is None and written["peak_tflops"] is None  # no peak on a CPU
     assert written["config"]["train"]["max_steps"] == 16
     assert (run / "config.yaml").is_file() and any((run / "tensorboard").iterdir())
+    # The run's time counts from the process's start, as its time to the first step does (it left the start-up
+    # out and came out shorter than that).
+    assert written["wall_time_s"] >= written["time_to_first_step_s"] > 0
 
     # The same run in the report schema: the criteria judged, every other number INFO (SKIP where it cannot be
     # measured: no MFU and no device memory on a CPU), the per-step curves in `steps`.

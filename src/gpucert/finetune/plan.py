@@ -211,7 +211,9 @@ def plan_model(model: ModelConfig, lora: LoraConfig, device: Device, sharded: bo
     return ModelPlan(
         attention=model.attn_implementation,
         dtype=model.dtype,
-        precision=model.precision,
+        # What the frozen weights compute in: fp8, or the dtype (model.precision's "bf16" means "not FP8", and a
+        # CPU run in fp32 was written into the report as precision bf16).
+        precision=model.precision if model.precision == "fp8" else model.dtype,
         sharded=sharded,
         autocast=autocast,
         fused_loss=fused_loss,

@@ -196,7 +196,7 @@ def render_sbatch(job: SlurmJob) -> str:
             "rc=0",
             f"{shlex.join(srun)} {_task_command(job)} || rc=$?",
             "# The verdict in the job's own log too (node 0's output ends with it), where sbatch users look first.",
-            f'tail -n 3 {run_dir}/logs/node-0-*.log 2>/dev/null || true',
+            f"tail -n 3 {run_dir}/logs/node-0-*.log 2>/dev/null || true",
         ]
     lines = [
         "#!/bin/bash",

@@ -421,7 +421,8 @@ class Fusion:
             text += f", {self.a_in_gemm} single projections with their A in the frozen GEMM"
         if self.mlp:
             text += (
-                f", {self.mlp} MLPs as one function (the SwiGLU and the adapters' rank-r products in Triton kernels)"
+                f", {self.mlp} MLPs as one function (the SwiGLU with the adapters' rank-r products; the plan's "
+                "fused MLP line says by which kernels: Triton on a GPU, their torch reference without CUDA)"
             )
         reasons = sorted(set(self.left.values()))
         if reasons:

@@ -338,7 +338,9 @@ def train(
         rt.set_phase("saving the adapter")
         save_adapter(model, tokenizer, adapter_dir, rt)
     rt.set_phase("summary")
-    result = summarise(cfg, rt, info, data, state, run_dir, started, peak, oom, resume_from)
+    # The run's time from this process's start: from train()'s, a report's duration was shorter than its own
+    # time to the first step (the imports and joining the job left out).
+    result = summarise(cfg, rt, info, data, state, run_dir, began or started, peak, oom, resume_from)
     result.update(compile_summary(rt, compile_dir, warm, first_step))
     result["plan"] = plan.to_dict()
     result["memory_plan"] = {**plan.memory.to_dict(), "peak_memory_gib": result["peak_memory_gib"]}
@@ -351,7 +353,7 @@ def train(
             log("not merging: a random_init base cannot be rebuilt to merge into")
     if rt.is_main:
         rt.set_phase("writing the report")
-        write_run_files(run_dir, result, run_report(result, rt, peak, started))
+        write_run_files(run_dir, result, run_report(result, rt, peak, began or started))
         # Why a run did not pass, on stdout as every verb's results are (progress is stderr's): the verdict line
         # alone sent the user to report.json. Each WARN, FAIL or ERROR as gpucert's plain output prints it
         # (threshold source and remedy included), so `grep '^FAIL'` finds it in a job log.

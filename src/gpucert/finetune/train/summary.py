@@ -105,6 +105,15 @@ def compile_summary(
     }
 
 
+def per_gpu_rates(steps: list[dict[str, Any]], world_size: int) -> dict[str, float]:
+    """Tokens/s per GPU over the GPU-seconds each step used (its time x its processes; world_size for records
+    that do not say). A run resumed on another number of processes divided every step by the last one's: two
+    processes' steps counted as one GPU's inflated the figure, and its MFU."""
+    tokens = {k: sum(r["tokens"][k] for r in steps) for k in ("padded", "effective", "supervised")}
+    gpu_seconds = sum(r["step_time_s"] * r.get("world_size", world_size) for r in steps)
+    return flops.tokens_per_s(tokens["padded"], tokens["effective"], tokens["supervised"], gpu_seconds)
+
+
 def step_record(
     step: int, s: StepStats, counts: FlopCounts, rt: Runtime, peak: float | None, nth: int
 ) -> dict[str, Any]:
@@ -240,7 +249,7 @@ def summarise(
     rates = flops.tokens_per_s(timed_tokens["padded"], timed_tokens["effective"], timed_tokens["supervised"], seconds)
     t_eff = sum(r["doc_sq"] for r in timed) / max(timed_tokens["effective"], 1)
     per_token = flops.lora_flops_per_token(counts, t_eff)
-    per_gpu = {k: v / rt.world_size for k, v in rates.items()}
+    per_gpu = per_gpu_rates(timed, rt.world_size)
     peak_tflops = peak.tflops if peak else None
     hfu = None
     if cfg.model.gradient_checkpointing:
@@ -259,8 +268,8 @@ def summarise(
         "schema": SCHEMA,
         "status": worst(c.status for c in criteria).value,
         "criteria": [c.to_dict() for c in criteria],
-        "wall_time_s": time.time() - started,
-        "train_time_s": sum(r["step_time_s"] for r in log_),
+        "wall_time_s": time.time() - started,  # this process, from its start
+        "train_time_s": sum(r["step_time_s"] for r in log_),  # every step of the run, a resume's earlier ones too
         "data_time_share": data_time_share(timed),
         "step_time_s": step_time_spread(timed),
         "world_size": rt.world_size,
