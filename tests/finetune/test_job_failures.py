@@ -322,3 +322,37 @@ def test_two_ranks_that_fail_before_the_first_step_leave_no_run_directory(tmp_pa
     assert "is empty: no rows" in done.stderr
     assert "checkpoint" not in done.stderr.splitlines()[-1]
     assert not run.exists()
+
+
+def test_rank_0_killed_in_its_start_up_leaves_no_run_directory(tmp_path: Path) -> None:
+    """rank 0 SIGKILLed while it prepared the data took nothing back: its lock, its TensorBoard file and rank 1's
+    log stayed in the directory made for the run, and the last line spoke of checkpoints."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("CACHE", str(tmp_path / "cache")))
+    sample = Path(__file__).parents[2] / "src" / "gpucert" / "finetune" / "data" / "assets" / "glaive_sample.jsonl"
+    big = tmp_path / "big.jsonl"
+    big.write_text(sample.read_text() * 30)  # a preparation of seconds, to be killed in
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "gpucert", "finetune", "--config", str(config), "--output", str(run)]
+    argv += ["--nproc", "2", "--set", f"data.source={big}"]
+    proc = subprocess.Popen(argv, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + within(START_TIMEOUT_S)
+        rank_0 = None
+        while rank_0 is None and time.monotonic() < deadline:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if child.environ().get("RANK") == "0" and list((tmp_path / "cache").glob("*.tmp-*")):
+                        rank_0 = child
+                except psutil.Error:
+                    continue
+            time.sleep(0.1)
+        assert rank_0 is not None, "rank 0 never began preparing the data"
+        rank_0.kill()
+        _, err = proc.communicate(timeout=within(60))
+    finally:
+        kill_process_tree(proc.pid)
+    assert proc.returncode == 3, err[-3000:]
+    assert "rank 0 on this node ended: killed by SIGKILL" in err
+    assert "checkpoint" not in err.splitlines()[-1]
+    assert not run.exists(), sorted(p.name for p in run.rglob("*"))

@@ -228,16 +228,30 @@ def launch(args: argparse.Namespace, cfg: FinetuneConfig, plan: NodeEnv) -> int:
     return outcome.verdict
 
 
+# What rank 0 makes in its run directory before the first step (its lock, the TensorBoard writer's first file).
+# In a directory this node's process made (its logs/ first), rank 0 writes config.yaml at the first step
+# (rundir.open_run_dir: not fresh), so a directory without it never trained.
+START_UP_ONLY = (".gpucert.lock", "tensorboard")
+
+
 def _take_back_start_up_logs(run_dir: Path) -> None:
     """A run directory this node's process made, whose ranks stopped before the first step: rank 0 took back what
     it wrote (rundir.RunDir.close), and what is left is the ranks' logs, made before rank 0 claimed it. They go
-    with it, as a lone run leaves nothing: the cause is in the line that ends the job."""
+    with it, as a lone run leaves nothing: the cause is in the line that ends the job. A rank 0 killed outright
+    (SIGKILL, the OOM killer) took nothing back: its lock and TensorBoard file go too, where nothing says the run
+    reached its first step (no config.yaml, no checkpoints/, no report)."""
     import shutil
 
     logs = run_dir / "logs"
-    others = [p for p in run_dir.iterdir() if p != logs] if run_dir.is_dir() else [logs]
+    others = [p for p in run_dir.iterdir() if p != logs and p.name not in START_UP_ONLY] if run_dir.is_dir() else [logs]
     if others or not logs.is_dir() or any(not p.name.startswith("rank-") for p in logs.iterdir()):
         return  # the run trained, or something else is there: left as it is
+    for name in START_UP_ONLY:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     shutil.rmtree(logs, ignore_errors=True)
     with contextlib.suppress(OSError):
         run_dir.rmdir()
