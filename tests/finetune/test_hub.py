@@ -246,6 +246,20 @@ def test_adapter_refusals_name_what_is_there(tmp_path: Path) -> None:
     (unfinished / "config.yaml").write_text("{}")
     with pytest.raises(ModelSourceError, match=r"a run directory without a final adapter .* has not finished"):
         resolve_adapter(unfinished)
+    # One a run is training in now: its `--resume auto` advice would be refused by that run's lock.
+    lock = str(unfinished / ".gpucert.lock")
+    hold = (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.lockf(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, lock], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        said = r"is in use by another gpucert run .*\(it has no final adapter yet\)"
+        with pytest.raises(ModelSourceError, match=said):
+            resolve_adapter(unfinished)
+    finally:
+        holder.kill()
     with pytest.raises(ModelSourceError, match=r"no adapter_config\.json there"):
         resolve_adapter(tmp_path)
     started = time.monotonic()

@@ -147,6 +147,12 @@ def resolve_adapter(given: str | os.PathLike[str]) -> tuple[Path, str | None]:
     if path.exists() and not path.is_dir():
         raise ModelSourceError(f"--adapter {name}: a file; expected a run directory (runs/<id>) or its adapter/")
     if (path / "config.yaml").is_file() or (path / "checkpoints").is_dir():
+        from gpucert.runtime.dirlock import DirBusy, check_free
+
+        try:
+            check_free(path, "--adapter")
+        except DirBusy as busy:  # the advice below, `--resume auto`, would be refused while it trains
+            raise ModelSourceError(f"{busy} (it has no final adapter yet)") from None
         raise ModelSourceError(
             f"--adapter {name}: a run directory without a final adapter (no {final / ADAPTER_MARKER}): the run "
             f"has not finished. Finish it (gpucert finetune --config {path / 'config.yaml'} --output {name} "
