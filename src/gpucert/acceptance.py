@@ -322,7 +322,10 @@ def check_fits(work: NodeWork, benchmarks: Sequence[str], nproc: int) -> None:
 
     inventory = work.inventory
     profile = work.profile
-    if benchmarks and not inventory.gpu.gpus and (profile.match or (profile.gpu.gpus_per_node or 0) > 0):
+    # /dev/nvidiactl: the driver is there (a container given CUDA's libraries but not NVML's may still use the
+    # GPUs): the ranks find out.
+    no_gpu = not inventory.gpu.gpus and not Path("/dev/nvidiactl").exists()
+    if benchmarks and no_gpu and (profile.match or (profile.gpu.gpus_per_node or 0) > 0):
         reason = inventory.gpu.nvml_error or "NVML lists none"
         raise ConfigError(
             f"{work.label}: profile {profile.name} is for NVIDIA GPUs, and this host has none ({reason}); its "

@@ -164,6 +164,10 @@ def test_two_nodes_that_pass_with_others_but_not_together_are_a_bad_link() -> No
     found = conclude([A, B, C, D], first + again + rerun, {}, [])
     [link] = [r for r in found if r.name == "localize.link"]
     assert link.status is Status.FAIL and "bad link gpu03 <-> gpu04" in link.message and "2 of 2 runs" in link.message
+    # Slow once, no result the other time: still a suspect, and said as what happened (not "its one run").
+    crashed = [(o, judge_pair(o, [40.0, 40.0], RELATIVE, "x")) for o in (outcome(3, 0, C, D, None),)]
+    [link] = [r for r in conclude([A, B, C, D], first + again + crashed, {}, []) if r.name == "localize.link"]
+    assert link.status is Status.WARN and "was slow once and gave no result in the other 1 run(s)" in link.message
     assert all(r.status is Status.PASS for r in found if r.name == "localize.node")
 
 

@@ -433,3 +433,17 @@ def test_a_run_stopped_by_sigterm_during_preparation_leaves_nothing_in_the_cache
     finally:
         proc.kill()
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_held_out_conversations_with_unicode_line_separators_and_synthetic_rows_load(tmp_path: Path, tokenizer) -> None:
+    """A conversation whose text holds U+2028 (scraped text does) was split there and refused as damaged, for
+    good; a synthetic cache (rows, no conversations) was refused as "holds 0 conversations, N were prepared"."""
+    path = prepare_dataset(config(tmp_path / "cache"), tokenizer).path
+    held_out = path / "eval_conversations.jsonl"
+    first = json.loads(held_out.read_text().split("\n")[0])
+    first["messages"][0]["content"] += " line\u2028separator\u0085next"
+    rest = held_out.read_text().split("\n")[1:]
+    held_out.write_text("\n".join([json.dumps(first, ensure_ascii=False), *rest]))
+    assert "\u2028" in load_eval_conversations(path)[0].messages[0]["content"]
+    synthetic = prepare_dataset(config(tmp_path / "cache", source="synthetic", max_rows=20), tokenizer)
+    assert load_eval_conversations(synthetic.path) == []

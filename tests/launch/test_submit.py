@@ -201,6 +201,15 @@ def test_a_failing_scontrol_is_asked_again_and_the_time_limit_counts_from_the_jo
         "job 17: PENDING (ReqNodeNotAvail,_UnavailableNodes:n2)",
         "job 17: RUNNING on n1",
     ]
+    # No scontrol here at all: said at once, not asked again for a day.
+    (slurm_bin / "scontrol").unlink()
+    monkeypatch_path = os.environ["PATH"]
+    os.environ["PATH"] = str(slurm_bin)
+    try:
+        with pytest.raises(slurm.SlurmError, match="scontrol not found"):
+            slurm.follow("17", 30.0, said.append, poll_s=0.05)
+    finally:
+        os.environ["PATH"] = monkeypatch_path
     # A job slurmctld no longer knows is not asked after.
     stand_in(slurm_bin, "scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1")
     with pytest.raises(slurm.SlurmError, match="Invalid job id"):

@@ -101,6 +101,7 @@ def test_ranks_whose_launcher_said_no_node_layout_are_told_so_before_any_gpu_bin
     with pytest.raises(ConfigError, match="set RANK and WORLD_SIZE but not LOCAL_WORLD_SIZE or GROUP_RANK"):
         unsaid_node_layout(env, 8)
     unsaid_node_layout(env, 16)  # one node of 16 GPUs: the guess is right
+    unsaid_node_layout(env, 1)  # one GPU a process (CUDA_VISIBLE_DEVICES per rank) on one host: as before
     said = read_rank_env({"RANK": "3", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "0"})
     assert said is not None and said.local_said
     unsaid_node_layout(said, 8)

@@ -21,7 +21,7 @@ from gpucert.runtime.config import RuntimeConfig
 from gpucert.runtime.errors import RendezvousError
 from gpucert.runtime.group import RETRY_S, Runtime, connect_store, host_barrier
 from gpucert.runtime.identity import RankIdentity
-from gpucert.runtime.launcher import NodeRendezvous
+from gpucert.runtime.launcher import NODES_PREFIX, NodeRendezvous
 
 WHO = "node rank 1 (host h)"
 
@@ -227,3 +227,24 @@ def test_the_stores_silence_is_counted_from_the_meeting_not_from_the_agents_star
     monkeypatch.setattr(early, "_short_connection", refused)
     early.num_nodes_waiting()
     assert killed == [] and early.cause is None
+
+
+@pytest.mark.slow
+def test_a_node_agent_started_again_on_its_host_takes_its_own_place() -> None:
+    """Node rank 1's gpucert killed after it joined and started again with the same command: its claim of rank 1
+    stayed, and it was refused as "already taken by host h1", naming itself, while node 0 waited for a gone one."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)  # a process of this host that has ended
+    node0 = _meeting(port, 0, 2)
+    store = dist.TCPStore("127.0.0.1", port, 2, True, wait_for_workers=False)
+    node0.store = store
+    prefix = dist.PrefixStore(f"{NODES_PREFIX}0/", store)  # round 0
+    prefix.add("claim/1", 1)
+    prefix.set("1", json.dumps({"name": "h1", "host": "h1", "pid": dead_pid}))
+    again = _meeting(port, 1, 2)
+    out = _meet_all([node0, again])
+    assert not any(isinstance(o, Exception) for o in out), out

@@ -1187,10 +1187,15 @@ def conclude(
         # One slow run is what noise gives one time in 500 (LINK_RUNS): named a suspect, not a bad link.
         if slowed >= 2:
             said = f"bad link {o.pair.subject}: each node passes with a known-good node, but not with the other "
-        elif slowed:
+        elif slowed and len(rs) == 1:
             said = (
                 f"suspect link {o.pair.subject}, not confirmed: each node passes with a known-good node, but their "
                 "pair failed its one run and the rounds ended before a second (localize.max_rounds) "
+            )
+        elif slowed:
+            said = (
+                f"suspect link {o.pair.subject}, not confirmed: each node passes with a known-good node; their pair "
+                f"was slow once and gave no result in the other {len(rs) - 1} run(s) "
             )
         else:
             said = f"the pair job {o.pair.subject} gave no result, although each node passes with a known-good node "

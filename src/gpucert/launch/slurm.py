@@ -195,8 +195,10 @@ def render_sbatch(job: SlurmJob) -> str:
             "export MASTER_ADDR MASTER_PORT",
             "rc=0",
             f"{shlex.join(srun)} {_task_command(job)} || rc=$?",
-            "# The verdict in the job's own log too (node 0's output ends with it), where sbatch users look first.",
-            f"tail -n 3 {run_dir}/logs/node-0-*.log 2>/dev/null || true",
+            "# The verdict in the job's own log too (node 0's output ends with it), where sbatch users look first;",
+            "# the node-0 log written last, this job's: an --output used again keeps earlier jobs' node logs.",
+            f"node0=$(ls -t {run_dir}/logs/node-0-*.log 2>/dev/null | sed -n 1p) || true",
+            '[ -z "$node0" ] || tail -n 3 "$node0" || true',
         ]
     lines = [
         "#!/bin/bash",
@@ -286,8 +288,8 @@ def follow(
         try:
             job = parse_job(_run(["scontrol", "show", "job", "-o", job_id]))
         except SlurmError as exc:
-            if "invalid job id" in str(exc).lower():
-                raise  # gone from slurmctld's memory: asking again will not bring it back
+            if "invalid job id" in str(exc).lower() or "not found: is this a slurm login node" in str(exc).lower():
+                raise  # gone from slurmctld's memory, or no scontrol here: asking again will not help
             if failing is None:
                 say(f"job {job_id}: {exc}; asking again every {poll_s:g} s")
             failing = str(exc)

@@ -306,7 +306,8 @@ def _lone_identity(device: torch.device, uuid: str | None, index: int | None) ->
 def unsaid_node_layout(env: RankEnv, visible: int) -> None:
     """A launcher that set RANK and WORLD_SIZE only (a Kubeflow PyTorchJob) makes the whole job one node: said
     before the GPU count's own complaint, which would send the user after GPU binding instead."""
-    if not env.local_said and env.local_world_size > visible:
+    # One GPU visible is one GPU a process (CUDA_VISIBLE_DEVICES set per rank): no layout needed on one host.
+    if not env.local_said and env.local_world_size > visible > 1:
         raise ConfigError(
             f"rank {env.rank} of {env.world_size}: the launcher set RANK and WORLD_SIZE but not LOCAL_WORLD_SIZE or "
             f"GROUP_RANK, so all {env.world_size} ranks are taken for one node, which has {visible} GPU(s); set "

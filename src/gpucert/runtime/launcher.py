@@ -171,8 +171,8 @@ class NodeRendezvous(RendezvousHandler):
             raise RendezvousError(f"{self.who}: node rank {self.node_rank} is outside 0..{self.num_nodes - 1}")
         # A node rank claimed twice (two nodes given the same --node-rank) would run two agents as one node:
         # the second to claim it stops, naming the first, and leaves its name for node 0's missing-node message.
-        me = json.dumps({"name": self.name, "host": self.host})
-        if store.add(f"claim/{self.node_rank}", 1) > 1:
+        me = json.dumps({"name": self.name, "host": self.host, "pid": os.getpid()})
+        if store.add(f"claim/{self.node_rank}", 1) > 1 and not self._takes_over(store):
             store.set(f"twice/{self.node_rank}", me)
             first = json.loads(store.get(str(self.node_rank)))["host"] if store.check([str(self.node_rank)]) else "?"
             raise RendezvousError(
@@ -218,6 +218,23 @@ class NodeRendezvous(RendezvousHandler):
         if "error" in roster:
             raise RendezvousError(roster["error"])
         self.labels = {int(r): label for r, label in roster["labels"].items()}
+
+    def _takes_over(self, store: Any) -> bool:
+        """A claim of this node rank made before by a gpucert of this host that is gone (stopped, killed, started
+        again with the same command while the others wait): this one takes its place. A live one, or one of
+        another host, is a node rank given twice."""
+        if not store.check([str(self.node_rank)]):
+            return False  # the first claimant has not said who it is yet: alive
+        first = json.loads(store.get(str(self.node_rank)))
+        if first.get("host") != self.host or not isinstance(first.get("pid"), int):
+            return False
+        try:
+            os.kill(first["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, another user's
+        return False  # alive: two gpucerts given one node rank
 
     def _missing_nodes_message(self, store: Any) -> str:
         present = [r for r in range(self.num_nodes) if store.check([str(r)])]
@@ -575,8 +592,9 @@ def launch_ranks(
 
 # What a node says where its ranks all exited 0 and local rank 0 wrote no verdict (write_verdict).
 NO_VERDICT = (
-    "every rank on this node exited 0, but local rank 0 wrote no verdict: the ranks and this process must see "
-    "the same TMPDIR (the verdict file is there)"
+    "every rank on this node exited 0, but local rank 0 wrote no verdict (GPUCERT_VERDICT_FILE): a path of the "
+    "ranks that ended without judging, or ranks that see another /tmp than this process (a container); their logs "
+    "say which"
 )
 
 

@@ -300,12 +300,19 @@ _IN_PROGRESS: list[Path] = []
 
 
 def abandon_builds() -> None:
-    """Remove what this process's unfinished preparation wrote (a SIGTERM's last act before the exit)."""
+    """Remove what this process's unfinished preparation wrote (a SIGTERM's last act before the exit). The
+    temporary directory is renamed away first: where the main thread has just renamed it into place (a whole
+    cache entry), the rename fails and nothing of the entry is touched; where not, its own rename fails next."""
     for path in list(_IN_PROGRESS):
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
+        if path.name.endswith(".holder.json"):
             path.unlink(missing_ok=True)
+            continue
+        doomed = path.with_name(path.name + ".abandoned")
+        try:
+            os.rename(path, doomed)
+        except OSError:
+            continue  # renamed into place by the build, or gone
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _build(cfg: FinetuneConfig, tokenizer: Any, fingerprint: str, target: Path) -> None:
@@ -476,7 +483,7 @@ def prepare_dataset(cfg: FinetuneConfig, tokenizer: Any) -> Prepared:
     with _PreparationLock(root, fingerprint, cfg.data):
         if (target / READY).exists():
             return _load(target, fingerprint, built=False)
-        # Temporary directories of a preparation that died; we hold the lock, so none is in use.
+        # Temporary directories of a preparation that died (or was abandoned); we hold the lock, so none is in use.
         for stale in root.glob(f"{fingerprint}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         log.info("preparing data %s into %s", cfg.data.source, target)
@@ -497,7 +504,9 @@ def load_eval_conversations(path: Path) -> list[Conversation]:
     file = Path(path) / "eval_conversations.jsonl"
     conversations = []
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        # "\n" only: the file is written with ensure_ascii=False, and splitlines() would also split at a U+2028
+        # or U+0085 inside a conversation's text (scraped text has them).
+        lines = file.read_text(encoding="utf-8").split("\n")
     except (OSError, ValueError) as exc:
         raise _damaged(Path(path), f"{file.name}: {getattr(exc, 'strerror', None) or exc}") from None
     for number, line in enumerate(lines, 1):
@@ -514,11 +523,15 @@ def load_eval_conversations(path: Path) -> list[Conversation]:
 
 
 def _eval_conversations(path: Path) -> int | None:
+    """How many held-out conversations stats.json says were written; None where it cannot say (synthetic rows
+    have none to write, though their eval split has rows)."""
     try:
-        count = json.loads((path / "stats.json").read_text(encoding="utf-8"))["eval"]["conversations"]
-    except (OSError, ValueError, KeyError, TypeError):
+        stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
+        if stats.get("source") == SYNTHETIC:
+            return None
+        return int(stats["eval"]["conversations"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return int(count)
 
 
 def report_lines(stats: Mapping[str, Any], examples: int = REFUSAL_EXAMPLES) -> list[str]:

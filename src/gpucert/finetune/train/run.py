@@ -115,18 +115,20 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
     run: RunDir | None = None
 
     def where_this_rank_was(_: AbortRecord) -> None:
-        _abandon_builds()
         if rt is not None:
             say(f"{rt.me.describe()} was in {rt.phase}")
         if run is not None:
             run.close(failed=True)  # a peer failed: this process ends next, with no except clause run
+        # Last, once the failure is recorded: a main thread whose files go from under it fails next, and its
+        # failure must not be taken for the cause.
+        _abandon_builds()
 
     def terminated() -> None:
         """SIGTERM (a launcher stopping every rank because one ended, a cancelled job): say who and where, and
         leave the run directory as a failure leaves it, even while the main thread is blocked in a collective.
         A lone process (no launcher, no peer) was stopped by the operator (a kill, scancel, a time limit): said as
-        Ctrl-C is, with what resumes, and the shell's code for SIGTERM."""
-        _abandon_builds()
+        Ctrl-C is, with what resumes, and the shell's code for SIGTERM. An unfinished data preparation's files go
+        last, once the stop is recorded (where_this_rank_was says why)."""
         # Under gpucert's own node process that process was signalled too, and says it (say_stop).
         if rt is not None and rt.world_size == 1 and not os.environ.get("GPUCERT_AGENT_PID"):
             say(f"stopped by SIGTERM (a kill, scancel, a time limit) during {rt.phase}")
@@ -136,12 +138,14 @@ def run_finetune(cfg: FinetuneConfig, profile_peak: flops.Peak | None = None) ->
                 if hint:
                     say(hint)
             watch.exit_code = TERMINATED_EXIT
+            _abandon_builds()
             return
         if rt is not None:
             record = stopped_by_launcher(rt)
             say_stop(rt, f"{rt.me.describe()} stops (SIGTERM) in {rt.phase}: {record.message()}", record)
         if run is not None:
             run.close(failed=True)
+        _abandon_builds()
 
     joining = time.time()
     try:
