@@ -526,7 +526,7 @@ def run_checks(
     where = ["--partition", partition] if partition else []
     # Its jobs carry a name of their own: one its client gave up on (the timeout) is still queued or running,
     # and would run later on a cluster the run has left; it is cancelled by that name.
-    job_name = [f"--job-name=gpucert-check-{secrets.token_hex(4)}"]
+    job_name = f"gpucert-check-{secrets.token_hex(4)}"
     failed = False
     request = None
     if chosen is not None:
@@ -535,7 +535,7 @@ def run_checks(
     if request is not None:
         results.append(request)
     else:
-        step = ["srun", "-N1", "-n1", f"--cpus-per-task={cpus}", f"--mem={mem_mb}M", *where, *job_name]
+        step = ["srun", "-N1", "-n1", f"--cpus-per-task={cpus}", f"--mem={mem_mb}M", *where, f"--job-name={job_name}"]
         step += [f"--gpus-per-node={gpus}"] if gpus else []
         out, error = ask([*step, *gpucert_argv, "cluster", "slurm", "--probe"], timeout_s)
         failed = out is None
@@ -546,11 +546,12 @@ def run_checks(
             except (ValueError, IndexError):
                 error = f"the probe printed no JSON: {out[-300:]!r}"
         results += judge_probe(seen, error, cpus, gpus, mem_mb)
-    wait = ["sbatch", "--wait", "--parsable", "-N1", "-n1", *where, *job_name, "--output=/dev/null", "--wrap", "true"]
+    wait = ["sbatch", "--wait", "--parsable", "-N1", "-n1", *where, f"--job-name={job_name}", "--output=/dev/null"]
+    wait += ["--wrap", "true"]
     out, error = ask(wait, timeout_s)
     results.append(judge_sbatch("COMPLETED" if out is not None else None, error))
     if failed or out is None:
-        ask(["scancel", job_name[0].replace("--job-name", "--name")], timeout_s)
+        ask(["scancel", f"--name={job_name}"], timeout_s)
     return results
 
 

@@ -278,16 +278,13 @@ def evaluate(args: argparse.Namespace) -> int:
     signal without a word. The report is written at the end, whole or not at all."""
     import signal
 
-    from gpucert.runtime.errors import Interrupted
+    from gpucert.runtime.errors import interrupting
 
-    def terminated(signum: int, frame: object) -> None:
-        raise Interrupted(f"terminated by SIGTERM (to gpucert, pid {os.getpid()}) during the evaluation", 143)
+    def said(sig: signal.Signals) -> str:
+        return f"terminated by {sig.name} (to gpucert, pid {os.getpid()}) during the evaluation"
 
-    before = signal.signal(signal.SIGTERM, terminated)
-    try:
+    with interrupting(said, signal.SIGTERM):
         return _evaluate(args)
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def _evaluate(args: argparse.Namespace) -> int:

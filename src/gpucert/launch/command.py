@@ -516,20 +516,14 @@ def _following(job_id: str, follow: Callable[[], dict[str, str]]) -> dict[str, s
     """follow(), stopped by Ctrl-C or SIGTERM (it died silently, 143) saying the job runs on, by its id."""
     import signal
 
-    from gpucert.runtime.errors import Interrupted
+    from gpucert.runtime.errors import Interrupted, interrupting
 
-    def stopped(signum: int, _frame: object) -> None:
-        raise Interrupted(f"stopped by {signal.Signals(signum).name}", 128 + signum)
-
-    before = {sig: signal.signal(sig, stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return follow()
+        with interrupting(lambda sig: f"stopped by {sig.name}", signal.SIGINT, signal.SIGTERM):
+            return follow()
     except Interrupted as exc:
         exc.after = f"job {job_id} keeps running: scancel {job_id} to stop it"
         raise
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def _submit_and_follow(

@@ -288,7 +288,7 @@ def follow(
         try:
             job = parse_job(_run(["scontrol", "show", "job", "-o", job_id]))
         except SlurmError as exc:
-            if "invalid job id" in str(exc).lower() or "not found: is this a slurm login node" in str(exc).lower():
+            if "invalid job id" in str(exc).lower() or isinstance(exc.__cause__, FileNotFoundError):
                 raise  # gone from slurmctld's memory, or no scontrol here: asking again will not help
             if failing is None:
                 say(f"job {job_id}: {exc}; asking again every {poll_s:g} s")

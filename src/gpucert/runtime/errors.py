@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
 
 class RendezvousError(RuntimeError):
     """Not every rank or node joined in time; the message names the missing ones and the address."""
@@ -26,6 +31,32 @@ class Interrupted(KeyboardInterrupt):
 
     def line(self) -> str:
         return self.message + (f"; {self.after}" if self.after else "")
+
+
+def restore_handlers(handlers: dict[signal.Signals, Any]) -> None:
+    """Put back signal handlers saved with signal.getsignal. None (a handler installed from C, which Python cannot
+    put back) becomes the default, the nearest."""
+    for sig, handler in handlers.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):  # ValueError: not the main thread
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+@contextlib.contextmanager
+def interrupting(said: Callable[[signal.Signals], str], *signals: signal.Signals) -> Iterator[None]:
+    """While inside, in a process with no ranks of its own to stop (it follows a job, it evaluates): each of
+    `signals` raises Interrupted(said(signal), 128 + signal), so the CLI says one line and exits with the shell's
+    code, where SIGTERM ended the process without a word. The handlers before are put back after."""
+
+    def stopped(signum: int, _frame: object) -> None:
+        raise Interrupted(said(signal.Signals(signum)), 128 + signum)
+
+    before = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        signal.signal(sig, stopped)
+    try:
+        yield
+    finally:
+        restore_handlers(before)
 
 
 # 128 + SIGPIPE: what a shell reports for a writer whose reader left (`yes | head`), never a verdict (0-3).

@@ -49,7 +49,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from gpucert.runtime.config import RuntimeConfig
-from gpucert.runtime.errors import Interrupted, JobFailed, RendezvousError
+from gpucert.runtime.errors import Interrupted, JobFailed, RendezvousError, restore_handlers
 from gpucert.runtime.group import (
     POLL_S,
     AbortRecord,
@@ -62,7 +62,7 @@ from gpucert.runtime.group import (
 )
 from gpucert.runtime.launch_env import RANK_VARIABLES, VERDICT_FILE, NodeEnv
 from gpucert.runtime.open_files import fit_open_files
-from gpucert.runtime.sigterm import restore_handlers
+from gpucert.runtime.sigterm import process_gone
 from gpucert.runtime.spawn import exit_cause
 
 BACKEND = "gpucert"
@@ -228,13 +228,7 @@ class NodeRendezvous(RendezvousHandler):
         first = json.loads(store.get(str(self.node_rank)))
         if first.get("host") != self.host or not isinstance(first.get("pid"), int):
             return False
-        try:
-            os.kill(first["pid"], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # alive, another user's
-        return False  # alive: two gpucerts given one node rank
+        return process_gone(first["pid"])  # alive: two gpucerts given one node rank
 
     def _missing_nodes_message(self, store: Any) -> str:
         present = [r for r in range(self.num_nodes) if store.check([str(r)])]

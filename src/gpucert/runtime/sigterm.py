@@ -26,6 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from gpucert.runtime.errors import restore_handlers
 from gpucert.runtime.group import AbortRecord, read_abort, read_phase, watch_store
 from gpucert.runtime.watchdog import process_state
 
@@ -49,14 +50,6 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
-
-
-def restore_handlers(handlers: dict[signal.Signals, Any]) -> None:
-    """Put back signal handlers saved with signal.getsignal. None (a handler installed from C, which Python cannot
-    put back) becomes the default, the nearest."""
-    for sig, handler in handlers.items():
-        with contextlib.suppress(ValueError, OSError, TypeError):  # ValueError: not the main thread
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 class TermWatch:

@@ -304,7 +304,7 @@ def abandon_builds() -> None:
     temporary directory is renamed away first: where the main thread has just renamed it into place (a whole
     cache entry), the rename fails and nothing of the entry is touched; where not, its own rename fails next."""
     for path in list(_IN_PROGRESS):
-        if path.name.endswith(".holder.json"):
+        if not path.is_dir():  # the lock's note (or a directory the build has renamed into place: no file there)
             path.unlink(missing_ok=True)
             continue
         doomed = path.with_name(path.name + ".abandoned")
